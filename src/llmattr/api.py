@@ -1,0 +1,85 @@
+"""The public entry points: ``llmattr.explain`` (and the model cache they share)."""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+
+from . import methods
+from .errors import LlmattrError
+from .explanation import Explanation
+from .models.loading import LoadedModel, load_model
+from .prompting import Prompt, build_prompt
+from .targets import Target, make_target
+from .tasks import Task, get_task
+
+
+@lru_cache(maxsize=2)
+def _cached_model(spec: str, device: str, dtype: str | None) -> LoadedModel:
+    return load_model(spec, device=device, dtype=dtype)
+
+
+def resolve_model(model: str | LoadedModel, device: str = "auto", dtype: str | None = None) -> LoadedModel:
+    """A loaded model as is, or a spec loaded once per process."""
+    return model if isinstance(model, LoadedModel) else _cached_model(str(model), device, dtype)
+
+
+def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int | None = None,
+            answer: str | None = None, demonstrations: str = "") -> Target:
+    """Prompt + target for one input: the shared first half of every explanation."""
+    if isinstance(text, str) and not text.strip():
+        raise LlmattrError("empty text: give the text to explain")
+    example = task.example_from_text(text)
+    prompt: Prompt = build_prompt(lm.tokenizer, task, example, demonstrations)
+    n_new = task.max_new_tokens if max_new_tokens is None else max_new_tokens
+    return make_target(lm, prompt, n_new, answer)
+
+
+def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod, task: Task | None = None,
+              example: dict | None = None, timings: dict | None = None) -> Explanation:
+    """Run ``method`` on a prepared target and package the result."""
+    start = time.perf_counter()
+    raw = method.attribute(lm, target)
+    seconds = time.perf_counter() - start
+    if raw.shape != (target.n_steps, target.span[1] - target.span[0]):
+        raise RuntimeError(f"{method.name} returned shape {tuple(raw.shape)}")
+    tok = lm.tokenizer
+    ids = target.prompt.input_ids[0].tolist()
+    step_ids = target.target_ids.tolist()
+    return Explanation.from_raw(
+        raw, method.signed,
+        step_tokens=[tok.decode([i]) for i in step_ids], step_ids=step_ids,
+        positions=target.positions.tolist(),
+        model=lm.model_id, method=method.name, params=dict(method.params),
+        tokens=[tok.decode([i]) for i in ids], token_ids=ids, span=target.span,
+        timings={**(timings or {}), "attribution_s": seconds},
+        task=task.name if task else None, text=target.prompt.text, offsets=target.prompt.offsets,
+        generated=tok.decode(step_ids), forced=target.forced, example=example or {},
+    )
+
+
+def explain(
+    text: str | dict,
+    model: str | LoadedModel = "default",
+    method: str = "grad-ellm",
+    task: str | Task = "sentiment",
+    max_new_tokens: int | None = None,
+    answer: str | None = None,
+    device: str = "auto",
+    **method_params,
+) -> Explanation:
+    """Explain the model's answer to ``text`` with ``method``.
+
+    ``text`` is the content (for multi-field tasks such as BoolQ, a dict of fields); ``answer`` forces
+    the explained tokens instead of greedy generation.
+    """
+    task = get_task(task)
+    method_obj = methods.get(method, **method_params)
+    start = time.perf_counter()
+    lm = resolve_model(model, device)
+    loaded = time.perf_counter()
+    target = prepare(lm, text, task, max_new_tokens, answer)
+    prepared = time.perf_counter()
+    example = task.example_from_text(text)
+    return attribute(lm, target, method_obj, task, example,
+                     timings={"load_s": loaded - start, "generate_s": prepared - loaded})

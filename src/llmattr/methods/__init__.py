@@ -1,0 +1,27 @@
+"""Attribution methods, one module per family; ``get(name)`` returns an instance by name."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from ..errors import LlmattrError
+from .base import REGISTRY, AttributionMethod, register
+
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_") and _module.name != "base":
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+
+def available() -> list[str]:
+    return sorted(REGISTRY)
+
+
+def get(name: str, **params) -> AttributionMethod:
+    """An attribution method by name, e.g. ``get("grad-ellm", layers=4)``."""
+    if name not in REGISTRY:
+        raise LlmattrError(f"unknown method {name!r}; valid: {', '.join(available())}")
+    return REGISTRY[name](**params)
+
+
+__all__ = ["AttributionMethod", "REGISTRY", "available", "get", "register"]

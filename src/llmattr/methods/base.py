@@ -1,0 +1,45 @@
+"""Shared base of attribution methods and the registry by name (Captum/Inseq layout)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from ..errors import LlmattrError
+from ..models.loading import LoadedModel
+from ..targets import Target
+
+REGISTRY: dict[str, type[AttributionMethod]] = {}
+
+
+class AttributionMethod:
+    """One attribution method. Subclasses set the class attributes and implement :meth:`attribute`.
+
+    ``attribute`` returns raw scores ``(n_steps, n_span_tokens)`` for the content span of ``target``:
+    one row per explained generation step.
+    """
+
+    name: ClassVar[str]
+    family: ClassVar[str]
+    summary: ClassVar[str]
+    needs_gradients: ClassVar[bool]
+    signed: ClassVar[bool]
+    cost: ClassVar[str]  # forward/backward passes, in words
+    defaults: ClassVar[dict] = {}
+
+    def __init__(self, **params):
+        unknown = sorted(set(params) - set(self.defaults))
+        if unknown:
+            valid = ", ".join(sorted(self.defaults)) or "none"
+            raise LlmattrError(f"method {self.name} has no parameter {', '.join(unknown)}; valid: {valid}")
+        self.params = {**self.defaults, **params}
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def register(cls: type[AttributionMethod]) -> type[AttributionMethod]:
+    """Class decorator: make a method available by its kebab-case name."""
+    REGISTRY[cls.name] = cls
+    return cls

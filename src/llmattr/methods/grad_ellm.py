@@ -1,0 +1,107 @@
+"""Grad-ELLM (paper 000, sec. 3.3, eqs. 9-11 and appendix B, eqs. 20-23)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import LlmattrError
+from ..models.forward import target_logits
+from ..models.loading import LoadedModel
+from ..models.probe import LayerRecord, Probe
+from ..scores import minmax
+from ..targets import Target
+from .base import AttributionMethod, register
+
+
+def step_gradients(outputs: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Gradients of each of the T scalars in ``outputs`` w.r.t. ``inputs``: a ``(T, *input.shape)`` each.
+
+    One backward pass: T > 1 uses batched vector-Jacobian products (``is_grads_batched``), so one
+    forward is shared by all generation steps.
+    """
+    flat = outputs.reshape(-1)
+    if flat.numel() == 1:
+        return [g[None] for g in torch.autograd.grad(flat[0], inputs)]
+    eye = torch.eye(flat.numel(), dtype=flat.dtype, device=flat.device)
+    return list(torch.autograd.grad(flat, inputs, grad_outputs=eye, is_grads_batched=True))
+
+
+def token_weights(record: LayerRecord, positions: torch.Tensor, attention: str, similarity: str) -> torch.Tensor:
+    """lambda_i^h for each step: ``(T, H, S)``; keys after the query position get 0.
+
+    ``loosened``: min-max over visible keys of q_t . k_i (paper 000 eq. 11's Phi); ``softmax``: the
+    model's attention probabilities (the paper's "w/o"). ``cosine`` is the Grad-ECLIP code's similarity.
+    """
+    n_keys = record.k.shape[2]
+    visible = torch.arange(n_keys, device=positions.device)[None, :] <= positions[:, None]  # (T, S)
+    if attention == "softmax":
+        return record.probs[0][:, positions, :].transpose(0, 1) * visible[:, None, :]
+    q = record.q[0][:, positions, :]  # (H, T, D)
+    k = record.k[0]  # (H, S, D)
+    if similarity == "cosine":
+        q, k = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
+    sim = torch.einsum("htd,hsd->ths", q, k)
+    mask = visible[:, None, :]
+    lo = torch.where(mask, sim, torch.inf).amin(-1, keepdim=True)
+    hi = torch.where(mask, sim, -torch.inf).amax(-1, keepdim=True)
+    lam = (sim - lo) / (hi - lo).clamp_min(torch.finfo(sim.dtype).tiny)
+    return torch.where(mask, lam, torch.zeros_like(lam))
+
+
+def layer_map(record: LayerRecord, w: torch.Tensor, positions: torch.Tensor, attention: str,
+              similarity: str) -> torch.Tensor:
+    """sum_h lambda_i^h (w^h . v_i^h) for one layer, before the ReLU: ``(T, S)`` (eq. 11 per head)."""
+    lam = token_weights(record, positions, attention, similarity)
+    wv = torch.einsum("thd,hsd->ths", w, record.v[0])
+    return (lam * wv).sum(1)
+
+
+@register
+class GradELLM(AttributionMethod):
+    """Gradient-weighted attention values, summed over the last ``layers`` layers (paper 000)."""
+
+    name = "grad-ellm"
+    family = "gradient x attention"
+    summary = "Grad-ELLM: ReLU(sum_h lambda_i (dl/do^h . v_i)) over the last K layers, min-max per step"
+    needs_gradients = True
+    signed = False
+    cost = "1 forward + 1 backward (all steps share them)"
+    defaults = {"layers": "all", "attention": "loosened", "similarity": "dot", "relu": "per-layer"}
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        p = self.params
+        if p["attention"] not in ("loosened", "softmax"):
+            raise LlmattrError("grad-ellm attention must be 'loosened' or 'softmax'")
+        if p["similarity"] not in ("dot", "cosine"):
+            raise LlmattrError("grad-ellm similarity must be 'dot' or 'cosine'")
+        if p["relu"] not in ("per-layer", "after-sum"):
+            raise LlmattrError("grad-ellm relu must be 'per-layer' or 'after-sum'")
+        if p["layers"] != "all" and (not str(p["layers"]).isdigit() or int(p["layers"]) < 1):
+            raise LlmattrError("grad-ellm layers must be 'all' or a positive number of last layers")
+
+    def _layers(self, n_layers: int) -> list[int]:
+        k = n_layers if self.params["layers"] == "all" else min(int(self.params["layers"]), n_layers)
+        return list(range(n_layers - k, n_layers))
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        embeds = lm.embed(target.input_ids).detach().requires_grad_(True)
+        positions = target.positions.to(lm.device)
+        with torch.enable_grad(), Probe(record=True) as probe:
+            logits = target_logits(lm, embeds, positions, target.target_ids)[0]  # (T,)
+        layers = self._layers(len(probe.layers))
+        records = [probe.layers[k] for k in layers]
+        grads = step_gradients(logits, [r.out for r in records])  # each (T, 1, H, S, D)
+        steps = torch.arange(target.n_steps, device=lm.device)
+        total = None
+        for record, grad in zip(records, grads, strict=True):
+            w = grad[:, 0][steps, :, positions, :]  # (T, H, D): w^h at step t's query position
+            h = layer_map(record, w.detach(), positions, self.params["attention"], self.params["similarity"])
+            h = h.detach().float()
+            if self.params["relu"] == "per-layer":
+                h = h.clamp_min(0)
+            total = h if total is None else total + h
+        if self.params["relu"] == "after-sum":
+            total = total.clamp_min(0)
+        a, b = target.span
+        return minmax(total[:, a:b])

