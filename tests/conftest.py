@@ -1,0 +1,94 @@
+"""Shared fixtures: a tiny in-process tokenizer, tiny random models of five architectures, the real model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmattr.models.loading import LoadedModel, wrap_model
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CORPUS = [
+    "An engrossing film that is never boring, with a terrific cast.",
+    "The movie was dull and the plot made no sense at all.",
+    "Positive Negative true false Text: Passage: Question: Answer:",
+    "You are a helpful sentiment classifier. Please help to do the sentiment classification "
+    "of the given text and respond ONLY with the single word Positive or Negative.",
+    "the quick brown fox jumps over the lazy dog 0123456789 .,;:!?'\"()",
+]
+ARCHS = ("llama", "mistral", "qwen2", "gemma3", "gpt2")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """A byte-level BPE tokenizer trained in-process, with a ChatML template (SmolLM2's format)."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS * 5, vocab_size=400, min_frequency=1,
+                            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|im_start|>",
+                                  eos_token="<|im_end|>", pad_token="<|im_end|>", unk_token="<|endoftext|>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def tiny_config(arch: str, vocab_size: int, **overrides):
+    """A 2-layer random config of ``arch`` with GQA where the architecture has it."""
+    from transformers import (Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config)
+
+    common = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  eos_token_id=2, bos_token_id=1, pad_token_id=2)
+    if arch == "gpt2":
+        cfg = GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=256,
+                         eos_token_id=2, bos_token_id=1, pad_token_id=2)
+    elif arch == "gemma3":
+        cfg = Gemma3TextConfig(**common, head_dim=8, sliding_window=4, query_pre_attn_scalar=8)
+    else:
+        cfg = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[arch](**common)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def build_tiny(arch: str, tokenizer, seed: int = 0, **overrides) -> LoadedModel:
+    """A tiny random causal LM of ``arch`` wrapped for llmattr (float64 off; float32 weights)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = tiny_config(arch, len(tokenizer), **overrides)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    return wrap_model(model, tokenizer, model_id=f"tiny-{arch}")
+
+
+@pytest.fixture(params=ARCHS)
+def tiny_lm(request, tiny_tokenizer) -> LoadedModel:
+    return build_tiny(request.param, tiny_tokenizer)
+
+
+@pytest.fixture
+def tiny_llama(tiny_tokenizer) -> LoadedModel:
+    return build_tiny("llama", tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def smollm() -> LoadedModel:
+    """The real embedded model (SmolLM2-135M-Instruct); converted once into the cache."""
+    from llmattr.models.loading import load_model
+
+    return load_model("default", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    if not path.is_dir():
+        pytest.skip("../shared/data is not present")
+    return path
