@@ -1,0 +1,143 @@
+"""Every perturbed forward pass of one (target, step), batched, with the pre-span prefix cached once.
+
+The soft metrics (paper 000 sec. 3.1) and the ranking metrics perturb only the content span of the
+prompt. Everything before the span (system prompt, chat markers) is the same in every perturbed input,
+so its key/value cache is computed once, from the clean forward pass, and shared by every batch through
+:class:`PrefixLayer`, a cache layer that prepends the stored prefix without ever storing anything new
+(so one cache object serves every batch and is never mutated). The rest of the sequence (the content
+span, the template after it and the generated prefix up to step ``step``) is fed as ``inputs_embeds``
+with the span's embeddings multiplied by the keep masks, and logits are computed at the last position
+only.
+
+Routing protocols (paper 000 appendix K): ``"dynamic"`` is a plain forward pass on the perturbed
+embeddings; ``"fixed"`` replaces every layer's attention probabilities by those of the clean forward
+pass through the internals probe (:class:`llmattr.models.probe.Probe` with ``replay_probs``).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+from ..errors import LlmattrError
+from ..models.loading import LoadedModel
+from ..models.probe import Probe
+from ..targets import Target
+
+ROUTINGS = ("dynamic", "fixed")
+TOKEN_BUDGET = 8192  # perturbed suffix tokens per forward pass when no batch size is given
+
+
+class PrefixLayer(DynamicLayer):
+    """Cache layer with a fixed ``(1, kv_heads, P, D)`` prefix: ``update`` prepends it and stores nothing."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.keys, self.values = keys, values
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        batch = key_states.shape[0]
+        keys = torch.cat([self.keys.expand(batch, -1, -1, -1), key_states], dim=-2)
+        values = torch.cat([self.values.expand(batch, -1, -1, -1), value_states], dim=-2)
+        return keys, values
+
+
+def is_oom(err: BaseException) -> bool:
+    """Out of memory on a GPU (``torch.OutOfMemoryError``) or on the CPU allocator."""
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
+
+
+class PerturbationEngine:
+    """Every perturbed forward pass of one (target, step), batched, with the pre-span prefix cached once.
+
+    Args:
+        lm: the model.
+        target: prompt + explained tokens; its ``span`` is what gets perturbed.
+        step: which generation step's next-token distribution is read.
+        routing: ``"dynamic"`` or ``"fixed"`` (clean attention probabilities replayed in every layer).
+        batch_size: sequences per forward pass (default: about 8192 suffix tokens per pass); halved on
+            out-of-memory.
+
+    Attributes:
+        clean_probs: ``(V,)`` next-token distribution at step ``step`` on the clean input.
+    """
+
+    def __init__(self, lm: LoadedModel, target: Target, step: int = 0, routing: str = "dynamic",
+                 batch_size: int | None = None):
+        if routing not in ROUTINGS:
+            raise LlmattrError(f"unknown routing {routing!r}; use 'dynamic' or 'fixed'")
+        if not 0 <= step < target.n_steps:
+            raise LlmattrError(f"step {step} is outside the {target.n_steps} explained step(s)")
+        self.lm, self.target, self.step, self.routing = lm, target, step, routing
+        self.span = target.span
+        self.n_span = self.span[1] - self.span[0]
+        ids = target.input_ids[0, : int(target.positions[step]) + 1].to(lm.device)
+        self.prefix_len = self.span[0]
+        self.suffix_embeds = lm.embed(ids[self.prefix_len:])[None]  # (1, T, d)
+        self.batch_size = batch_size or max(1, TOKEN_BUDGET // self.suffix_embeds.shape[1])
+        self._clean_pass(ids)
+
+    @torch.no_grad()
+    def _clean_pass(self, ids: torch.Tensor) -> None:
+        """One clean forward: clean distribution, prefix key/values, (fixed routing) every layer's probs."""
+        cache = DynamicCache() if self.prefix_len else None
+        with Probe(record=self.routing == "fixed") as probe:
+            out = self.lm.model(input_ids=ids[None], past_key_values=cache, use_cache=cache is not None,
+                                logits_to_keep=1)
+        self.clean_probs = torch.softmax(out.logits[0, -1].float(), dim=-1)
+        self.replay = {i: rec.probs for i, rec in probe.layers.items()} if self.routing == "fixed" else None
+        self.prefix = None
+        if cache is not None:
+            p = self.prefix_len
+            self.prefix = [(layer.keys[:, :, :p], layer.values[:, :, :p]) for layer in cache.layers]
+
+    def _cache(self) -> Cache | None:
+        if self.prefix is None:
+            return None
+        return Cache(layers=[PrefixLayer(k, v) for k, v in self.prefix])
+
+    def _masked_embeds(self, keep: torch.Tensor) -> torch.Tensor:
+        """``(N, T, d)`` suffix embeddings with the span's rows multiplied by ``keep``."""
+        embeds = self.suffix_embeds.expand(keep.shape[0], -1, -1)
+        factor = keep.to(embeds.device, embeds.dtype)
+        if factor.dim() == 2:
+            factor = factor[..., None]
+        span = embeds[:, : self.n_span] * factor
+        return torch.cat([span, embeds[:, self.n_span:]], dim=1)
+
+    @torch.no_grad()
+    def _forward(self, keep: torch.Tensor) -> torch.Tensor:
+        embeds = self._masked_embeds(keep)
+        cache = self._cache()
+        with Probe(replay_probs=self.replay):
+            out = self.lm.model(inputs_embeds=embeds, past_key_values=cache, use_cache=cache is not None,
+                                logits_to_keep=1)
+        return torch.softmax(out.logits[:, -1].float(), dim=-1)
+
+    def probs(self, keep: torch.Tensor) -> torch.Tensor:
+        """Next-token probabilities ``(N, V)`` at step ``step`` for the perturbed inputs ``keep``.
+
+        ``keep``: ``(N, m)`` or ``(N, m, d)`` multipliers in [0, 1] on the m content-span token embeddings
+        (0 = zeroed, 1 = kept; ``(N, m, d)`` = per-dimension masks). Tokens outside the span (template,
+        generated prefix) stay intact. Runs in as few forward passes as memory allows (halving the batch
+        size on out-of-memory), reusing the prefix key/value cache and computing logits at the last
+        position only.
+        """
+        if keep.dim() not in (2, 3) or keep.shape[1] != self.n_span:
+            raise LlmattrError(
+                f"keep masks must have shape (N, {self.n_span}) or (N, {self.n_span}, d), "
+                f"got {tuple(keep.shape)}"
+            )
+        chunks, start = [], 0
+        while start < keep.shape[0]:
+            try:
+                chunks.append(self._forward(keep[start: start + self.batch_size]))
+            except RuntimeError as err:
+                if not is_oom(err) or self.batch_size == 1:
+                    raise
+                self.batch_size //= 2
+                continue
+            start += chunks[-1].shape[0]
+        return torch.cat(chunks) if chunks else self.clean_probs.new_zeros(0, self.clean_probs.shape[0])

@@ -1,0 +1,116 @@
+"""The perturbation engine equals plain full-sequence forwards (dynamic and fixed routing)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AttentionInterface
+
+from llmattr.errors import LlmattrError
+from llmattr.faithfulness.engine import PerturbationEngine
+from llmattr.models.probe import PROBE_NAME, Probe
+from llmattr.prompting import build_prompt
+from llmattr.targets import Target
+from llmattr.tasks import get_task
+
+TEXT = "An engrossing film that is never boring, with a terrific cast."
+
+
+def make_target(lm, n_steps: int = 3) -> Target:
+    prompt = build_prompt(lm.tokenizer, get_task("sentiment"), {"text": TEXT})
+    ids = lm.tokenizer(" Positive film cast", add_special_tokens=False)["input_ids"][:n_steps]
+    return Target(prompt=prompt, target_ids=torch.tensor(ids), forced=True)
+
+
+@torch.no_grad()
+def reference_probs(lm, target: Target, step: int, keep: torch.Tensor, routing: str) -> torch.Tensor:
+    """Plain full-sequence forward, no cache, no batching tricks."""
+    ids = target.input_ids[0, : int(target.positions[step]) + 1]
+    a, b = target.span
+    replay = None
+    if routing == "fixed":
+        with Probe(record=True) as probe:
+            lm.model(input_ids=ids[None])
+        replay = {i: r.probs for i, r in probe.layers.items()}
+    embeds = lm.embed(ids)[None].repeat(keep.shape[0], 1, 1)
+    factor = keep if keep.dim() == 3 else keep[..., None]
+    embeds[:, a:b] = embeds[:, a:b] * factor
+    with Probe(replay_probs=replay):
+        logits = lm.model(inputs_embeds=embeds, use_cache=False).logits[:, -1]
+    return torch.softmax(logits.float(), -1)
+
+
+@pytest.mark.parametrize("routing", ["dynamic", "fixed"])
+def test_engine_matches_full_forward(tiny_lm, routing):
+    target = make_target(tiny_lm)
+    m = target.span[1] - target.span[0]
+    assert target.span[0] > 0
+    gen = torch.Generator().manual_seed(0)
+    keep = torch.bernoulli(torch.full((7, m), 0.5), generator=gen)
+    keep[0] = 1
+    for step in (0, target.n_steps - 1):
+        engine = PerturbationEngine(tiny_lm, target, step=step, routing=routing, batch_size=3)
+        got = engine.probs(keep)
+        want = reference_probs(tiny_lm, target, step, keep, routing)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got[0], engine.clean_probs, atol=1e-5, rtol=0)
+
+
+def test_engine_per_dimension_masks(tiny_llama):
+    target = make_target(tiny_llama)
+    m, d = target.span[1] - target.span[0], tiny_llama.config.hidden_size
+    keep = torch.bernoulli(torch.full((4, m, d), 0.7), generator=torch.Generator().manual_seed(1))
+    engine = PerturbationEngine(tiny_llama, target, step=1)
+    torch.testing.assert_close(engine.probs(keep), reference_probs(tiny_llama, target, 1, keep, "dynamic"),
+                               atol=1e-5, rtol=0)
+
+
+def test_fixed_routing_replays_clean_attention(tiny_llama, monkeypatch):
+    """Every perturbed pass's attention rows equal the clean pass's rows for the same queries."""
+    target = make_target(tiny_llama)
+    engine = PerturbationEngine(tiny_llama, target, step=2, routing="fixed")
+    seen: list[tuple[int, torch.Tensor]] = []
+    inner = AttentionInterface._global_mapping[PROBE_NAME]
+
+    def spy(module, *args, **kwargs):
+        out, probs = inner(module, *args, **kwargs)
+        seen.append((module.layer_idx, probs))
+        return out, probs
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, PROBE_NAME, spy)
+    keep = torch.zeros(5, target.span[1] - target.span[0])
+    engine.probs(keep)
+    assert len(seen) == tiny_llama.config.num_hidden_layers
+    for layer, probs in seen:
+        clean = engine.replay[layer][0]
+        s = probs.shape[-1]
+        assert s == clean.shape[-1]
+        torch.testing.assert_close(probs, clean[:, s - probs.shape[2]:].expand_as(probs), atol=0, rtol=0)
+    dynamic = PerturbationEngine(tiny_llama, target, step=2).probs(keep)
+    assert not torch.equal(dynamic, engine.probs(keep))  # replaying changed the output
+
+
+def test_engine_halves_batch_on_oom(tiny_llama, monkeypatch):
+    target = make_target(tiny_llama)
+    engine = PerturbationEngine(tiny_llama, target, batch_size=8)
+    plain = engine._forward
+
+    def flaky(keep):
+        if keep.shape[0] > 2:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+        return plain(keep)
+
+    monkeypatch.setattr(engine, "_forward", flaky)
+    keep = torch.ones(7, target.span[1] - target.span[0])
+    out = engine.probs(keep)
+    assert out.shape == (7, engine.clean_probs.shape[0]) and engine.batch_size == 2
+
+
+def test_engine_bad_input(tiny_llama):
+    target = make_target(tiny_llama)
+    with pytest.raises(LlmattrError, match="routing"):
+        PerturbationEngine(tiny_llama, target, routing="frozen")
+    with pytest.raises(LlmattrError, match="step"):
+        PerturbationEngine(tiny_llama, target, step=9)
+    with pytest.raises(LlmattrError, match="keep masks"):
+        PerturbationEngine(tiny_llama, target).probs(torch.ones(2, 1))
