@@ -154,6 +154,18 @@ def _resolve(spec: str, verbose: bool) -> tuple[str, str]:
     return spec, spec
 
 
+def _load_tokenizer(source: str):
+    """The tokenizer; a converted folder (plain ``tokenizer.json``) skips AutoTokenizer's class lookup (~1 s)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config = Path(source) / "tokenizer_config.json"
+    if config.is_file() and (Path(source) / "tokenizer.json").is_file():
+        cls = json.loads(config.read_text()).get("tokenizer_class")
+        if cls in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            return PreTrainedTokenizerFast.from_pretrained(source)
+    return AutoTokenizer.from_pretrained(source)
+
+
 def _dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
@@ -190,7 +202,7 @@ def load_model(
     ``device_map="auto"`` spreads a big model over the GPUs (accelerate); ``load_in_4bit`` needs
     bitsandbytes (paper 000 evaluates Llama-3.1-70B this way).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     from .probe import install_probe
@@ -211,7 +223,7 @@ def load_model(
     if device_map:
         kwargs["device_map"] = device_map
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = _load_tokenizer(source)
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as err:
         raise LlmattrError(

@@ -1,0 +1,106 @@
+"""Grad-ELLM against paper 000 eqs. 9-11 / appendix B, recomputed by hand on a one-layer, one-head toy."""
+
+import pytest
+import torch
+from conftest import build_tiny
+
+import llmattr
+from llmattr import methods
+from llmattr.api import prepare
+from llmattr.errors import LlmattrError
+from llmattr.tasks import get_task
+
+
+def _toy(tokenizer):
+    """One layer, one head GPT-2 (no RoPE) with the MLP switched off, so every step can be written out."""
+    lm = build_tiny("gpt2", tokenizer, seed=3, n_layer=1, n_head=1, num_hidden_layers=1, num_attention_heads=1)
+    mlp = lm.model.transformer.h[0].mlp
+    for p in mlp.parameters():
+        p.data.zero_()
+    return lm
+
+
+def _by_hand(lm, ids, t, target_id, attention):
+    """H_i = ReLU(lambda_i * sum_c w_c v_ic), lambda = minmax(q_t . k_i) or softmax, w = dl_t/do_t."""
+    tr = lm.model.transformer
+    block = tr.h[0]
+    x = tr.wte(ids[0]) + tr.wpe(torch.arange(ids.shape[1]))  # (S, d)
+    h = block.ln_1(x)
+    q, k, v = block.attn.c_attn(h).split(x.shape[-1], dim=-1)
+    scores = q[t] @ k[: t + 1].T  # keys 0..t (causal)
+    if attention == "loosened":
+        lam = (scores - scores.min()) / (scores.max() - scores.min())
+    else:
+        lam = torch.softmax(scores / q.shape[-1] ** 0.5, dim=-1)
+    o_t = (torch.softmax(scores / q.shape[-1] ** 0.5, -1)[:, None] * v[: t + 1]).sum(0).detach().requires_grad_(True)
+
+    def logit(o):  # residual + o_proj, (zero) MLP, final norm, LM head
+        z = x[t] + block.attn.c_proj(o)
+        z = z + block.mlp(block.ln_2(z))
+        return lm.model.lm_head(tr.ln_f(z))[target_id]
+
+    (w,) = torch.autograd.grad(logit(o_t), o_t)
+    return torch.relu(lam * (v[: t + 1] @ w)).detach()
+
+
+@pytest.mark.parametrize("attention", ["loosened", "softmax"])
+def test_grad_ellm_matches_hand_computation(tiny_tokenizer, attention):
+    lm = _toy(tiny_tokenizer)
+    target = prepare(lm, "An engrossing film that is never boring.", get_task("generate"), max_new_tokens=3)
+    got = methods.get("grad-ellm", attention=attention).attribute(lm, target)
+    a, b = target.span
+    ids = target.input_ids
+    for step in range(target.n_steps):
+        t = int(target.positions[step])
+        expected = _by_hand(lm, ids, t, int(target.target_ids[step]), attention)[a:b]
+        expected = (expected - expected.min()) / (expected.max() - expected.min())
+        torch.testing.assert_close(got[step], expected, atol=1e-5, rtol=1e-4)
+
+
+def test_grad_ellm_layers_and_variants_change_the_map(tiny_tokenizer):
+    lm = build_tiny("llama", tiny_tokenizer, num_hidden_layers=4)
+    target = prepare(lm, "The movie was dull and the plot made no sense.", get_task("sentiment"), answer="Negative")
+    maps = {
+        key: methods.get("grad-ellm", **params).attribute(lm, target)
+        for key, params in {"all": {}, "last1": {"layers": 1}, "cos": {"similarity": "cosine"},
+                            "after": {"relu": "after-sum"}}.items()
+    }
+    for key, value in maps.items():
+        assert value.shape == (target.n_steps, target.span[1] - target.span[0]), key
+        assert torch.all(value.amin(-1) == 0.0) and torch.all(value.amax(-1) == 1.0), key
+    assert not torch.allclose(maps["all"], maps["last1"])
+    assert not torch.allclose(maps["all"], maps["cos"])
+
+
+def test_grad_ellm_last_layer_equals_sum_when_one_layer(tiny_tokenizer):
+    lm = _toy(tiny_tokenizer)
+    target = prepare(lm, "never boring", get_task("generate"), max_new_tokens=2)
+    torch.testing.assert_close(methods.get("grad-ellm", layers=1).attribute(lm, target),
+                               methods.get("grad-ellm").attribute(lm, target))
+
+
+def test_multi_step_shares_one_backward_and_matches_single_steps(tiny_tokenizer):
+    lm = build_tiny("mistral", tiny_tokenizer)
+    task = get_task("generate")
+    target = prepare(lm, "the quick brown fox", task, max_new_tokens=4)
+    together = methods.get("grad-ellm").attribute(lm, target)
+    for step in range(target.n_steps):
+        single = prepare(lm, "the quick brown fox", task, answer=lm.tokenizer.decode(target.target_ids[: step + 1]))
+        if single.n_steps != step + 1:  # re-tokenising the decoded answer may merge tokens; skip those
+            continue
+        torch.testing.assert_close(methods.get("grad-ellm").attribute(lm, single)[step], together[step])
+
+
+def test_bad_parameters_are_refused():
+    for params in ({"attention": "hard"}, {"layers": 0}, {"similarity": "l2"}, {"relu": "none"}, {"k": 1}):
+        with pytest.raises(LlmattrError):
+            methods.get("grad-ellm", **params)
+
+
+def test_explain_api_returns_scores_in_unit_interval(tiny_llama):
+    expl = llmattr.explain("An engrossing film that is never boring.", model=tiny_llama, task="sentiment",
+                           answer="Positive")
+    scores = expl.score_matrix()
+    assert scores.shape == (1, expl.span[1] - expl.span[0])
+    assert float(scores.min()) >= 0 and float(scores.max()) <= 1
+    assert expl.steps[0].token == "Positive" and expl.forced
