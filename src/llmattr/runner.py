@@ -1,0 +1,391 @@
+"""The evaluation loop of ``llmattr evaluate``: datasets x methods x metrics into a resumable store.
+
+One *unit* is (dataset, example, method with its params). For each unit the runner computes the
+Explanation once (or reuses the stored one), then every requested metric under every requested routing
+that the store does not yet hold, and writes all of it in one transaction (:mod:`llmattr.store`).
+
+Metrics are plugged in through small adapters (:class:`MetricAdapter`, :func:`register_metric`): a
+function from (model, explanation, routing, config) to :class:`~llmattr.store.Row` values, the
+options that change its values (recorded in the store's settings), and whether routing applies.
+
+Randomness: before each attribution the torch RNG is seeded from (seed, dataset, example, method,
+params), and each metric gets a per-example seed derived from (seed, dataset, example) that is shared
+by all methods (common random numbers across methods). So results do not depend on the order of work,
+on resuming, or on how examples are sharded across processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import torch
+
+from . import methods as method_registry
+from .errors import LlmattrError
+from .explanation import Explanation
+from .models.loading import LoadedModel
+from .store import MetricOutput, Row, Store, Unit, canonical
+
+ROUTINGS = ("dynamic", "fixed")
+NO_ROUTING = "none"
+
+
+# ---------------------------------------------------------------------------------------- configuration
+@dataclass
+class EvalConfig:
+    """Everything ``llmattr evaluate`` needs; the CLI options and the TOML config file hold the same keys."""
+
+    model: str = "default"
+    datasets: list[str] = field(default_factory=lambda: ["sst2"])
+    methods: list[str] = field(default_factory=lambda: ["grad-ellm"])
+    metrics: list[str] = field(default_factory=lambda: ["pi-soft"])
+    routing: str = "dynamic"
+    n: int = 50
+    samples: int = 15
+    seed: int = 0
+    layers: list[str] | None = None
+    step_stride: int = 5
+    max_new_tokens: int | None = None
+    out: str = "results.sqlite"
+    shard: str | None = None
+    device: str = "auto"
+    dtype: str | None = None
+    device_map: str | None = None
+    load_in_4bit: bool = False
+
+    @classmethod
+    def from_mapping(cls, data: dict, base: EvalConfig | None = None) -> EvalConfig:
+        """A config from a dict (TOML file or CLI values); ``None`` values keep ``base``'s."""
+        names = {f.name for f in fields(cls)}
+        data = {k.replace("-", "_"): v for k, v in data.items() if v is not None}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            valid = ", ".join(sorted(names))
+            raise LlmattrError(f"unknown config key(s) {', '.join(unknown)}; valid: {valid}")
+        for key in ("datasets", "methods", "metrics", "layers"):
+            if isinstance(data.get(key), str | int):
+                data[key] = split_list(str(data[key]))
+        return replace(base or cls(), **data)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> EvalConfig:
+        import tomllib
+
+        try:
+            with open(path, "rb") as handle:
+                return cls.from_mapping(tomllib.load(handle))
+        except FileNotFoundError as err:
+            raise LlmattrError(f"config file not found: {path}") from err
+        except tomllib.TOMLDecodeError as err:
+            raise LlmattrError(f"{path} is not valid TOML: {err}") from err
+
+    @property
+    def routings(self) -> tuple[str, ...]:
+        if self.routing == "both":
+            return ROUTINGS
+        if self.routing not in ROUTINGS:
+            raise LlmattrError(f"unknown routing {self.routing!r}; valid: dynamic, fixed, both")
+        return (self.routing,)
+
+
+def split_list(text: str) -> list[str]:
+    """``"a,b, c"`` -> ``["a", "b", "c"]`` (empty items dropped)."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+# ---------------------------------------------------------------------------------------- methods
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method name with its full parameters as canonical JSON (``key``, the store's params column).
+
+    On the CLI: ``name[:param=value]...``, e.g. ``grad-ellm:layers=4:attention=softmax``.
+    """
+
+    name: str
+    key: str
+
+    @property
+    def params(self) -> dict:
+        return json.loads(self.key)
+
+    @property
+    def label(self) -> str:
+        return method_label(self.name, self.key)
+
+    def build(self) -> method_registry.AttributionMethod:
+        return method_registry.get(self.name, **self.params)
+
+
+def method_label(name: str, params: dict | str) -> str:
+    """``name`` plus the parameters that differ from the method's defaults (all of them if unknown)."""
+    params = json.loads(params) if isinstance(params, str) else params
+    cls = method_registry.REGISTRY.get(name)
+    defaults = cls.defaults if cls is not None else {}
+    extra = [f"{k}={v}" for k, v in sorted(params.items()) if k not in defaults or defaults[k] != v]
+    return ":".join([name, *extra])
+
+
+def _cast(value: str) -> int | float | str:
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            continue
+    return value
+
+
+def parse_method(text: str) -> MethodSpec:
+    """Parse ``name[:key=value]...``; unknown names and parameters list the valid ones."""
+    name, *items = text.split(":")
+    params = {}
+    for item in items:
+        if "=" not in item:
+            raise LlmattrError(f"method parameter {item!r} in {text!r} must be key=value "
+                               "(e.g. grad-ellm:layers=4)")
+        key, value = item.split("=", 1)
+        params[key.strip()] = _cast(value.strip())
+    method = method_registry.get(name.strip(), **params)  # validates name and parameters
+    return MethodSpec(method.name, canonical(method.params))
+
+
+def expand_methods(texts: list[str], layers: list[str] | None = None) -> list[MethodSpec]:
+    """Method specs in the given order; ``layers`` sweeps every method that has a ``layers`` parameter."""
+    specs: list[MethodSpec] = []
+    for text in texts:
+        spec = parse_method(text)
+        variants = [spec]
+        if layers and "layers" in spec.params and ":layers=" not in text:
+            variants = [parse_method(f"{text}:layers={k}") for k in layers]
+        specs.extend(v for v in variants if v not in specs)
+    if not specs:
+        raise LlmattrError(f"no method given; valid: {', '.join(method_registry.available())}")
+    return specs
+
+
+# ---------------------------------------------------------------------------------------- metrics
+MetricFn = Callable[[LoadedModel, Explanation, str, "EvalConfig", int], list[Row]]
+
+
+@dataclass(frozen=True)
+class MetricAdapter:
+    """How the runner calls one metric family.
+
+    ``compute(lm, explanation, routing, config, seed)`` returns the rows of one example; ``options``
+    lists the config values that change its numbers (they go into the store's settings); ``routed``
+    says whether it is computed once per routing (dynamic/fixed) or once in all (routing ``none``).
+    """
+
+    name: str
+    compute: MetricFn
+    options: tuple[str, ...] = ()
+    routed: bool = False
+    summary: str = ""
+
+
+METRICS: dict[str, MetricAdapter] = {}
+
+
+def register_metric(adapter: MetricAdapter) -> MetricAdapter:
+    METRICS[adapter.name] = adapter
+    return adapter
+
+
+def get_metrics(names: list[str]) -> list[MetricAdapter]:
+    unknown = [name for name in names if name not in METRICS]
+    if unknown or not names:
+        what = f"unknown metric {', '.join(map(repr, unknown))}" if unknown else "no metric given"
+        raise LlmattrError(f"{what}; valid: {', '.join(sorted(METRICS))}")
+    return [METRICS[name] for name in dict.fromkeys(names)]
+
+
+def run_settings(cfg: EvalConfig, metrics: list[MetricAdapter]) -> dict:
+    """The settings that change stored values; a store refuses a run whose settings differ."""
+    keys = sorted({"seed", "max_new_tokens", *(k for m in metrics for k in m.options)})
+    return {key: getattr(cfg, key) for key in keys}
+
+
+# ---------------------------------------------------------------------------------------- sharding
+def shard_of(cfg: EvalConfig) -> tuple[int, int]:
+    """(rank, world size) from ``--shard i/n``, else from torchrun/accelerate's RANK and WORLD_SIZE."""
+    if cfg.shard:
+        try:
+            rank, world = (int(part) for part in cfg.shard.split("/"))
+        except ValueError as err:
+            raise LlmattrError(f"--shard expects i/n (e.g. 0/2), got {cfg.shard!r}") from err
+    else:
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if world < 1 or not 0 <= rank < world:
+        raise LlmattrError(f"shard {rank}/{world} is out of range: use i/n with 0 <= i < n")
+    return rank, world
+
+
+def shard_path(out: str | Path, rank: int, world: int) -> Path:
+    """``results.sqlite`` for one process, ``results.rank{i}.sqlite`` for shard i of several."""
+    out = Path(out)
+    return out if world == 1 else out.with_name(f"{out.stem}.rank{rank}{out.suffix or '.sqlite'}")
+
+
+def shard_device(device: str) -> str:
+    """Under torchrun/accelerate each process takes GPU ``LOCAL_RANK`` when the device is ``auto``."""
+    if device == "auto" and torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
+        return f"cuda:{int(os.environ['LOCAL_RANK'])}"
+    return device
+
+
+def stable_seed(*parts: object) -> int:
+    """A 31-bit seed from the parts' text (independent of PYTHONHASHSEED and of the order of work)."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+# ---------------------------------------------------------------------------------------- datasets
+@dataclass
+class Dataset:
+    """A named list of examples (each a dict with an ``id``) and the task that prompts them."""
+
+    name: str
+    task: object
+    examples: list[dict]
+
+
+DatasetLoader = Callable[[str, int, int], Dataset]
+
+
+def load_dataset(name: str, n: int, seed: int) -> Dataset:
+    """``n`` examples of dataset ``name`` from ../shared/data (llmattr.tasks.datasets), seeded."""
+    from .tasks import datasets
+
+    task, examples = datasets.load(name, n=n, seed=seed)
+    return Dataset(name, task, examples)
+
+
+# ---------------------------------------------------------------------------------------- the loop
+@dataclass
+class Summary:
+    """What a run did: units computed, skipped because already stored, and failed (with reasons)."""
+
+    out: Path
+    computed: int = 0
+    skipped: int = 0
+    failed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class _Pending:
+    dataset: Dataset
+    example: dict
+    spec: MethodSpec
+    unit: Unit
+    needed: list[tuple[MetricAdapter, str]]
+
+
+def _plan(store: Store, model_id: str, data: list[Dataset], specs: list[MethodSpec],
+          metrics: list[MetricAdapter], routings: tuple[str, ...]) -> tuple[list[_Pending], dict, int]:
+    """Units still to do, the per-(dataset, method) totals, and how many are already done."""
+    pending, totals, done = [], {}, 0
+    wanted = [(m, r) for m in metrics for r in (routings if m.routed else (NO_ROUTING,))]
+    for ds in data:
+        for spec in specs:
+            totals[(ds.name, spec)] = len(ds.examples)
+        for example in ds.examples:
+            for spec in specs:
+                unit = Unit(model_id, ds.name, str(example["id"]), spec.name, spec.key)
+                have = store.done(unit)
+                needed = [(m, r) for m, r in wanted if (m.name, r) not in have]
+                if needed:
+                    pending.append(_Pending(ds, example, spec, unit, needed))
+                else:
+                    done += 1
+    return pending, totals, done
+
+
+def _explain(lm: LoadedModel, item: _Pending, target_cache: dict, cfg: EvalConfig) -> Explanation:
+    """Attribute one unit; the target (greedy generation) is shared by all methods of an example."""
+    from .api import attribute, prepare
+
+    task = item.dataset.task
+    key = (item.dataset.name, item.unit.example)
+    if key not in target_cache:
+        target_cache.clear()
+        fields_ = {name: item.example[name] for name in task.fields}
+        target_cache[key] = prepare(lm, fields_, task, cfg.max_new_tokens)
+    torch.manual_seed(stable_seed(cfg.seed, *item.unit.as_tuple()[1:]))
+    return attribute(lm, target_cache[key], item.spec.build(), task, dict(item.example))
+
+
+def _progress(disable: bool):
+    from rich import progress as rp
+
+    return rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
+                       rp.TimeElapsedColumn(), rp.TextColumn("ETA"), rp.TimeRemainingColumn(),
+                       disable=disable)
+
+
+def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = load_dataset,
+        progress: bool = True) -> Summary:
+    """Evaluate ``cfg``: every (dataset, example, method, metric, routing) not yet in the store.
+
+    Names are validated before the model loads. This process takes examples ``rank::world`` of each
+    dataset (``--shard`` or torchrun/accelerate env) and writes its own store file.
+    """
+    start = time.perf_counter()
+    rank, world = shard_of(cfg)
+    routings = cfg.routings
+    metrics = get_metrics(cfg.metrics)
+    specs = expand_methods(cfg.methods, cfg.layers)
+    data = []
+    for name in dict.fromkeys(cfg.datasets):
+        ds = loader(name, cfg.n, cfg.seed)
+        data.append(Dataset(ds.name, ds.task, ds.examples[rank::world]))
+    if lm is None:
+        from .models.loading import load_model
+
+        lm = load_model(cfg.model, device=shard_device(cfg.device), dtype=cfg.dtype,
+                        device_map=cfg.device_map, load_in_4bit=cfg.load_in_4bit)
+    summary = Summary(out=shard_path(cfg.out, rank, world))
+    with Store(summary.out) as store:
+        store.check_settings(lm.model_id, run_settings(cfg, metrics))
+        pending, totals, summary.skipped = _plan(store, lm.model_id, data, specs, metrics, routings)
+        left = {key: 0 for key in totals}
+        for item in pending:
+            left[(item.dataset.name, item.spec)] += 1
+        bar = _progress(disable=not progress)
+        tasks = {key: bar.add_task(f"{key[0]} {key[1].label}", total=total,
+                                   completed=total - left[key]) for key, total in totals.items()}
+        target_cache: dict = {}
+        with bar:
+            for item in pending:
+                try:
+                    _run_unit(lm, item, store, target_cache, cfg)
+                    summary.computed += 1
+                except LlmattrError as err:
+                    summary.failed.append(f"{item.unit.dataset}/{item.unit.example} {item.spec.name}: {err}")
+                bar.advance(tasks[(item.dataset.name, item.spec)])
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _run_unit(lm: LoadedModel, item: _Pending, store: Store, target_cache: dict, cfg: EvalConfig) -> None:
+    """Explanation (stored or new), then every missing metric x routing, written in one transaction."""
+    stored = store.explanation(item.unit)
+    if stored is None:
+        expl = _explain(lm, item, target_cache, cfg)
+        attribution_s = float(expl.timings.get("attribution_s", 0.0))
+        text = expl.to_json()
+    else:
+        text, attribution_s = stored
+        expl = Explanation.from_json(text)
+    seed = stable_seed(cfg.seed, item.unit.dataset, item.unit.example)
+    outputs = []
+    for metric, routing in item.needed:
+        t0 = time.perf_counter()
+        rows = metric.compute(lm, expl, routing, cfg, seed)
+        outputs.append(MetricOutput(metric.name, routing, time.perf_counter() - t0, rows))
+    store.write(item.unit, text, attribution_s, outputs)

@@ -1,0 +1,280 @@
+"""The results store of ``llmattr evaluate``: one SQLite file (stdlib sqlite3, WAL mode) per process.
+
+Tables (docs/evaluate.md):
+
+- ``meta``: store schema version and the llmattr version that created the file.
+- ``settings``: per model, the run settings that change metric values (samples, seed, metric options).
+  A run whose settings differ from the stored ones for the same model is refused, never mixed.
+- ``explanations``: one Explanation JSON and its attribution time per (model, dataset, example, method,
+  params).
+- ``done``: one row per finished (model, dataset, example, method, params, metric, routing) with the
+  metric's wall time; what a rerun skips.
+- ``results``: one value per (model, dataset, example, method, params, metric, routing, pi, step).
+  ``pi`` is the x-axis of a curve (retaining probability, or fraction of tokens for ranking metrics)
+  and ``step`` the generation step; ``-1`` in either means "scalar" / "averaged over steps".
+
+Every finished (example, method) is written in one transaction, so a process killed at any moment
+(even SIGKILL) leaves either all of that unit's rows or none of them.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__
+from .errors import LlmattrError
+
+SCHEMA_VERSION = 1
+NONE = -1  # sentinel for "no pi" / "no step" (primary-key columns cannot hold NULL duplicates)
+KEY = ("model", "dataset", "example", "method", "params")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS settings (model TEXT PRIMARY KEY, settings TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS explanations (
+    model TEXT NOT NULL, dataset TEXT NOT NULL, example TEXT NOT NULL, method TEXT NOT NULL,
+    params TEXT NOT NULL, explanation TEXT NOT NULL, attribution_s REAL NOT NULL,
+    PRIMARY KEY (model, dataset, example, method, params));
+CREATE TABLE IF NOT EXISTS done (
+    model TEXT NOT NULL, dataset TEXT NOT NULL, example TEXT NOT NULL, method TEXT NOT NULL,
+    params TEXT NOT NULL, metric TEXT NOT NULL, routing TEXT NOT NULL, seconds REAL NOT NULL,
+    PRIMARY KEY (model, dataset, example, method, params, metric, routing));
+CREATE TABLE IF NOT EXISTS results (
+    model TEXT NOT NULL, dataset TEXT NOT NULL, example TEXT NOT NULL, method TEXT NOT NULL,
+    params TEXT NOT NULL, metric TEXT NOT NULL, routing TEXT NOT NULL, pi REAL NOT NULL,
+    step INTEGER NOT NULL, value REAL NOT NULL,
+    PRIMARY KEY (model, dataset, example, method, params, metric, routing, pi, step)) WITHOUT ROWID;
+"""
+RESULT_KEY = "model, dataset, example, method, params, metric, routing, pi, step"
+
+
+def canonical(params: dict) -> str:
+    """Method parameters as a canonical JSON string (sorted keys), the ``params`` key column."""
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One metric value: ``pi`` is the curve's x (None for scalars), ``step`` the generation step."""
+
+    metric: str
+    value: float
+    pi: float | None = None
+    step: int | None = None
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One (model, dataset, example, method, params): the grain of work and of each transaction."""
+
+    model: str
+    dataset: str
+    example: str
+    method: str
+    params: str  # canonical JSON
+
+    def as_tuple(self) -> tuple[str, ...]:
+        return (self.model, self.dataset, self.example, self.method, self.params)
+
+
+@dataclass
+class MetricOutput:
+    """What one metric produced for one unit under one routing."""
+
+    metric: str
+    routing: str
+    seconds: float
+    rows: list[Row] = field(default_factory=list)
+
+
+def _diff(old: dict, new: dict) -> str:
+    keys = sorted(set(old) | set(new))
+    return ", ".join(f"{k}: stored {old.get(k)!r} vs {new.get(k)!r}"
+                     for k in keys if old.get(k) != new.get(k))
+
+
+def _where(columns: tuple[str, ...]) -> str:
+    return " AND ".join(f"{c} = ?" for c in columns)
+
+
+def _connect(path: str | Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), timeout=60)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL survives a killed process
+    conn.executescript(SCHEMA)
+    return conn
+
+
+def _check_meta(conn: sqlite3.Connection, path: str | Path, strict_version: bool) -> None:
+    """Record schema/version in a new store; refuse a store of another schema (or version, if strict)."""
+    meta = dict(conn.execute("SELECT key, value FROM meta"))
+    if not meta:
+        with conn:
+            conn.executemany("INSERT INTO meta VALUES (?, ?)",
+                             [("schema", str(SCHEMA_VERSION)), ("llmattr_version", __version__)])
+        return
+    if meta.get("schema") != str(SCHEMA_VERSION):
+        raise LlmattrError(f"{path} has store schema {meta.get('schema')}, this llmattr reads schema "
+                           f"{SCHEMA_VERSION}: use another --out file or the llmattr version that wrote it")
+    if strict_version and meta.get("llmattr_version") != __version__:
+        raise LlmattrError(f"{path} was written by llmattr {meta.get('llmattr_version')}, this is "
+                           f"{__version__}: write to another --out file rather than mixing versions")
+
+
+class Store:
+    """A writable store for one process (``llmattr evaluate``)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if self.path.parent and not self.path.parent.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.conn = _connect(self.path)
+        except sqlite3.DatabaseError as err:
+            raise LlmattrError(f"{path} is not an llmattr results store ({err}); "
+                               "use another --out file") from err
+        _check_meta(self.conn, self.path, strict_version=True)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def check_settings(self, model: str, settings: dict) -> None:
+        """Record ``settings`` for ``model`` or refuse if the store holds different ones."""
+        row = self.conn.execute("SELECT settings FROM settings WHERE model = ?", (model,)).fetchone()
+        if row is None:
+            with self.conn:
+                self.conn.execute("INSERT INTO settings VALUES (?, ?)",
+                                  (model, json.dumps(settings, sort_keys=True)))
+            return
+        stored = json.loads(row[0])
+        if stored != settings:
+            raise LlmattrError(f"{self.path} holds results for {model} with other settings "
+                               f"({_diff(stored, settings)}); rerun with the stored settings or write to "
+                               "another --out file")
+
+    def done(self, unit: Unit) -> set[tuple[str, str]]:
+        """The (metric, routing) pairs already finished for ``unit``."""
+        sql = "SELECT metric, routing FROM done WHERE " + _where(KEY)
+        return set(self.conn.execute(sql, unit.as_tuple()))
+
+    def explanation(self, unit: Unit) -> tuple[str, float] | None:
+        """The stored Explanation JSON and attribution seconds of ``unit``, if any."""
+        sql = "SELECT explanation, attribution_s FROM explanations WHERE " + _where(KEY)
+        return self.conn.execute(sql, unit.as_tuple()).fetchone()
+
+    def write(self, unit: Unit, explanation: str, attribution_s: float,
+              outputs: Iterable[MetricOutput]) -> None:
+        """Write one unit's explanation, metric rows and done markers in a single transaction."""
+        key = unit.as_tuple()
+        with self.conn:
+            self.conn.execute("INSERT OR IGNORE INTO explanations VALUES (?, ?, ?, ?, ?, ?, ?)",
+                              (*key, explanation, attribution_s))
+            for out in outputs:
+                self.conn.executemany(
+                    "INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(*key, r.metric, out.routing, NONE if r.pi is None else round(float(r.pi), 9),
+                      NONE if r.step is None else int(r.step), float(r.value)) for r in out.rows])
+                self.conn.execute("INSERT INTO done VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                  (*key, out.metric, out.routing, out.seconds))
+
+
+def expand(paths: Iterable[str | Path]) -> list[Path]:
+    """Store paths from a list of files and glob patterns, sorted, each once."""
+    found: set[Path] = set()
+    for item in paths:
+        text = str(item)
+        matches = glob.glob(text) if any(c in text for c in "*?[") else [text]
+        if not matches:
+            raise LlmattrError(f"no store matches {text!r}")
+        for match in matches:
+            if not Path(match).is_file():
+                raise LlmattrError(f"store not found: {match}")
+            found.add(Path(match))
+    return sorted(found)
+
+
+class Results:
+    """Several stores merged read-only into one in-memory database (``llmattr report``).
+
+    Shards of one run (``results.rank*.sqlite``) are merged; a row present in two stores with two
+    different values, or two stores with different settings for one model, is refused.
+    """
+
+    def __init__(self, paths: Iterable[str | Path]):
+        self.paths = expand(paths)
+        if not self.paths:
+            raise LlmattrError("no store given: pass results.sqlite (or several, or a glob)")
+        self.conn = sqlite3.connect(":memory:")
+        self.conn.executescript(SCHEMA)
+        self._settings: dict[str, dict] = {}
+        for path in self.paths:
+            self._merge(path)
+
+    def _merge(self, path: Path) -> None:
+        try:
+            src = sqlite3.connect(str(path))
+            _check_meta_readonly(src, path)
+        except sqlite3.DatabaseError as err:
+            raise LlmattrError(f"{path} is not an llmattr results store ({err})") from err
+        for model, text in src.execute("SELECT model, settings FROM settings"):
+            settings = json.loads(text)
+            if self._settings.setdefault(model, settings) != settings:
+                raise LlmattrError(f"{path} has other settings for {model} than the stores before it "
+                                   f"({_diff(self._settings[model], settings)}); report them separately")
+        src.close()
+        self.conn.execute("ATTACH DATABASE ? AS src", (str(path),))
+        with self.conn:
+            clash = self.conn.execute(
+                f"SELECT s.model, s.dataset, s.example, s.method, s.metric FROM src.results s JOIN results m "
+                f"USING ({RESULT_KEY}) WHERE s.value != m.value LIMIT 1").fetchone()
+            if clash:
+                raise LlmattrError(f"{path} disagrees with another store on {clash}; these stores are not "
+                                   "shards of one run")
+            for table in ("explanations", "done", "results"):
+                self.conn.execute(f"INSERT OR IGNORE INTO {table} SELECT * FROM src.{table}")
+        self.conn.execute("DETACH DATABASE src")
+
+    # ------------------------------------------------------------------ queries
+    def models(self) -> list[str]:
+        rows = self.conn.execute("SELECT DISTINCT model FROM explanations ORDER BY model")
+        return [r[0] for r in rows]
+
+    def settings(self, model: str) -> dict:
+        return self._settings.get(model, {})
+
+    def metrics(self, model: str) -> set[tuple[str, str]]:
+        """(metric, routing) pairs present for ``model``."""
+        sql = "SELECT DISTINCT metric, routing FROM results WHERE model = ?"
+        return set(self.conn.execute(sql, (model,)))
+
+    def values(self, model: str, metric: str, routing: str) -> Iterator[tuple]:
+        """(dataset, method, params, example, pi, step, value) rows, in key order."""
+        return self.conn.execute(
+            "SELECT dataset, method, params, example, pi, step, value FROM results "
+            "WHERE model = ? AND metric = ? AND routing = ? "
+            "ORDER BY dataset, method, params, example, pi, step",
+            (model, metric, routing))
+
+    def explanations(self, model: str) -> Iterator[tuple]:
+        """(dataset, method, params, example, explanation JSON, attribution seconds), in key order."""
+        return self.conn.execute(
+            "SELECT dataset, method, params, example, explanation, attribution_s FROM explanations "
+            "WHERE model = ? ORDER BY dataset, method, params, example", (model,))
+
+
+def _check_meta_readonly(conn: sqlite3.Connection, path: Path) -> None:
+    meta = dict(conn.execute("SELECT key, value FROM meta"))
+    if meta.get("schema") != str(SCHEMA_VERSION):
+        raise LlmattrError(f"{path} has store schema {meta.get('schema')}; "
+                           f"this llmattr reads schema {SCHEMA_VERSION}")
