@@ -1,0 +1,49 @@
+"""Raw attention (paper 000's "Attention" baseline; paper 004's "Attn.-Only" with ``layers="all"``)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import LlmattrError
+from ..models.forward import logits_at
+from ..models.loading import LoadedModel
+from ..models.probe import Probe
+from ..targets import Target
+from .base import AttributionMethod, register
+
+
+def mean_attention(lm: LoadedModel, input_ids: torch.Tensor, positions: torch.Tensor,
+                   layers: str = "last") -> torch.Tensor:
+    """Attention probabilities from each query position to every key, averaged over heads: ``(T, S)``.
+
+    ``layers="last"`` reads the last layer (Inseq's default for ``attention``); ``"all"`` also averages
+    over every layer (paper 004's NetAttention / "Attn.-Only"). One forward pass, no backward.
+    """
+    positions = positions.to(lm.device)
+    with torch.no_grad(), Probe(record=True) as probe:
+        logits_at(lm, lm.embed(input_ids), positions[-1:])
+    chosen = sorted(probe.layers) if layers == "all" else [max(probe.layers)]
+    probs = torch.stack([probe.layers[k].probs[0][:, positions, :] for k in chosen])  # (L, H, T, S)
+    return probs.float().mean(dim=(0, 1))
+
+
+@register
+class Attention(AttributionMethod):
+    """Attention weight from the explained step's query position to each content token."""
+
+    name = "attention"
+    family = "attention"
+    summary = "attention probabilities from the predicting position, mean over heads (last layer or all)"
+    needs_gradients = False
+    signed = False
+    cost = "1 forward (all steps share it)"
+    defaults = {"layers": "last"}
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        if self.params["layers"] not in ("last", "all"):
+            raise LlmattrError("attention layers must be 'last' or 'all'")
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        a, b = target.span
+        return mean_attention(lm, target.input_ids, target.positions, self.params["layers"])[:, a:b]

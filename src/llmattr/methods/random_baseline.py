@@ -1,0 +1,34 @@
+"""The random baseline (paper 000's "Random", paper 003's random ranking): uniform scores, seeded."""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+from ..models.loading import LoadedModel
+from ..targets import Target
+from .base import AttributionMethod, register
+
+
+@register
+class RandomBaseline(AttributionMethod):
+    """Independent U(0, 1) scores per step and content token.
+
+    The generator is seeded with ``seed`` mixed with a CRC of the input ids: the same seed and input
+    give the same scores, different inputs get different draws.
+    """
+
+    name = "random"
+    family = "baseline"
+    summary = "uniform random scores in [0, 1), seeded per input (the floor every method must beat)"
+    needs_gradients = False
+    signed = False
+    cost = "no forward"
+    defaults = {"seed": 0}
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        ids = target.input_ids[0].to(torch.int64).numpy().tobytes()
+        generator = torch.Generator().manual_seed(int(self.params["seed"]) * 1_000_003 + zlib.crc32(ids))
+        a, b = target.span
+        return torch.rand((target.n_steps, b - a), generator=generator)

@@ -1,0 +1,141 @@
+"""Value Zeroing (Mohebbi et al., 2023), as paper 000 ran it through Inseq.
+
+For a layer l and a content token j, token j's value vector is zeroed in layer l's attention (through
+the internals probe's ``value_scale``) and the importance of j for step t is the cosine distance
+1 - cos(h_t^l, h_t^l(-j)) between the clean and the zeroed output of block l at step t's predicting
+position. Each layer is zeroed independently: with ``layers="all"`` every block's input is patched back
+to the clean state, so one forward per zeroed token gives every layer (Inseq's hooks do the same).
+
+Layer aggregation follows Inseq: each layer's distances are normalised to sum to 1 over the zeroed
+tokens, then the chosen layers are averaged. Inseq's default, and so paper 000's, is the last layer
+only (``layers="last"``); ``layers="all"`` is Inseq's ``aggregate_layers_fn="average"``. Unlike Inseq,
+only the content span is zeroed (the template stays intact, as in every llmattr perturbation), so the
+normalisation runs over the content span; for one layer that only rescales each step. Distances
+below 1e-6 (float32 noise of identical states) count as 0.
+
+Batched: the zeroed tokens are batch rows (``batch_size`` per forward), all steps share each forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import LlmattrError
+from ..models.forward import logits_at
+from ..models.loading import LoadedModel
+from ..models.probe import Probe
+from ..targets import Target
+from .base import AttributionMethod, register
+
+NOISE_FLOOR = 1e-6  # float32 cosine distances of identical states reach ~6e-8: below this they are 0
+
+
+def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The stack of transformer blocks (the ModuleList with one entry per hidden layer)."""
+    n_layers = model.config.get_text_config().num_hidden_layers
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
+            return module
+    raise LlmattrError(f"cannot find the {n_layers} transformer blocks of {type(model).__name__}")
+
+
+class BlockTap:
+    """Forward hooks on chosen blocks: keep their output at ``positions``; optionally patch it.
+
+    ``patch`` maps a block index to the clean output ``(1, S, d)`` that replaces the block's output
+    (so the next block sees clean inputs); without it the outputs pass unchanged.
+    """
+
+    def __init__(self, blocks: torch.nn.ModuleList, layers: list[int], positions: torch.Tensor,
+                 patch: dict[int, torch.Tensor] | None = None, keep_full: bool = False):
+        self.blocks, self.layers, self.positions = blocks, layers, positions
+        self.patch, self.keep_full = patch, keep_full
+        self.outputs: dict[int, torch.Tensor] = {}
+        self._handles: list = []
+
+    def _hook(self, layer: int):
+        def hook(module, args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            self.outputs[layer] = hidden if self.keep_full else hidden[:, self.positions]
+            if self.patch is None or layer not in self.patch:
+                return None
+            clean = self.patch[layer].expand_as(hidden)
+            return (clean, *output[1:]) if isinstance(output, tuple) else clean
+        return hook
+
+    def __enter__(self) -> BlockTap:
+        self._handles = [self.blocks[k].register_forward_hook(self._hook(k)) for k in self.layers]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def value_zeroing_distances(lm: LoadedModel, input_ids: torch.Tensor, positions: torch.Tensor,
+                            span: tuple[int, int], layers: list[int], batch_size: int) -> torch.Tensor:
+    """1 - cos(clean, zeroed) block outputs: ``(n_layers_chosen, T, n_span)``."""
+    blocks = decoder_blocks(lm.model)
+    positions = positions.to(lm.device)
+    embeds = lm.embed(input_ids)
+    seq_len = embeds.shape[1]
+    with torch.no_grad():
+        with BlockTap(blocks, layers, positions, keep_full=True) as clean_tap:
+            logits_at(lm, embeds, positions[-1:])
+        clean = clean_tap.outputs
+        patch = {k: clean[k] for k in layers[:-1]}  # the last chosen block's output feeds nothing we read
+        a, b = span
+        parts = []
+        for start in range(a, b, batch_size):
+            tokens = torch.arange(start, min(start + batch_size, b), device=lm.device)
+            scale = torch.ones(len(tokens), seq_len, device=lm.device)
+            scale[torch.arange(len(tokens)), tokens] = 0.0
+            with BlockTap(blocks, layers, positions, patch) as tap, \
+                    Probe(value_scale=scale, value_layers=set(layers)):
+                logits_at(lm, embeds.expand(len(tokens), -1, -1), positions[-1:])
+            cos = torch.stack([
+                torch.nn.functional.cosine_similarity(tap.outputs[k].float(), clean[k][:, positions].float(),
+                                                      dim=-1) for k in layers
+            ])  # (L, rows, T)
+            dist = 1.0 - cos
+            parts.append(torch.where(dist > NOISE_FLOOR, dist, torch.zeros_like(dist)))
+    return torch.cat(parts, dim=1).transpose(1, 2)
+
+
+@register
+class ValueZeroing(AttributionMethod):
+    """Cosine distance of a block's output when one token's value vector is zeroed (Mohebbi et al.)."""
+
+    name = "value-zeroing"
+    family = "perturbation (internal)"
+    summary = "Value Zeroing: 1 - cos of a block's output with one token's value zeroed (last layer or mean)"
+    needs_gradients = False
+    signed = False
+    cost = "1 + ceil(n/batch_size) forwards of batch_size rows (all steps share them)"
+    defaults = {"layers": "last", "batch_size": 16}
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        layers, batch = self.params["layers"], self.params["batch_size"]
+        if layers not in ("last", "all") and (isinstance(layers, bool) or not isinstance(layers, int)):
+            raise LlmattrError("value-zeroing layers must be 'last', 'all' or a layer index")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise LlmattrError("value-zeroing batch_size must be a positive integer")
+
+    def _layers(self, n_layers: int) -> list[int]:
+        layers = self.params["layers"]
+        if layers == "all":
+            return list(range(n_layers))
+        if layers == "last":
+            return [n_layers - 1]
+        if not -n_layers <= layers < n_layers:
+            raise LlmattrError(f"value-zeroing layer must be in [0, {n_layers - 1}]; got {layers}")
+        return [layers % n_layers]
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        layers = self._layers(lm.model.config.get_text_config().num_hidden_layers)
+        dist = value_zeroing_distances(lm, target.input_ids, target.positions, target.span, layers,
+                                       self.params["batch_size"])  # (L, T, n)
+        total = dist.sum(-1, keepdim=True)
+        normalised = torch.where(total > 0, dist / total.clamp_min(torch.finfo(dist.dtype).tiny), dist)
+        return normalised.mean(0).cpu()
