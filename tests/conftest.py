@@ -39,7 +39,7 @@ def tiny_tokenizer():
 
 def tiny_config(arch: str, vocab_size: int, **overrides):
     """A 2-layer random config of ``arch`` with GQA where the architecture has it."""
-    from transformers import (Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config)
+    from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
     common = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,

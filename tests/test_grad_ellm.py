@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from conftest import build_tiny
 
 import llmattr
+from conftest import build_tiny
 from llmattr import methods
 from llmattr.api import prepare
 from llmattr.errors import LlmattrError

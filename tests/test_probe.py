@@ -3,8 +3,8 @@
 import copy
 
 import torch
-from conftest import build_tiny
 
+from conftest import build_tiny
 from llmattr.models.probe import Probe
 
 

@@ -11,7 +11,7 @@ from .explanation import Explanation
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt
 from .targets import Target, make_target
-from .tasks import Task, get_task
+from .tasks import Task, few_shot, get_task
 
 
 @lru_cache(maxsize=2)
@@ -30,6 +30,7 @@ def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int |
     if isinstance(text, str) and not text.strip():
         raise LlmattrError("empty text: give the text to explain")
     example = task.example_from_text(text)
+    task.check_model(lm)
     prompt: Prompt = build_prompt(lm.tokenizer, task, example, demonstrations)
     n_new = task.max_new_tokens if max_new_tokens is None else max_new_tokens
     return make_target(lm, prompt, n_new, answer)
@@ -66,20 +67,27 @@ def explain(
     max_new_tokens: int | None = None,
     answer: str | None = None,
     device: str = "auto",
+    shots: int = 0,
+    shots_seed: int = 0,
+    demonstrations: str = "",
     **method_params,
 ) -> Explanation:
     """Explain the model's answer to ``text`` with ``method``.
 
     ``text`` is the content (for multi-field tasks such as BoolQ, a dict of fields); ``answer`` forces
-    the explained tokens instead of greedy generation.
+    the explained tokens instead of greedy generation. ``shots`` few-shot demonstrations (drawn with
+    ``shots_seed`` from the task's sample data, never ``text`` itself) or an explicit ``demonstrations``
+    text are placed before the content span, so they are neither attributed nor perturbed.
     """
     task = get_task(task)
     method_obj = methods.get(method, **method_params)
     start = time.perf_counter()
     lm = resolve_model(model, device)
     loaded = time.perf_counter()
-    target = prepare(lm, text, task, max_new_tokens, answer)
-    prepared = time.perf_counter()
     example = task.example_from_text(text)
+    if shots:
+        demonstrations += few_shot(task, shots, shots_seed, exclude=[{"id": None, **example}])
+    target = prepare(lm, text, task, max_new_tokens, answer, demonstrations)
+    prepared = time.perf_counter()
     return attribute(lm, target, method_obj, task, example,
                      timings={"load_s": loaded - start, "generate_s": prepared - loaded})

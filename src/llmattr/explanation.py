@@ -80,23 +80,24 @@ class Explanation:
         """Span token indices grouped into words by character offsets (tokenizer-agnostic).
 
         A token continues the previous word when it starts exactly where the previous one ends and
-        neither side of the boundary is whitespace; this works for byte-level BPE (``Ġ``-prefixed
+        neither side of the boundary is whitespace (a token that is only a space joins the next word); this works for byte-level BPE (``Ġ``-prefixed
         GPT-2/SmolLM tokens) and SentencePiece (``▁``) alike because it reads the text, not the markers.
         """
         a, b = self.span
         groups: list[list[int]] = []
+        visible = True  # does the last group hold any non-space text yet?
         prev_end = None
         for j, i in enumerate(range(a, b)):
             s, e = self.offsets[i]
             piece = self.text[s:e]
-            joins = (
-                prev_end is not None and s == prev_end and piece[:1].strip() != ""
-                and self.text[s - 1: s].strip() != ""
-            )
-            if joins:
+            glued = (prev_end is not None and s == prev_end and piece[:1].strip() != ""
+                     and self.text[s - 1: s].strip() != "")
+            if groups and (glued or not visible):  # a lone space token ('▁') joins the word after it
                 groups[-1].append(j)
+                visible = visible or piece.strip() != ""
             else:
                 groups.append([j])
+                visible = piece.strip() != ""
             prev_end = e
         return groups
 

@@ -46,7 +46,7 @@ def render(tokenizer, task: Task, example: dict, demonstrations: str = "") -> tu
     user, (start, end) = task.user_content(example)
     user = demonstrations + user
     start, end = start + len(demonstrations), end + len(demonstrations)
-    if getattr(tokenizer, "chat_template", None):
+    if task.uses_chat(tokenizer):
         text = _chat_text(tokenizer, task.system, user)
         where = text.rfind(user)
         if where < 0:

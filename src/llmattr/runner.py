@@ -9,9 +9,8 @@ function from (model, explanation, routing, config) to :class:`~llmattr.store.Ro
 options that change its values (recorded in the store's settings), and whether routing applies.
 
 Randomness: before each attribution the torch RNG is seeded from (seed, dataset, example, method,
-params), and each metric gets a per-example seed derived from (seed, dataset, example) that is shared
-by all methods (common random numbers across methods). So results do not depend on the order of work,
-on resuming, or on how examples are sharded across processes.
+params); the metrics get the user's seed and derive their own per-example generators from it. So
+results do not depend on the order of work, on resuming, or on how examples are sharded.
 """
 
 from __future__ import annotations
@@ -169,16 +168,16 @@ def expand_methods(texts: list[str], layers: list[str] | None = None) -> list[Me
 
 
 # ---------------------------------------------------------------------------------------- metrics
-MetricFn = Callable[[LoadedModel, Explanation, str, "EvalConfig", int], list[Row]]
+MetricFn = Callable[[LoadedModel, Explanation, str, "EvalConfig"], list[Row]]
 
 
 @dataclass(frozen=True)
 class MetricAdapter:
     """How the runner calls one metric family.
 
-    ``compute(lm, explanation, routing, config, seed)`` returns the rows of one example; ``options``
-    lists the config values that change its numbers (they go into the store's settings); ``routed``
-    says whether it is computed once per routing (dynamic/fixed) or once in all (routing ``none``).
+    ``compute(lm, explanation, routing, config)`` returns the rows of one example; ``options`` lists
+    the config values that change its numbers (they go into the store's settings); ``routed`` says
+    whether it is computed once per routing (dynamic/fixed) or once in all (routing ``none``).
     """
 
     name: str
@@ -196,6 +195,38 @@ def register_metric(adapter: MetricAdapter) -> MetricAdapter:
     return adapter
 
 
+def _soft_rows(lm: LoadedModel, expl: Explanation, routing: str, cfg: EvalConfig, curves: bool) -> list[Row]:
+    """pi-Soft-NC/NS curves and AUCs (``curves``) or Soft-NC/NS at alpha = 1 and E[R] (paper 000 eqs. 4-7).
+
+    Soft-NC/NS and E[R] come from a one-point grid, so ``soft`` costs 2 instead of 20 perturbation
+    rows per sample; the two metric families never share rows, so either can be added to a store later.
+    """
+    from .faithfulness import evaluate
+
+    result = evaluate(expl, model=lm, metrics=("pi-soft-nc", "pi-soft-ns"), routing=routing,
+                      samples=cfg.samples, seed=cfg.seed, pis=None if curves else (0.5,),
+                      step_stride=cfg.step_stride).to_dict()
+    values = result["metrics"]
+    if not curves:
+        return [Row(name, values[name]) for name in ("soft_ns", "soft_nc", "expected_retained")]
+    rows = []
+    for name in ("pi_soft_ns", "pi_soft_nc"):
+        curve = values[name]
+        rows += [Row(name, v, pi=p) for p, v in zip(curve["pi"], curve["values"], strict=True)]
+        rows.append(Row(f"{name}_auc", curve["auc"]))
+    return rows
+
+
+register_metric(MetricAdapter(
+    "pi-soft", lambda lm, expl, routing, cfg: _soft_rows(lm, expl, routing, cfg, curves=True),
+    options=("samples", "step_stride"), routed=True,
+    summary="pi-Soft-NC/NS curves over pi = 0.05..0.95 and their AUC (paper 000 eq. 7; Tables 1, 8)"))
+register_metric(MetricAdapter(
+    "soft", lambda lm, expl, routing, cfg: _soft_rows(lm, expl, routing, cfg, curves=False),
+    options=("samples", "step_stride"), routed=True,
+    summary="original Soft-NC/NS (alpha = 1) and E[R] (paper 000 eqs. 4-5; Table 2)"))
+
+
 def get_metrics(names: list[str]) -> list[MetricAdapter]:
     unknown = [name for name in names if name not in METRICS]
     if unknown or not names:
@@ -204,10 +235,13 @@ def get_metrics(names: list[str]) -> list[MetricAdapter]:
     return [METRICS[name] for name in dict.fromkeys(names)]
 
 
-def run_settings(cfg: EvalConfig, metrics: list[MetricAdapter]) -> dict:
-    """The settings that change stored values; a store refuses a run whose settings differ."""
+def run_settings(cfg: EvalConfig, metrics: list[MetricAdapter], lm: LoadedModel) -> dict:
+    """The settings that change stored values (a store refuses a run whose settings differ), plus the
+    model's number of layers (``layers=all`` in the Fig. 5 sweep)."""
     keys = sorted({"seed", "max_new_tokens", *(k for m in metrics for k in m.options)})
-    return {key: getattr(cfg, key) for key in keys}
+    text_config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+    n_layers = getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "n_layer", None)
+    return {"n_layers": n_layers, **{key: getattr(cfg, key) for key in keys}}
 
 
 # ---------------------------------------------------------------------------------------- sharding
@@ -257,12 +291,21 @@ class Dataset:
 DatasetLoader = Callable[[str, int, int], Dataset]
 
 
-def load_dataset(name: str, n: int, seed: int) -> Dataset:
-    """``n`` examples of dataset ``name`` from ../shared/data (llmattr.tasks.datasets), seeded."""
-    from .tasks import datasets
+def dataset_names() -> list[str]:
+    """Tasks that name a sample data file (``sst2``, ``imdb``, ``boolq``, ...): the valid ``--datasets``."""
+    from .tasks import TASKS
 
-    task, examples = datasets.load(name, n=n, seed=seed)
-    return Dataset(name, task, examples)
+    return sorted(name for name, task in TASKS.items() if getattr(task, "data", None))
+
+
+def load_dataset(name: str, n: int, seed: int) -> Dataset:
+    """``n`` examples of dataset ``name`` (its task's sample file in ../shared/data), balanced, seeded."""
+    from .tasks import get_task, load_examples
+
+    if name not in dataset_names():
+        raise LlmattrError(f"unknown dataset {name!r}; valid: {', '.join(dataset_names())}")
+    task = get_task(name)
+    return Dataset(name, task, load_examples(task, n=n, seed=seed))
 
 
 # ---------------------------------------------------------------------------------------- the loop
@@ -351,7 +394,7 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
                         device_map=cfg.device_map, load_in_4bit=cfg.load_in_4bit)
     summary = Summary(out=shard_path(cfg.out, rank, world))
     with Store(summary.out) as store:
-        store.check_settings(lm.model_id, run_settings(cfg, metrics))
+        store.check_settings(lm.model_id, run_settings(cfg, metrics, lm))
         pending, totals, summary.skipped = _plan(store, lm.model_id, data, specs, metrics, routings)
         left = {key: 0 for key in totals}
         for item in pending:
@@ -382,10 +425,9 @@ def _run_unit(lm: LoadedModel, item: _Pending, store: Store, target_cache: dict,
     else:
         text, attribution_s = stored
         expl = Explanation.from_json(text)
-    seed = stable_seed(cfg.seed, item.unit.dataset, item.unit.example)
     outputs = []
     for metric, routing in item.needed:
         t0 = time.perf_counter()
-        rows = metric.compute(lm, expl, routing, cfg, seed)
+        rows = metric.compute(lm, expl, routing, cfg)
         outputs.append(MetricOutput(metric.name, routing, time.perf_counter() - t0, rows))
     store.write(item.unit, text, attribution_s, outputs)

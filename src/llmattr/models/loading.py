@@ -154,7 +154,22 @@ def _resolve(spec: str, verbose: bool) -> tuple[str, str]:
     return spec, spec
 
 
-def _load_tokenizer(source: str):
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the Hugging Face hub answers (fails fast offline instead of transformers' minute of retries)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _load_tokenizer(source: str, **kwargs):
     """The tokenizer; a converted folder (plain ``tokenizer.json``) skips AutoTokenizer's class lookup (~1 s)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -163,7 +178,7 @@ def _load_tokenizer(source: str):
         cls = json.loads(config.read_text()).get("tokenizer_class")
         if cls in ("TokenizersBackend", "PreTrainedTokenizerFast"):
             return PreTrainedTokenizerFast.from_pretrained(source)
-    return AutoTokenizer.from_pretrained(source)
+    return AutoTokenizer.from_pretrained(source, **kwargs)
 
 
 def _dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
@@ -222,8 +237,10 @@ def load_model(
         device_map = device_map or "auto"
     if device_map:
         kwargs["device_map"] = device_map
+    if not Path(source).exists() and not hub_reachable():
+        kwargs["local_files_only"] = True  # offline: only the local Hugging Face cache can answer
     try:
-        tokenizer = _load_tokenizer(source)
+        tokenizer = _load_tokenizer(source, local_files_only=kwargs.get("local_files_only", False))
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as err:
         raise LlmattrError(

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from ..errors import LlmattrError
+
+KINDS = ("classification", "generation", "regression", "lm")
 
 
 @dataclass(frozen=True)
@@ -14,17 +18,40 @@ class Task:
     ``user_template`` is formatted with the example's fields; the content span is the text from the
     first field's value to the end of the last field's value, i.e. the user's own text without the
     template words around it.
+
+    Dataset side (docs/tasks.md): ``data`` names the sample file in ``../shared/data`` (``sst2`` ->
+    ``sst2.jsonl``), ``columns`` maps a task field to a file column or a ``{column}`` format string,
+    ``hf`` is the Hugging Face ``datasets`` recipe (path, name, split, columns, labels),
+    ``select`` keeps only rows whose fields equal the given values (BLiMP paradigms),
+    ``label_field`` is the gold column and ``label_map`` maps its values to label words. ``chat=False``
+    renders the raw text without the chat template (language-modelling tasks such as BLiMP).
+    ``first_token=True`` scores multi-token label words by their first token; otherwise every label
+    word must be one token. ``head`` is the output head the task needs (``"lm"`` for a causal LM).
     """
 
     name: str
     user_template: str
     fields: tuple[str, ...]
     system: str | None = None
-    kind: str = "generation"  # "classification", "generation" or "regression"
+    kind: str = "generation"  # "classification", "generation", "regression" or "lm" (next word vs foil)
     label_words: tuple[str, ...] = ()
     max_new_tokens: int = 20
     answer_prefix: str = "Answer:"  # used only when the tokenizer has no chat template
     extra: dict = field(default_factory=dict)
+    data: str | None = None
+    columns: dict = field(default_factory=dict)
+    hf: dict = field(default_factory=dict)
+    select: dict = field(default_factory=dict)
+    label_field: str | None = None
+    label_map: dict = field(default_factory=dict)
+    chat: bool = True
+    first_token: bool = False
+    head: str = "lm"
+    description: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise LlmattrError(f"task {self.name}: kind must be one of {', '.join(KINDS)}")
 
     def example_from_text(self, text: str | dict) -> dict:
         """Accept a plain string for the first field, or a dict with every field."""
@@ -45,6 +72,78 @@ class Task:
         tail = self.user_template.split("{" + self.fields[-1] + "}")[-1].format(**values)
         return content, (len(head), len(content) - len(tail))
 
+    def uses_chat(self, tokenizer) -> bool:
+        """Whether prompts are rendered with the tokenizer's chat template."""
+        return self.chat and bool(getattr(tokenizer, "chat_template", None))
+
+    def answer_text(self, word: str, tokenizer) -> str:
+        """How an answer word follows the prompt: right after the assistant header, or after a space."""
+        return word if self.uses_chat(tokenizer) else " " + word
+
+    def word_ids(self, tokenizer, words: tuple[str, ...] | list[str]) -> torch.Tensor:
+        """Token id scored for each answer word (its only token, or its first with ``first_token``).
+
+        Raises :class:`LlmattrError` when a word is several tokens and the task does not score first
+        tokens, or when two words share the scored token (they could not be told apart).
+        """
+        ids = []
+        for word in words:
+            pieces = tokenizer(self.answer_text(word, tokenizer), add_special_tokens=False)["input_ids"]
+            if not pieces or (len(pieces) > 1 and not self.first_token):
+                raise LlmattrError(
+                    f"task {self.name}: label word {word!r} is {len(pieces)} tokens for this tokenizer; "
+                    "use single-token label words or a task with first_token=True"
+                )
+            ids.append(pieces[0])
+        if len(set(ids)) < len(ids):
+            raise LlmattrError(f"task {self.name}: label words {list(words)} share their first token")
+        return torch.tensor(ids)
+
+    def label_ids(self, tokenizer) -> torch.Tensor:
+        """``(n_labels,)`` token ids of the task's label words, in ``label_words`` order."""
+        if not self.label_words:
+            raise LlmattrError(f"task {self.name} has no label words (kind {self.kind})")
+        return self.word_ids(tokenizer, self.label_words)
+
+    def check_model(self, lm) -> None:
+        """Refuse a model that lacks the output head this task needs, naming the task to use instead."""
+        if self.head == "lm":
+            if lm.model.get_output_embeddings() is None:
+                raise LlmattrError(
+                    f"task {self.name} needs a language-modelling head; {lm.model_id} lacks one")
+            return
+        score = getattr(lm.model, "score", None)
+        if getattr(score, "out_features", None) != self.extra.get("num_labels"):
+            raise LlmattrError(
+                f"task {self.name} needs a sequence-{self.head} head with {self.extra.get('num_labels')} "
+                f"output(s) (paper 003); {lm.model_id} has none: use --task "
+                f"{self.extra.get('lm_alternative', 'generate')}, the prompted causal-LM version"
+            )
+
+    def gold_label(self, value):
+        """A raw dataset label as the task reads it: a label word, a float (regression), or None."""
+        if value is None:
+            return None
+        if self.kind == "regression":
+            return float(value)
+        return self.label_map.get(value, value)
+
+    def gold_answer(self, example: dict) -> str:
+        """The answer text a few-shot demonstration shows for a loaded example (``example["label"]``)."""
+        gold = example.get("label")
+        if gold is None:
+            raise LlmattrError(f"task {self.name}: example {example.get('id', '?')} has no gold label")
+        if self.kind == "regression" and self.label_words:  # prompted score: the nearest label word
+            return min(self.label_words, key=lambda word: abs(float(word) - gold))
+        return str(gold)
+
+    def demonstration(self, example: dict) -> str:
+        """One few-shot demonstration: the filled user template and its gold answer."""
+        content, _ = self.user_content(example)
+        if self.kind == "lm":
+            return f"{content} {self.gold_answer(example)}\n"
+        return f"{content}\nAnswer: {self.gold_answer(example)}\n\n"
+
 
 SENTIMENT_SYSTEM = (
     "You are a helpful sentiment classifier. Please help to do the sentiment classification "
@@ -60,10 +159,16 @@ BOOLQ_SYSTEM = (
 SENTIMENT = Task(
     name="sentiment", user_template="Text: {text}", fields=("text",), system=SENTIMENT_SYSTEM,
     kind="classification", label_words=("Positive", "Negative"), max_new_tokens=1,
+    label_field="label", label_map={"positive": "Positive", "negative": "Negative"},
+    description="sentiment of a text (paper 000 appendix D prompt)",
 )
 BOOLQ = Task(
     name="boolq", user_template="Passage: {passage}\n\nQuestion: {question}", fields=("passage", "question"),
     system=BOOLQ_SYSTEM, kind="classification", label_words=("true", "false"), max_new_tokens=1,
+    data="boolq", label_field="label",
+    hf={"path": "google/boolq", "split": "validation", "label": "answer",
+        "labels": {True: "true", False: "false"}},
+    description="BoolQ (ERASER) yes/no question over a passage (paper 000 appendix D prompt)",
 )
 GENERATE = Task(name="generate", user_template="{text}", fields=("text",), kind="generation",
                 max_new_tokens=10, answer_prefix="")

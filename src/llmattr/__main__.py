@@ -1,0 +1,5 @@
+"""``python -m llmattr`` runs the CLI."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,49 @@
+"""CLI: user errors print one line and exit 2; explain writes JSON and HTML."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "llmattr", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["explain", "   "], "empty text"),
+    (["explain", "fine", "--method", "no-such-method"], "unknown method"),
+    (["explain", "fine", "--task", "no-such-task"], "unknown task"),
+    (["explain", "fine", "--model", "/nonexistent/x.gguf"], "model file not found"),
+])
+def test_user_errors_exit_2_with_one_line(args, fragment):
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_too_long_text_exits_2():
+    result = run_cli("explain", "word " * 9000)
+    assert result.returncode == 2 and "too long" in result.stderr
+
+
+@pytest.mark.slow
+def test_explain_sentiment_json_and_html(tmp_path):
+    out, page = tmp_path / "out.json", tmp_path / "out.html"
+    result = run_cli("explain", "An engrossing film that is never boring.", "--task", "sentiment",
+                     "--json", str(out), "--html", str(page))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    a, b = data["span"]
+    assert "".join(data["tokens"][a:b]).strip() == "An engrossing film that is never boring."
+    step = data["steps"][0]
+    assert step["token"].strip() in ("Positive", "Negative")
+    assert len(step["scores"]) == b - a and all(0.0 <= s <= 1.0 for s in step["scores"])
+    assert step["token"] in result.stdout
+    html = page.read_text()
+    assert html.count('class="tok"') == b - a and "title=\"score" in html
