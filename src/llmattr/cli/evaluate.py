@@ -1,0 +1,58 @@
+"""``llmattr evaluate``: datasets x methods x metrics into a resumable SQLite store (docs/evaluate.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from .app import app
+
+
+@app.command()
+def evaluate(
+    model: str = typer.Option(None, help="'default' (SmolLM2-135M-Instruct), a hub id, a folder or a .gguf."),
+    datasets: str = typer.Option(None, help="Comma-separated datasets, e.g. sst2,imdb,boolq (default sst2)."),
+    methods: str = typer.Option(None, help="Comma-separated methods; parameters as name:key=value "
+                                           "(e.g. grad-ellm:attention=softmax). Default grad-ellm."),
+    metrics: str = typer.Option(None, help="Comma-separated metrics, e.g. pi-soft,soft,deletion-insertion "
+                                           "(default pi-soft)."),
+    routing: str = typer.Option(None, help="Soft-metric protocol: dynamic (default), fixed or both."),
+    n: int = typer.Option(None, help="Examples per dataset (balanced per class; default 50)."),
+    samples: int = typer.Option(None, help="Monte-Carlo samples per pi (default 15)."),
+    seed: int = typer.Option(None, help="Seed of example sampling, attributions and perturbations "
+                                        "(default 0)."),
+    layers: str = typer.Option(None, help="Sweep of the number of aggregated layers for methods with a "
+                                          "'layers' parameter (Grad-ELLM), e.g. 1,4,8,16,all."),
+    step_stride: int = typer.Option(None, help="Open generation: evaluate every k-th step (default 5)."),
+    max_new_tokens: int = typer.Option(None, help="Tokens to generate and explain (task default if unset)."),
+    out: Path = typer.Option(None, help="Results store (default results.sqlite; shard i writes "
+                                        "results.rank{i}.sqlite)."),
+    config: Path = typer.Option(None, help="TOML file with the same keys; command-line options "
+                                             "override it."),
+    shard: str = typer.Option(None, help="Take shard i of n of every dataset, as i/n (default: "
+                                         "RANK/WORLD_SIZE under torchrun or accelerate launch, else 0/1)."),
+    device: str = typer.Option(None, help="cpu, cuda, cuda:N or auto (default auto; LOCAL_RANK's GPU when "
+                                          "sharded)."),
+    dtype: str = typer.Option(None, help="float32, bfloat16, float16 or auto."),
+    device_map: str = typer.Option(None, help="'auto' spreads a big model over the GPUs (accelerate)."),
+    load_in_4bit: bool = typer.Option(None, "--load-in-4bit/--no-load-in-4bit", help="4-bit weights "
+                                                                                       "(bitsandbytes)."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+) -> None:
+    """Evaluate attribution methods on datasets; every finished example is stored at once, reruns resume."""
+    from ..runner import EvalConfig, run
+
+    cli = {"model": model, "datasets": datasets, "methods": methods, "metrics": metrics, "routing": routing,
+           "n": n, "samples": samples, "seed": seed, "layers": layers, "step_stride": step_stride,
+           "max_new_tokens": max_new_tokens, "out": None if out is None else str(out), "shard": shard,
+           "device": device, "dtype": dtype, "device_map": device_map, "load_in_4bit": load_in_4bit}
+    base = EvalConfig.from_toml(config) if config is not None else None
+    cfg = EvalConfig.from_mapping(cli, base)
+    console = Console(stderr=True)
+    summary = run(cfg, progress=not quiet)
+    console.print(f"{summary.computed} computed, {summary.skipped} already in the store, "
+                  f"{len(summary.failed)} failed, {summary.seconds:.1f} s -> {summary.out}")
+    for line in summary.failed:
+        console.print(f"[yellow]skipped[/] {line}", highlight=False)

@@ -1,0 +1,87 @@
+"""``llmattr report``: paper-shaped tables, PNG figures and an HTML report from one or several stores.
+
+Files written to the output folder (per model; a sub-folder per model when a store holds several):
+
+- ``report.md``: every deterministic table in Markdown plus links to the figures (``--format md``);
+- ``tables.tex`` (``latex``), ``<table>.csv`` (``csv``), ``report.html`` (``html``, self-contained);
+- ``fig3_pi_curves_<dataset>_<routing>.png``, ``fig5_layers_<method>.png``, ``fig6_score_distribution.png``;
+- ``table6_time.{md,tex,csv}``: attribution time per example. Wall times vary between runs, so Table 6
+  lives in its own files and between timing markers in the HTML; everything else is byte-identical for
+  identical stores (and for a resumed or sharded run of the same command).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..errors import LlmattrError
+from ..store import Results
+from . import figures, html, tables
+
+FORMATS = ("md", "latex", "csv", "html")
+
+
+def parse_formats(text: str) -> list[str]:
+    """``md,html`` or ``all`` -> the list of formats; unknown ones list the valid ones."""
+    items = [f.strip() for f in text.split(",") if f.strip()]
+    items = list(FORMATS) if items == ["all"] else items
+    unknown = [f for f in items if f not in FORMATS]
+    if unknown or not items:
+        raise LlmattrError(f"unknown report format {', '.join(unknown) or repr(text)}; "
+                           f"valid: {', '.join(FORMATS)}, all")
+    return items
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "model"
+
+
+def write_model_report(results: Results, model: str, out: Path, formats: list[str]) -> list[Path]:
+    """Write one model's tables, figures and HTML into ``out``; return the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    all_tables = tables.paper_tables(results, model)
+    fixed = [t for t in all_tables if t.deterministic]
+    timing = [t for t in all_tables if not t.deterministic]
+    written = figures.all_figures(results, model, out)
+    if "md" in formats:
+        lines = [f"# llmattr report: {model}", "", "Run settings:", "",
+                 *(f"- {line}" for line in tables.settings_lines(results, model)), ""]
+        lines += [tables.to_markdown(t) for t in fixed]
+        lines += ["## Figures", "", *(f"![{p.stem}]({p.name})" for p in written), ""]
+        written.append(_write(out / "report.md", "\n".join(lines)))
+        written += [_write(out / f"{t.name}.md", tables.to_markdown(t)) for t in timing]
+    if "latex" in formats:
+        written.append(_write(out / "tables.tex", "\n".join(tables.to_latex(t) for t in fixed)))
+        written += [_write(out / f"{t.name}.tex", tables.to_latex(t)) for t in timing]
+    if "csv" in formats:
+        written += [_write(out / f"{t.name}.csv", tables.to_csv(t)) for t in all_tables]
+    if "html" in formats:
+        figs = [p for p in written if p.suffix == ".png"]
+        written.append(_write(out / "report.html", html.page(results, model, all_tables, figs)))
+    return written
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def build_report(stores: Iterable[str | Path], out: str | Path, formats: Iterable[str] = ("md", "html")
+                 ) -> tuple[Results, list[Path]]:
+    """Merge ``stores`` (files or globs) and write the report of every model into ``out``."""
+    results = Results(stores)
+    models = results.models()
+    if not models:
+        names = ", ".join(map(str, results.paths))
+        raise LlmattrError(f"no finished examples in {names}; run `llmattr evaluate` first")
+    out = Path(out)
+    written = []
+    for model in models:
+        folder = out if len(models) == 1 else out / _slug(model)
+        written += write_model_report(results, model, folder, list(formats))
+    return results, written
+
+
+__all__ = ["FORMATS", "build_report", "parse_formats", "write_model_report"]
