@@ -51,6 +51,7 @@ def explain(
     max_new_tokens: int = typer.Option(None, help="Tokens to generate and explain (task default if unset)."),
     answer: str = typer.Option(None, help="Force this answer text instead of greedy generation."),
     field: list[str] = typer.Option([], help="Extra task field NAME=VALUE (e.g. question=... for boolq)."),
+    shots: int = typer.Option(0, help="Few-shot demonstrations (from the task sample data) before the text."),
     param: list[str] = typer.Option([], help="Method parameter NAME=VALUE (e.g. layers=4)."),
     attention: str = typer.Option(None, help="Grad-ELLM token weights: loosened (default) or softmax."),
     layers: str = typer.Option(None, help="Grad-ELLM: number of last layers to aggregate, or 'all'."),
@@ -84,7 +85,7 @@ def explain(
         lm = load_model(model, device=device, verbose=verbose)
     with console.status(f"explaining with {method} ..."):
         expl = run_explain(content, model=lm, method=method, task=task_obj, max_new_tokens=max_new_tokens,
-                           answer=answer, **params)
+                           answer=answer, shots=shots, **params)
     print_explanation(expl, console)
     if html is not None:
         html.write_text(to_html(expl))

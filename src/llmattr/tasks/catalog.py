@@ -1,0 +1,89 @@
+"""The tasks of the papers: prompts, label words and where their data comes from (docs/tasks.md).
+
+Paper 000 (appendix C, D): IMDb, SST2 (sentiment prompt), BoolQ, TellMeWhy, WikiBio.
+Paper 003 (sec. 4.1, 5.1): SST-2, MNLI, QNLI, STS-B, BLiMP (ana, dna, dnaa, darn, rpsv).
+Paper 003 fine-tunes classification/regression heads; with a causal LM the same tasks are prompted
+with single-token label words (MNLI, QNLI) or a prompted 0-5 score (STS-B).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .base import GENERATE, SENTIMENT, Task
+from .blimp import PARADIGMS
+
+GLUE = "nyu-mll/glue"
+
+IMDB = replace(
+    SENTIMENT, name="imdb", data="imdb", description="IMDb review sentiment (paper 000 appendix D prompt)",
+    hf={"path": "stanfordnlp/imdb", "split": "test", "labels": {0: "negative", 1: "positive"}},
+)
+SST2 = replace(
+    SENTIMENT, name="sst2", data="sst2", description="SST-2 sentence sentiment (paper 000 appendix D prompt)",
+    hf={"path": GLUE, "name": "sst2", "split": "validation", "columns": {"text": "sentence"},
+        "labels": {0: "negative", 1: "positive"}},
+)
+TELLMEWHY = replace(
+    GENERATE, name="tellmewhy", max_new_tokens=20, data="tellmewhy", columns={"text": "prompt"},
+    label_field="answer", description="TellMeWhy story + why-question, open generation (paper 000)",
+    hf={"path": "StonyBrookNLP/tellmewhy", "split": "test", "columns": {"text": "{narrative} {question}"}},
+)
+WIKIBIO = replace(
+    GENERATE, name="wikibio", max_new_tokens=20, data="wikibio", columns={"text": "prompt"},
+    description="WikiBio: first two sentences of a biography, open generation (paper 000)",
+)
+
+MNLI = Task(
+    name="mnli", user_template="Premise: {premise}\n\nHypothesis: {hypothesis}",
+    fields=("premise", "hypothesis"),
+    system=("You are a natural language inference system. Determine whether the premise entails the "
+            "hypothesis. Respond ONLY with the single word yes (entailment), maybe (neutral) or no "
+            "(contradiction), in lowercase, without any punctuation or additional text."),
+    kind="classification", label_words=("yes", "maybe", "no"), max_new_tokens=1, label_field="label",
+    label_map={"entailment": "yes", "neutral": "maybe", "contradiction": "no"},
+    hf={"path": GLUE, "name": "mnli", "split": "validation_matched",
+        "labels": {0: "entailment", 1: "neutral", 2: "contradiction"}},
+    description="MultiNLI premise/hypothesis entailment (paper 003), prompted with yes/maybe/no",
+)
+QNLI = Task(
+    name="qnli", user_template="Question: {question}\n\nSentence: {sentence}",
+    fields=("question", "sentence"),
+    system=("You are a question answering system. Determine whether the sentence contains the answer to "
+            "the question. Respond ONLY with the single word yes or no, in lowercase, without any "
+            "punctuation or additional text."),
+    kind="classification", label_words=("yes", "no"), max_new_tokens=1, data="qnli", label_field="label",
+    label_map={"entailment": "yes", "not_entailment": "no"},
+    hf={"path": GLUE, "name": "qnli", "split": "validation",
+        "labels": {0: "entailment", 1: "not_entailment"}},
+    description="QNLI question/sentence answer entailment (paper 003), prompted with yes/no",
+)
+STSB = Task(
+    name="stsb", user_template="Sentence 1: {sentence1}\n\nSentence 2: {sentence2}",
+    fields=("sentence1", "sentence2"),
+    system=("You are a semantic similarity rater. Rate how similar in meaning the two sentences are, from "
+            "0 (unrelated) to 5 (same meaning). Respond ONLY with a single digit from 0 to 5, without any "
+            "punctuation or additional text."),
+    kind="regression", label_words=("0", "1", "2", "3", "4", "5"), max_new_tokens=1, data="stsb",
+    label_field="score", hf={"path": GLUE, "name": "stsb", "split": "validation", "label": "label"},
+    description="STS-B similarity 0-5 (paper 003) as a prompted score: sum_d d * p(d) over the digits",
+)
+STSB_REGRESSION = replace(
+    STSB, name="stsb-regression", head="regression", extra={"num_labels": 1, "lm_alternative": "stsb"},
+    description="STS-B with a sequence-regression head (paper 003); not available on causal LMs",
+)
+
+
+def blimp_task(short: str) -> Task:
+    """``blimp-<short>``: the BLiMP paradigm as next-word prediction, target vs foil word."""
+    return Task(
+        name=f"blimp-{short}", user_template="{text}", fields=("text",), kind="lm", max_new_tokens=1,
+        answer_prefix="", chat=False, data="blimp", select={"paradigm_short": short}, label_field="target",
+        hf={"path": "nyu-mll/blimp", "name": PARADIGMS[short], "split": "train"},
+        extra={"blimp": short},
+        description=f"BLiMP {PARADIGMS[short]} (paper 003 Table 3): next word, target vs foil, gold evidence",
+    )
+
+
+PAPER_TASKS = {t.name: t for t in (IMDB, SST2, TELLMEWHY, WIKIBIO, MNLI, QNLI, STSB, STSB_REGRESSION)}
+PAPER_TASKS.update({f"blimp-{short}": blimp_task(short) for short in PARADIGMS})

@@ -1,0 +1,219 @@
+"""Dataset loaders: the sample files in ``../shared/data``, user JSONL/CSV files, Hugging Face ids.
+
+Every loader returns plain dicts, one per example: ``id``, the task's fields (``text``, or
+``passage``/``question``, ...), ``label`` (a label word, a float for regression, the target word for
+BLiMP, or None) and task extras (BLiMP: ``foil``, ``evidence_words``, ``evidence``). Sampling is
+deterministic (``seed``) and balanced per class for classification tasks, as paper 000 appendix C
+samples IMDb and SST2. Few-shot demonstrations come from the examples that were not sampled.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+from pathlib import Path
+
+from ..errors import LlmattrError
+from .base import Task
+from .blimp import pair_example
+
+SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
+
+
+def data_dir() -> Path:
+    """``$LLMATTR_DATA``, else ``shared/data`` beside the repository (the papers' sample files)."""
+    env = os.environ.get("LLMATTR_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[4] / "shared" / "data"
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Rows of a JSONL (or JSON list), CSV or TSV file, as dicts of the file's columns."""
+    path = Path(path)
+    if not path.is_file():
+        raise LlmattrError(f"data file not found: {path}")
+    if path.suffix == ".jsonl":
+        with path.open(encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+    if path.suffix == ".json":
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(rows, list):
+            raise LlmattrError(f"{path}: a .json data file must hold a list of objects")
+        return rows
+    if path.suffix in (".csv", ".tsv"):
+        with path.open(encoding="utf-8", newline="") as handle:
+            return list(csv.DictReader(handle, delimiter="\t" if path.suffix == ".tsv" else ","))
+    raise LlmattrError(f"{path}: unknown data format; use one of {', '.join(SUFFIXES)}")
+
+
+def hf_rows(task: Task, hf_id: str | None = None, split: str | None = None) -> list[dict]:
+    """Rows of a Hugging Face dataset (the task's recipe, or ``hf_id``), in the shared-data format."""
+    spec = dict(task.hf) if hf_id is None else {"path": hf_id}
+    if not spec:
+        raise LlmattrError(f"task {task.name} has no Hugging Face recipe; pass a JSONL/CSV file")
+    try:
+        import datasets
+    except ImportError as err:
+        raise LlmattrError("reading Hugging Face datasets needs `pip install datasets`; "
+                           "or pass a JSONL/CSV file") from err
+    try:
+        split = split or spec.get("split", "train")
+        data = datasets.load_dataset(spec["path"], spec.get("name"), split=split)
+    except Exception as err:  # offline, unknown id, gated dataset: one clear message
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise LlmattrError(
+            f"cannot load {spec['path']} from the Hugging Face hub ({first}); offline? save the data as "
+            "JSONL/CSV and pass the file"
+        ) from err
+    labels = spec.get("labels", {})
+    label_key = spec.get("label", "label")
+    rows = []
+    for row in data:
+        row = dict(row)
+        for name, column in spec.get("columns", {}).items():
+            row[name] = column.format(**row) if "{" in column else row[column]
+        if label_key in row and task.label_field:
+            row[task.label_field] = labels.get(row[label_key], row[label_key])
+        rows.append(row)
+    return rows
+
+
+def resolve_rows(task: Task, source: str | Path | None = None,
+                 split: str | None = None) -> tuple[list[dict], str]:
+    """Raw rows and a source tag: ``None`` = the task's sample file, a path, a sample name, or ``hf[:id]``."""
+    if source is None:
+        if not task.data:
+            raise LlmattrError(f"task {task.name} has no sample data; pass a JSONL/CSV file")
+        source = task.data
+    text = str(source)
+    if text == "hf" or text.startswith("hf:"):
+        return hf_rows(task, text[3:] or None, split), text
+    path = Path(text)
+    if path.suffix not in SUFFIXES and not path.exists():
+        path = data_dir() / f"{text}.jsonl"
+        if not path.is_file():
+            raise LlmattrError(
+                f"no data file {text!r} (looked for {path}); pass a JSONL/CSV path, a sample name "
+                f"({', '.join(sorted(p.stem for p in data_dir().glob('*.jsonl')))}) or hf:<dataset id>"
+            )
+    return read_rows(path), path.stem
+
+
+def to_example(task: Task, row: dict, index: int, columns: dict | None = None) -> dict:
+    """One raw row as a task example (fields renamed by ``columns``, label mapped, BLiMP pair split)."""
+    if task.extra.get("blimp"):
+        row = {**row, **pair_example(row, task.extra["blimp"])}
+    mapping = {**task.columns, **(columns or {})}
+    example = {"id": str(row.get("id", f"{task.name}-{index}"))}
+    for name in task.fields:
+        column = mapping.get(name, name)
+        try:
+            example[name] = column.format(**row) if "{" in column else row[column]
+        except KeyError as err:
+            raise LlmattrError(
+                f"task {task.name}: row {example['id']} has no column {err.args[0]!r} for field {name!r}; "
+                f"map it with columns={{{name!r}: 'COLUMN'}}"
+            ) from err
+    label_column = mapping.get("label", task.label_field)
+    example["label"] = task.gold_label(row.get(label_column)) if label_column else None
+    if task.kind == "classification" and example["label"] not in task.label_words:
+        raise LlmattrError(
+            f"task {task.name}: label {row.get(label_column)!r} of row {example['id']} is not one of "
+            f"{list(task.label_map) or list(task.label_words)}; fix the file or map the label column"
+        )
+    for key in ("foil", "evidence_words", "evidence"):
+        if key in row:
+            example[key] = row[key]
+    return example
+
+
+def sample(examples: list[dict], n: int | None, seed: int = 0, balanced: bool = True,
+           classes: tuple[str, ...] = ()) -> list[dict]:
+    """``n`` examples drawn with ``random.Random(seed)``; with ``classes``, as equal per class as possible.
+
+    Per class, the examples are shuffled and the first ones taken (``n // k`` each, the remainder to
+    the first classes in ``classes`` order); the result is shuffled again. ``n=None`` keeps all.
+    """
+    rng = random.Random(seed)
+    if n is None or not (balanced and classes):
+        chosen = list(examples)
+        rng.shuffle(chosen)
+        return chosen[:n]
+    groups = {label: [ex for ex in examples if ex["label"] == label] for label in classes}
+    chosen = []
+    for i, (label, group) in enumerate(groups.items()):
+        want = n // len(classes) + (1 if i < n % len(classes) else 0)
+        if want > len(group):
+            raise LlmattrError(f"only {len(group)} examples of class {label!r} for a balanced sample of {n}; "
+                               f"ask for n <= {len(classes) * min(map(len, groups.values()))}")
+        rng.shuffle(group)
+        chosen += group[:want]
+    rng.shuffle(chosen)
+    return chosen
+
+
+def load_examples(task: str | Task, source: str | Path | None = None, n: int | None = None, seed: int = 0,
+                  balanced: bool = True, columns: dict | None = None, split: str | None = None) -> list[dict]:
+    """Examples of ``task`` from ``source`` (default: its sample file), ``n`` drawn with ``seed``.
+
+    ``source``: None (the task's file in :func:`data_dir`), a JSONL/CSV/TSV path, a sample name
+    (``sst2``), or ``hf``/``hf:<id>`` (Hugging Face ``datasets``; needs the hub). ``columns`` maps task
+    fields (and ``label``) to the file's columns or ``{column}`` format strings.
+    """
+    from . import get_task
+
+    task = get_task(task)
+    rows, _ = resolve_rows(task, source, split)
+    rows = [row for row in rows if all(row.get(k) == v for k, v in task.select.items())]
+    if not rows:
+        raise LlmattrError(f"task {task.name}: no rows in {source or task.data} match {task.select}")
+    examples = [to_example(task, row, i, columns) for i, row in enumerate(rows)]
+    classes = task.label_words if task.kind == "classification" else ()
+    return sample(examples, n, seed, balanced, classes)
+
+
+def draw_demonstrations(task: Task, pool: list[dict], k: int, seed: int = 0,
+                        exclude: list[dict] = ()) -> list[dict]:
+    """``k`` demonstrations from ``pool`` minus ``exclude`` (by id and by content), balanced per class."""
+    if k < 0:
+        raise LlmattrError("shots must be >= 0")
+    if not k:
+        return []
+    ids = {ex["id"] for ex in exclude}
+    contents = {task.user_content(ex)[0] for ex in exclude}
+    rest = [ex for ex in pool if ex["id"] not in ids and task.user_content(ex)[0] not in contents
+            and ex.get("label") is not None]
+    if k > len(rest):
+        raise LlmattrError(f"task {task.name}: only {len(rest)} examples left for {k} demonstrations")
+    classes = task.label_words if task.kind == "classification" and k >= len(task.label_words) else ()
+    return sample(rest, k, seed + 1, True, classes)
+
+
+def render_demonstrations(task: Task, demos: list[dict]) -> str:
+    """The few-shot text placed before the content span (``prepare(..., demonstrations=...)``)."""
+    return "".join(task.demonstration(ex) for ex in demos)
+
+
+def few_shot(task: str | Task, k: int, seed: int = 0, exclude: list[dict] = (), source=None,
+             columns: dict | None = None) -> str:
+    """Few-shot text of ``k`` demonstrations from ``source`` (default: the task's sample file)."""
+    from . import get_task
+
+    task = get_task(task)
+    if not k:
+        return ""
+    return render_demonstrations(task, draw_demonstrations(task, load_examples(task, source, columns=columns),
+                                                           k, seed, exclude))
+
+
+def load_split(task: str | Task, n: int, shots: int = 0, seed: int = 0, source=None,
+               columns: dict | None = None) -> tuple[list[dict], str]:
+    """``n`` evaluated examples and the few-shot text of ``shots`` demonstrations drawn from the rest."""
+    from . import get_task
+
+    task = get_task(task)
+    pool = load_examples(task, source, columns=columns)
+    classes = task.label_words if task.kind == "classification" else ()
+    examples = sample(pool, n, seed, True, classes)
+    return examples, render_demonstrations(task, draw_demonstrations(task, pool, shots, seed, examples))
