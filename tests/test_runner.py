@@ -1,0 +1,199 @@
+"""The evaluation loop: names and config, sharding, resume after SIGKILL, shards merged == one process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import build_tiny
+from llmattr.errors import LlmattrError
+from llmattr.report import build_report
+from llmattr.report.html import strip_timings
+from llmattr.runner import (
+    METRICS,
+    EvalConfig,
+    MetricAdapter,
+    expand_methods,
+    parse_method,
+    register_metric,
+    run,
+    shard_of,
+    shard_path,
+)
+from llmattr.store import Row
+
+SMALL = dict(datasets=["sst2"], methods=["grad-ellm", "random"], metrics=["pi-soft"], n=4, samples=2,
+             device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory, tiny_tokenizer) -> Path:
+    """A tiny random Llama saved as a model folder, the way a user passes a local model."""
+    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
+    lm = build_tiny("llama", tiny_tokenizer, max_position_embeddings=2048)
+    lm.model.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def toy_metric():
+    """A cheap deterministic metric adapter (mean retain probability), registered for one test."""
+    adapter = register_metric(MetricAdapter(
+        "toy", lambda lm, expl, routing, cfg: [Row("toy_mean", float(expl.score_matrix().mean()))]))
+    yield adapter
+    METRICS.pop("toy")
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from llmattr.cli import main; main()", *args]
+
+
+def evaluate_args(folder: Path, out: Path, *extra: str) -> list[str]:
+    return cli("evaluate", "--model", str(folder), "--datasets", "sst2", "--methods", "grad-ellm,random",
+               "--metrics", "pi-soft", "--n", "4", "--samples", "2", "--device", "cpu", "--out", str(out),
+               "--quiet", *extra)
+
+
+def count_done(path: Path) -> int:
+    """Finished units in a store another process is writing (0 while it does not exist yet)."""
+    if not path.exists():
+        return 0
+    conn = sqlite3.connect(path, timeout=30)
+    try:
+        return conn.execute("SELECT count(*) FROM done").fetchone()[0]
+    except sqlite3.OperationalError:  # tables not created yet
+        return 0
+    finally:
+        conn.close()
+
+
+def report_files(stores: list[Path], out: Path) -> dict[str, bytes]:
+    """Every report file except the timing table, the HTML with its timing section stripped."""
+    _, written = build_report(stores, out, ("md", "csv", "html"))
+    files = {}
+    for path in written:
+        if path.stem == "table6_time":
+            continue
+        data = path.read_bytes()
+        files[path.name] = strip_timings(data.decode()).encode() if path.suffix == ".html" else data
+    return files
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_folder, tmp_path_factory, shared_data) -> dict[str, bytes]:
+    """The report of one uninterrupted single-process run."""
+    out = tmp_path_factory.mktemp("ref")
+    summary = run(EvalConfig(model=str(tiny_folder), out=str(out / "r.sqlite"), **SMALL), progress=False)
+    assert summary.computed == 8 and not summary.failed
+    files = report_files([out / "r.sqlite"], out / "report")
+    assert {"report.md", "report.html", "table1_pi_soft_auc.csv", "fig3_pi_curves_sst2_dynamic.png"} <= set(files)
+    return files
+
+
+# ---------------------------------------------------------------------------------------- names, config
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(LlmattrError, match=r"unknown metric 'nope'; valid: .*pi-soft"):
+        run(EvalConfig(metrics=["nope"]))
+    with pytest.raises(LlmattrError, match=r"unknown method 'nope'; valid: .*grad-ellm"):
+        run(EvalConfig(methods=["nope"]))
+    with pytest.raises(LlmattrError, match=r"unknown dataset 'nope'; valid: .*sst2"):
+        run(EvalConfig(datasets=["nope"]))
+    with pytest.raises(LlmattrError, match="unknown routing"):
+        run(EvalConfig(routing="sideways"))
+
+
+def test_method_specs_and_layer_sweep():
+    spec = parse_method("grad-ellm:layers=4:attention=softmax")
+    assert spec.params["layers"] == 4 and spec.params["attention"] == "softmax"
+    assert spec.label == "grad-ellm:attention=softmax:layers=4"
+    specs = expand_methods(["grad-ellm", "random"], layers=["1", "4", "all"])
+    assert [s.label for s in specs] == ["grad-ellm:layers=1", "grad-ellm:layers=4", "grad-ellm", "random"]
+    with pytest.raises(LlmattrError, match="key=value"):
+        parse_method("grad-ellm:layers")
+
+
+def test_config_file_and_overrides(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('model = "m"\ndatasets = ["sst2", "imdb"]\nmethods = "grad-ellm,attention"\nn = 7\n'
+                    'routing = "both"\n')
+    cfg = EvalConfig.from_mapping({"n": 3, "seed": None}, EvalConfig.from_toml(path))
+    assert (cfg.model, cfg.datasets, cfg.methods, cfg.n, cfg.seed) == ("m", ["sst2", "imdb"],
+                                                                      ["grad-ellm", "attention"], 3, 0)
+    assert cfg.routings == ("dynamic", "fixed")
+    path.write_text("bogus = 1\n")
+    with pytest.raises(LlmattrError, match="unknown config key"):
+        EvalConfig.from_toml(path)
+
+
+def test_shards(monkeypatch):
+    assert shard_of(EvalConfig(shard="1/3")) == (1, 3)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert shard_of(EvalConfig()) == (2, 4)
+    with pytest.raises(LlmattrError, match="out of range"):
+        shard_of(EvalConfig(shard="3/3"))
+    assert shard_path("out/results.sqlite", 2, 4) == Path("out/results.rank2.sqlite")
+    assert shard_path("results.sqlite", 0, 1) == Path("results.sqlite")
+
+
+# ---------------------------------------------------------------------------------------- the loop
+def test_rerun_skips_and_new_metric_reuses_explanations(tiny_llama, tmp_path, toy_metric, shared_data):
+    cfg = EvalConfig(datasets=["sst2"], methods=["random"], metrics=["toy"], n=2, out=str(tmp_path / "r.sqlite"))
+    first = run(cfg, lm=tiny_llama, progress=False)
+    assert (first.computed, first.skipped) == (2, 0)
+    again = run(cfg, lm=tiny_llama, progress=False)
+    assert (again.computed, again.skipped) == (0, 2)
+    query = "SELECT explanation FROM explanations ORDER BY example"
+    with sqlite3.connect(tmp_path / "r.sqlite") as conn:
+        before = conn.execute(query).fetchall()
+    register_metric(MetricAdapter("toy2", lambda lm, expl, routing, cfg: [Row("toy_max", 1.0)]))
+    try:
+        more = run(EvalConfig.from_mapping({"metrics": "toy,toy2"}, cfg), lm=tiny_llama, progress=False)
+    finally:
+        METRICS.pop("toy2")
+    assert more.computed == 2
+    with sqlite3.connect(tmp_path / "r.sqlite") as conn:
+        assert conn.execute(query).fetchall() == before  # stored explanations reused, not recomputed
+        assert conn.execute("SELECT count(*) FROM results").fetchone()[0] == 4
+    with pytest.raises(LlmattrError, match="other settings"):
+        run(EvalConfig.from_mapping({"seed": 1}, cfg), lm=tiny_llama, progress=False)
+
+
+def test_resume_after_sigkill_matches_uninterrupted(tiny_folder, tmp_path, reference):
+    out = tmp_path / "r.sqlite"
+    proc = subprocess.Popen(evaluate_args(tiny_folder, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = count_done(out)
+        if done >= 1:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 1 <= done < 8, "the run was not killed midway"
+    with sqlite3.connect(out) as conn:  # nothing half-written: every finished unit has all its rows
+        units = conn.execute("SELECT count(*) FROM done").fetchone()[0]
+        rows = conn.execute("SELECT count(*) FROM results").fetchone()[0]
+        assert rows == units * (2 * 19 + 2)
+    subprocess.run(evaluate_args(tiny_folder, out), check=True, capture_output=True)
+    assert report_files([out], tmp_path / "report") == reference
+
+
+def test_two_shards_merged_match_one_process(tiny_folder, tmp_path, reference):
+    out = tmp_path / "s.sqlite"
+    procs = [subprocess.Popen(evaluate_args(tiny_folder, out, "--shard", f"{i}/2"), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE) for i in range(2)]
+    for proc in procs:
+        assert proc.wait() == 0, proc.stderr.read().decode()
+    stores = [tmp_path / "s.rank0.sqlite", tmp_path / "s.rank1.sqlite"]
+    assert [count_done(store) for store in stores] == [4, 4]  # each: half of 4 examples x 2 methods
+    assert report_files([tmp_path / "s.rank*.sqlite"], tmp_path / "report") == reference
