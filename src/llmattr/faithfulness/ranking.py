@@ -1,0 +1,291 @@
+"""Ranking-based faithfulness metrics: deletion/insertion, comprehensiveness/sufficiency, log-odds, AOPC.
+
+Every metric perturbs the content span by the *rank* of the attribution scores (raw scores, highest
+first, ties broken by position) and reads the model's next-token distribution at one explained step:
+
+- deletion / insertion (paper 000 appendix E, after Petsiuk et al. 2018): 20 steps of 5% of the content
+  tokens; at each step the *flip probability* = the probability mass on the label words other than
+  the original prediction, renormalised over the label words; AUC = trapezoid over the fraction
+  removed (deletion: top tokens removed, higher is better) or inserted (insertion: only the top tokens
+  kept, lower is better);
+- comprehensiveness / sufficiency (paper 003 sec. 4.2, eqs. 5-8, after DeYoung et al. 2020): confidence
+  drop ``p(y^|X) - p(y^|X \\ K)`` (top K% removed) and ``p(y^|X) - p(y^|X^K)`` (only the top K% kept), and
+  the perturbed prediction for the dataset accuracy, at K in {10, ..., 90}%; their means over K are the
+  AOPC (DeYoung et al.'s area over the perturbation curve);
+- paper 004 appendix A.4 at top-k% (default 20%): log-odds ``log p(y^|x^(k)) / p(y^|x)`` (lower is
+  better), comprehensiveness and sufficiency with DeYoung's sign ``p(y^|x) - p(y^|x^(k))`` (004 prints
+  the difference the other way round but reads "higher comprehensiveness is better", which only
+  DeYoung's sign gives).
+
+``p(y^|.)`` is the probability of the original prediction renormalised over the label words (the
+class distribution of a classification prompt); without label words it is the full-vocabulary
+probability of the explained token and "flip" is ``1 - p``. Removal is by zeroed embeddings (default,
+batched through :class:`~llmattr.faithfulness.engine.PerturbationEngine`) or by deleting the tokens
+(``removal="delete"``; left-padded batches). All perturbations of one example run in one batched
+call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from ..errors import LlmattrError
+from ..explanation import Explanation
+from ..models.loading import LoadedModel
+from ..scores import check_finite
+from ..targets import Target
+from .engine import PerturbationEngine
+
+REMOVALS = ("zero", "delete")
+DI_STEPS = 20
+K_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+TOP_K = 0.2
+
+
+# ----------------------------------------------------------------------------- masks and labels
+def counts(fractions, m: int) -> list[int]:
+    """Tokens in the top ``fraction`` of ``m``: round half up, so 5% of 10 tokens is 1."""
+    return [int(f * m + 0.5 + 1e-9) for f in fractions]
+
+
+def top_masks(scores: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """``(len(ks), m)`` bool: row j marks the ``ks[j]`` highest-scored tokens (ties: earlier token first)."""
+    order = torch.sort(-scores.double(), stable=True).indices
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(scores.numel())
+    return rank[None, :] < torch.tensor(ks)[:, None]
+
+
+def class_probs(probs: torch.Tensor, label_ids: torch.Tensor | None, token_id: int) -> torch.Tensor:
+    """``(N, L)`` probabilities renormalised over the label words, or ``(N, 1)`` p(explained token)."""
+    if label_ids is None:
+        return probs[:, [token_id]]
+    sub = probs[:, label_ids.to(probs.device)]
+    return sub / sub.sum(-1, keepdim=True).clamp_min(torch.finfo(sub.dtype).tiny)
+
+
+# ----------------------------------------------------------------------------- perturbed forwards
+@torch.no_grad()
+def deleted_probs(lm: LoadedModel, target: Target, step: int, keep: torch.Tensor,
+                  batch_size: int = 64) -> torch.Tensor:
+    """Next-token probabilities ``(N, V)`` at step ``step`` with the span tokens where ``keep`` is 0 deleted.
+
+    The N shortened sequences are left-padded into one matrix by a stable sort (removed positions
+    first), with an attention mask and position ids counting only the kept tokens.
+    """
+    ids = target.input_ids[0, : int(target.positions[step]) + 1]
+    a, b = target.span
+    n = keep.shape[0]
+    full = torch.ones(n, ids.numel(), dtype=torch.long)
+    full[:, a:b] = keep.round().long()
+    order = torch.sort(full, dim=1, stable=True).indices
+    batch_ids, mask = ids[order], full.gather(1, order)
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    out = []
+    for start in range(0, n, batch_size):
+        rows = slice(start, start + batch_size)
+        logits = lm.model(input_ids=batch_ids[rows].to(lm.device), attention_mask=mask[rows].to(lm.device),
+                          position_ids=positions[rows].to(lm.device), use_cache=False, logits_to_keep=1).logits
+        out.append(torch.softmax(logits[:, -1].float(), dim=-1).cpu())
+    return torch.cat(out)
+
+
+class Perturbed:
+    """The clean and perturbed next-token distributions of one (target, step), by zeroing or deletion."""
+
+    def __init__(self, lm: LoadedModel, target: Target, step: int = 0, removal: str = "zero",
+                 routing: str = "dynamic", batch_size: int | None = None):
+        if removal not in REMOVALS:
+            raise LlmattrError(f"unknown removal {removal!r}; use 'zero' or 'delete'")
+        if removal == "delete" and routing != "dynamic":
+            raise LlmattrError("fixed routing needs zeroed embeddings (removal='zero'): deletion changes the length")
+        self.lm, self.target, self.step, self.removal = lm, target, step, removal
+        self.engine = PerturbationEngine(lm, target, step, routing, batch_size)
+        self.batch_size = batch_size or 64
+        self.clean = self.engine.clean_probs.cpu()[None]
+
+    def probs(self, keep: torch.Tensor) -> torch.Tensor:
+        """``(N, V)`` probabilities for ``(N, m)`` keep masks (1 kept, 0 removed)."""
+        if self.removal == "zero":
+            return self.engine.probs(keep.float()).cpu()
+        return deleted_probs(self.lm, self.target, self.step, keep, self.batch_size)
+
+
+# ----------------------------------------------------------------------------- results
+@dataclass
+class Curve:
+    """One perturbation curve: ``fractions`` of content tokens removed/inserted and the flip probability."""
+
+    fractions: list[float]
+    flip: list[float]
+    auc: float
+
+
+@dataclass
+class RankingMetrics:
+    """Every ranking metric of one explained step (keys in docs/ranking.md)."""
+
+    step: int
+    removal: str
+    n_tokens: int
+    label_ids: list[int] | None
+    predicted: int  # index of the original prediction among the label words (0 without label words)
+    p_original: float  # p(y^|x)
+    deletion: Curve
+    insertion: Curve
+    k_grid: list[float]
+    comprehensiveness: list[float]  # confidence drop at each K (paper 003 eq. 5)
+    sufficiency: list[float]  # confidence drop at each K (paper 003 eq. 7)
+    comprehensiveness_pred: list[int]  # perturbed prediction at each K, for the accuracy (eq. 6)
+    sufficiency_pred: list[int]  # (eq. 8)
+    comprehensiveness_aopc: float
+    sufficiency_aopc: float
+    top_k: float
+    log_odds: float  # paper 004 A.4 at top_k
+    comprehensiveness_top_k: float
+    sufficiency_top_k: float
+    values: dict = field(default_factory=dict)  # regression: predicted value clean / per K
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _auc(fractions: torch.Tensor, y: torch.Tensor) -> float:
+    """Trapezoid area over the fraction axis [0, 1] (reads on the flip probability's own scale)."""
+    return float(torch.trapezoid(y, fractions))
+
+
+# ----------------------------------------------------------------------------- entry point
+def ranking_metrics(scores: Explanation | torch.Tensor, lm: LoadedModel, target: Target | None = None,
+                    label_ids=None, step: int = 0, removal: str = "zero", routing: str = "dynamic",
+                    steps: int = DI_STEPS, k_grid=K_GRID, top_k: float = TOP_K, label_values=None,
+                    batch_size: int | None = None) -> RankingMetrics:
+    """All ranking metrics of one explained step, with every perturbation in one batched call.
+
+    Args:
+        scores: an Explanation (its raw scores at ``step``) or a ``(m,)`` tensor over the content span.
+        target: the explained target (default: rebuilt from the Explanation).
+        label_ids: token ids of the label words (default: the Explanation's task, see
+            :func:`default_labels`); None for free generation (flip = 1 - p(explained token)).
+        steps: deletion/insertion steps (20 steps of 5%, paper 000 appendix E).
+        k_grid: K fractions of comprehensiveness/sufficiency (paper 003: 10%..90%).
+        top_k: k of paper 004's log-odds, comprehensiveness and sufficiency (20%).
+        label_values: numeric value of each label word (regression tasks such as the prompted STS-B);
+            the predicted value ``sum_l value_l p_l`` is reported clean and at each K.
+    """
+    raw, target, label_ids = _inputs(scores, lm, target, label_ids, step)
+    m = raw.numel()
+    fractions = torch.linspace(0, 1, steps + 1, dtype=torch.float64)
+    di_top = top_masks(raw, counts(fractions.tolist(), m))
+    k_top = top_masks(raw, counts(list(k_grid), m))
+    t_top = top_masks(raw, counts([top_k], m))
+    keep = torch.cat([~di_top, di_top, ~k_top, k_top, ~t_top, t_top]).float()
+    run = Perturbed(lm, target, step, removal, routing, batch_size)
+    token = int(target.target_ids[step])
+    clean = class_probs(run.clean, label_ids, token)[0].double()
+    pert = class_probs(run.probs(keep), label_ids, token).double()
+    pred = int(clean.argmax())
+    p0 = clean[pred]
+    p_hat = pert[:, pred]
+    n, k = steps + 1, len(k_grid)
+    del_flip, ins_flip = 1 - p_hat[:n], 1 - p_hat[n: 2 * n]
+    comp, suff = p0 - p_hat[2 * n: 2 * n + k], p0 - p_hat[2 * n + k: 2 * n + 2 * k]
+    pred_k = pert[2 * n: 2 * n + 2 * k].argmax(-1)
+    tiny = torch.finfo(torch.float64).tiny
+    values = {}
+    if label_values is not None:
+        v = torch.as_tensor(label_values, dtype=torch.float64)
+        values = {"clean": float(clean @ v), "comprehensiveness": (pert[2 * n: 2 * n + k] @ v).tolist(),
+                  "sufficiency": (pert[2 * n + k: 2 * n + 2 * k] @ v).tolist()}
+    return RankingMetrics(
+        step=step, removal=removal, n_tokens=m, label_ids=None if label_ids is None else label_ids.tolist(),
+        predicted=pred, p_original=float(p0),
+        deletion=Curve(fractions.tolist(), del_flip.tolist(), _auc(fractions, del_flip)),
+        insertion=Curve(fractions.tolist(), ins_flip.tolist(), _auc(fractions, ins_flip)),
+        k_grid=list(k_grid), comprehensiveness=comp.tolist(), sufficiency=suff.tolist(),
+        comprehensiveness_pred=pred_k[:k].tolist(), sufficiency_pred=pred_k[k:].tolist(),
+        comprehensiveness_aopc=float(comp.mean()), sufficiency_aopc=float(suff.mean()),
+        top_k=top_k, log_odds=float(torch.log(p_hat[-2].clamp_min(tiny) / p0.clamp_min(tiny))),
+        comprehensiveness_top_k=float(p0 - p_hat[-2]), sufficiency_top_k=float(p0 - p_hat[-1]),
+        values=values,
+    )
+
+
+def default_labels(lm: LoadedModel, task_name: str | None, example: dict | None = None) -> torch.Tensor | None:
+    """Label word ids of a task: its ``label_words``; BLiMP: (target, foil) of the example; else None."""
+    from ..tasks import get_task
+
+    if not task_name:
+        return None
+    task = get_task(task_name)
+    if task.label_words:
+        return task.label_ids(lm.tokenizer)
+    if task.kind == "lm" and example and example.get("foil"):
+        return task.word_ids(lm.tokenizer, [example["label"], example["foil"]])
+    return None
+
+
+def _inputs(scores, lm, target, label_ids, step) -> tuple[torch.Tensor, Target, torch.Tensor | None]:
+    """Raw scores ``(m,)``, the target and the label ids, from an Explanation or plain tensors."""
+    if isinstance(scores, Explanation):
+        from . import target_from_explanation
+
+        if not 0 <= step < len(scores.steps):
+            raise LlmattrError(f"step {step} is outside the explanation's {len(scores.steps)} step(s)")
+        if label_ids is None:
+            label_ids = default_labels(lm, scores.task, scores.example)
+        target = target or target_from_explanation(scores)
+        scores = scores.score_matrix(raw=True)[step]
+    if target is None:
+        raise LlmattrError("pass the target the scores were computed on (or an Explanation)")
+    raw = torch.as_tensor(scores, dtype=torch.float64).flatten()
+    check_finite(raw)
+    m = target.span[1] - target.span[0]
+    if raw.numel() != m:
+        raise LlmattrError(f"scores cover {raw.numel()} tokens but the content span has {m}")
+    if label_ids is not None:
+        label_ids = torch.as_tensor(label_ids, dtype=torch.long).flatten()
+        if label_ids.numel() < 2:
+            raise LlmattrError("give at least two label words (or none for free generation)")
+    return raw, target, label_ids
+
+
+def deletion_insertion(scores, lm, target=None, label_ids=None, **kwargs) -> dict:
+    """Deletion and insertion curves and AUCs (paper 000 appendix E): ``{"deletion": .., "insertion": ..}``."""
+    result = ranking_metrics(scores, lm, target, label_ids, **kwargs)
+    return {"deletion": asdict(result.deletion), "insertion": asdict(result.insertion)}
+
+
+def aggregate(results: list[RankingMetrics], gold: list | None = None) -> dict:
+    """Dataset-level numbers: mean AUCs, confidence drops per K and their AOPC, log-odds; with ``gold``
+    (label indices, or values for regression) the accuracy per K of paper 003 eqs. 6 and 8 (regression:
+    Pearson correlation of the predicted values with the gold values)."""
+    if not results:
+        raise LlmattrError("no results to aggregate")
+    mean = lambda xs: torch.tensor(xs, dtype=torch.float64).mean(0).tolist()  # noqa: E731
+    out = {
+        "n": len(results), "deletion_auc": mean([r.deletion.auc for r in results]),
+        "insertion_auc": mean([r.insertion.auc for r in results]), "k_grid": list(results[0].k_grid),
+        "comprehensiveness": mean([r.comprehensiveness for r in results]),
+        "sufficiency": mean([r.sufficiency for r in results]),
+        "comprehensiveness_aopc": mean([r.comprehensiveness_aopc for r in results]),
+        "sufficiency_aopc": mean([r.sufficiency_aopc for r in results]),
+        "log_odds": mean([r.log_odds for r in results]),
+        "comprehensiveness_top_k": mean([r.comprehensiveness_top_k for r in results]),
+        "sufficiency_top_k": mean([r.sufficiency_top_k for r in results]),
+    }
+    if gold is None:
+        return out
+    if results[0].values:
+        y = torch.tensor(gold, dtype=torch.float64)
+        for key in ("comprehensiveness", "sufficiency"):
+            pred = torch.tensor([r.values[key] for r in results], dtype=torch.float64).T  # (K, n)
+            out[f"{key}_accuracy"] = [float(torch.corrcoef(torch.stack([p, y]))[0, 1]) for p in pred]
+        return out
+    y = torch.tensor(gold)[:, None]
+    for key in ("comprehensiveness", "sufficiency"):
+        pred = torch.tensor([getattr(r, f"{key}_pred") for r in results])
+        out[f"{key}_accuracy"] = (pred == y).double().mean(0).tolist()
+    return out
