@@ -1,0 +1,131 @@
+"""Alignment of attributions with gold evidence (paper 003 sec. 5.2, worked example A.4).
+
+The gold evidence is a binary vector E over the content tokens (1 = evidence, e.g. BLiMP's
+determiner or subject, see :mod:`llmattr.tasks.blimp`), the explanation a score vector S:
+
+- dot product ``E . S``: the attribution mass on the evidence; S is first made non-negative and
+  normalised to sum 1 (``normalize="sum"``, as the A.4 example's S = [0.3, 0.1, 0.5, 0.1]), so it
+  reads as the share of the attribution that falls on the evidence (``normalize=None`` keeps S);
+- average precision (eq. 9) ``AP = sum_k (R_k - R_{k-1}) P_k`` over the tokens ranked by S (highest
+  first; ties keep token order, as A.4 ranks S = [0.3, 0.1, 0.5, 0.1] as [2, 0, 1, 3]).
+
+Per layer: a ``(L, m)`` score matrix gives one value per row; :func:`per_layer_scores` runs a method
+with a ``layer`` parameter (LogAt, NormXLogit) once per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..errors import LlmattrError
+from ..explanation import Explanation
+from ..scores import check_finite
+
+NORMALIZE = ("sum", None)
+
+
+def _as_2d(scores) -> torch.Tensor:
+    s = torch.as_tensor(scores, dtype=torch.float64)
+    check_finite(s)
+    return s[None] if s.dim() == 1 else s
+
+
+def _evidence(evidence, m: int) -> torch.Tensor:
+    e = torch.as_tensor(evidence, dtype=torch.float64).flatten()
+    if e.numel() != m or not ((e == 0) | (e == 1)).all() or not e.any():
+        raise LlmattrError(f"evidence must be a 0/1 vector over the {m} scored tokens with at least one 1")
+    return e
+
+
+def normalized(scores, normalize: str | None = "sum") -> torch.Tensor:
+    """``(L, m)`` scores: positive part over its sum per row (``"sum"``), or as given (``None``)."""
+    s = _as_2d(scores)
+    if normalize is None:
+        return s
+    if normalize != "sum":
+        raise LlmattrError(f"normalize must be 'sum' or None; got {normalize!r}")
+    pos = s.clamp_min(0)
+    total = pos.sum(-1, keepdim=True)
+    return torch.where(total > 0, pos / total.clamp_min(torch.finfo(s.dtype).tiny), torch.zeros_like(pos))
+
+
+def dot_product(scores, evidence, normalize: str | None = None) -> torch.Tensor:
+    """``E . S`` per row of ``scores`` (``(m,)`` or ``(L, m)``): the attribution on the evidence."""
+    s = normalized(scores, normalize)
+    return s @ _evidence(evidence, s.shape[-1])
+
+
+def average_precision(scores, evidence) -> torch.Tensor:
+    """Eq. 9: ``sum_k (R_k - R_{k-1}) P_k``, the precision at each rank where a new evidence token appears,
+    averaged over the evidence tokens; ranks by descending score, ties in token order (A.4)."""
+    s = _as_2d(scores)
+    e = _evidence(evidence, s.shape[-1])
+    order = torch.sort(-s, dim=-1, stable=True).indices
+    hits = e[order]  # (L, m): 1 where the k-th ranked token is evidence
+    precision = hits.cumsum(-1) / torch.arange(1, s.shape[-1] + 1, dtype=s.dtype)
+    return (precision * hits).sum(-1) / e.sum()
+
+
+@dataclass
+class Alignment:
+    """Dot product and AP, one value per scored row (steps of an Explanation, or layers)."""
+
+    dot_product: list[float]
+    average_precision: list[float]
+    normalize: str | None
+    level: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def evidence_vector(expl: Explanation, evidence_words: list[int], level: str = "token") -> torch.Tensor:
+    """0/1 over the content-span tokens (``level="token"``) or words (``"word"``) from evidence word indices
+    into the content text split on spaces (the loaders' ``evidence_words``)."""
+    groups = expl.word_groups()
+    if any(not 0 <= i < len(groups) for i in evidence_words):
+        raise LlmattrError(f"evidence word index outside the content's {len(groups)} words")
+    if level == "word":
+        e = torch.zeros(len(groups), dtype=torch.float64)
+        e[list(evidence_words)] = 1
+        return e
+    if level != "token":
+        raise LlmattrError(f"level must be 'token' or 'word'; got {level!r}")
+    e = torch.zeros(expl.span[1] - expl.span[0], dtype=torch.float64)
+    for i in evidence_words:
+        e[groups[i]] = 1
+    return e
+
+
+def alignment(scores, evidence, normalize: str | None = "sum", level: str = "token") -> Alignment:
+    """Dot product and average precision of ``(m,)`` or ``(L, m)`` scores with a 0/1 evidence vector."""
+    return Alignment(dot_product(scores, evidence, normalize).tolist(),
+                     average_precision(scores, evidence).tolist(), normalize, level)
+
+
+def explanation_alignment(expl: Explanation, evidence_words: list[int] | None = None, level: str = "token",
+                          normalize: str | None = "sum") -> Alignment:
+    """Alignment of every step's raw scores with the example's evidence (``example["evidence_words"]`` of
+    a BLiMP row unless given); ``level="word"`` sums sub-word raw scores per word first."""
+    words = evidence_words if evidence_words is not None else expl.example.get("evidence_words")
+    if not words:
+        raise LlmattrError("no gold evidence: pass evidence_words or explain a BLiMP example from the loader")
+    evidence = evidence_vector(expl, words, level)
+    raw = expl.words()[1] if level == "word" else expl.score_matrix(raw=True)
+    return alignment(raw, evidence, normalize, level)
+
+
+def per_layer_scores(lm, target, method: str, layers: list[int] | None = None, step: int = 0,
+                     **params) -> torch.Tensor:
+    """``(L, m)`` scores of ``method`` (one with a ``layer`` parameter, e.g. ``logat``, ``normxlogit``) at
+    each layer (default: every layer), for explained step ``step``."""
+    from .. import methods
+
+    n_layers = lm.config.get_text_config().num_hidden_layers
+    layers = list(range(n_layers)) if layers is None else layers
+    if "layer" not in methods.get(method).defaults:
+        raise LlmattrError(f"method {method} has no layer parameter; per-layer alignment needs one")
+    return torch.stack([methods.get(method, layer=layer, **params).attribute(lm, target)[step].double()
+                        for layer in layers])
