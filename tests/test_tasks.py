@@ -200,3 +200,17 @@ def test_cli_explain_paper_tasks_on_the_embedded_model(task, text, tmp_path, smo
         assert saved["text"].index("\nAnswer: ") < saved["offsets"][saved["span"][0]][0]
     bad = CliRunner().invoke(app, ["explain", text, "--task", "stsb-regression", "--field", "sentence2=x"])
     assert isinstance(bad.exception, LlmattrError) and "--task stsb," in str(bad.exception)
+
+
+def test_label_predictions_batch_matches_single_prompts(tiny_llama, tiny_tokenizer):
+    from llmattr.tasks.scoring import label_accuracy, label_predictions
+
+    task = Task(name="pos-the", user_template="Text: {text}", fields=("text",), kind="classification",
+                label_words=("Positive", "the"))
+    examples = [{"text": t, "label": "the"} for t in ("a", "the quick brown fox jumps", "dull movie")]
+    pred = label_predictions(tiny_llama, task, examples, batch_size=2)
+    ids = task.label_ids(tiny_tokenizer)
+    for ex, p in zip(examples, pred.tolist(), strict=True):
+        logits = tiny_llama.model(input_ids=build_prompt(tiny_tokenizer, task, ex).input_ids).logits[0, -1]
+        assert p == int(logits[ids].argmax())
+    assert label_accuracy(tiny_llama, task, examples)["n"] == 3

@@ -68,28 +68,32 @@ def class_probs(probs: torch.Tensor, label_ids: torch.Tensor | None, token_id: i
 
 # ----------------------------------------------------------------------------- perturbed forwards
 @torch.no_grad()
+def padded_last_probs(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
+    """Next-token probabilities ``(N, V)`` after each row of a left-padded ``(N, S)`` batch (mask 0 = pad);
+    position ids count only the unpadded tokens, logits are computed at the last position only."""
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    out = []
+    for start in range(0, ids.shape[0], batch_size):
+        rows = slice(start, start + batch_size)
+        logits = lm.model(input_ids=ids[rows].to(lm.device), attention_mask=mask[rows].to(lm.device),
+                          position_ids=positions[rows].to(lm.device), use_cache=False, logits_to_keep=1).logits
+        out.append(torch.softmax(logits[:, -1].float(), dim=-1).cpu())
+    return torch.cat(out)
+
+
 def deleted_probs(lm: LoadedModel, target: Target, step: int, keep: torch.Tensor,
                   batch_size: int = 64) -> torch.Tensor:
     """Next-token probabilities ``(N, V)`` at step ``step`` with the span tokens where ``keep`` is 0 deleted.
 
     The N shortened sequences are left-padded into one matrix by a stable sort (removed positions
-    first), with an attention mask and position ids counting only the kept tokens.
+    first), so one padded batch runs them all.
     """
     ids = target.input_ids[0, : int(target.positions[step]) + 1]
     a, b = target.span
-    n = keep.shape[0]
-    full = torch.ones(n, ids.numel(), dtype=torch.long)
+    full = torch.ones(keep.shape[0], ids.numel(), dtype=torch.long)
     full[:, a:b] = keep.round().long()
     order = torch.sort(full, dim=1, stable=True).indices
-    batch_ids, mask = ids[order], full.gather(1, order)
-    positions = (mask.cumsum(1) - 1).clamp_min(0)
-    out = []
-    for start in range(0, n, batch_size):
-        rows = slice(start, start + batch_size)
-        logits = lm.model(input_ids=batch_ids[rows].to(lm.device), attention_mask=mask[rows].to(lm.device),
-                          position_ids=positions[rows].to(lm.device), use_cache=False, logits_to_keep=1).logits
-        out.append(torch.softmax(logits[:, -1].float(), dim=-1).cpu())
-    return torch.cat(out)
+    return padded_last_probs(lm, ids[order], full.gather(1, order), batch_size)
 
 
 class Perturbed:

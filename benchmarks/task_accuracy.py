@@ -1,0 +1,41 @@
+"""Task accuracy of the embedded model (label-word argmax) with and without few-shot demonstrations.
+
+    python benchmarks/task_accuracy.py [--n 50] [--shots 4]
+
+Evaluated examples and demonstrations come from ../shared/data (balanced, seed 0) and never overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=50)
+    parser.add_argument("--shots", type=int, default=4)
+    parser.add_argument("--tasks", default="sst2,boolq")
+    args = parser.parse_args()
+    os.environ.setdefault("LLMATTR_DATA", str(DATA))
+    from llmattr.models.loading import load_model
+    from llmattr.tasks import get_task, load_split
+    from llmattr.tasks.scoring import label_accuracy
+
+    lm = load_model("default", device="cpu")
+    for name in args.tasks.split(","):
+        task = get_task(name)
+        examples, demos = load_split(task, args.n, shots=args.shots, seed=0)
+        for shots, text in ((0, ""), (args.shots, demos)):
+            start = time.perf_counter()
+            result = label_accuracy(lm, task, examples, text, batch_size=4)
+            print(f"{name:6s} shots={shots}  accuracy={result['accuracy']:.2f}  predicted={result['predicted']}  "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
