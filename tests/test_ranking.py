@@ -131,3 +131,17 @@ def test_bad_inputs_raise_one_clear_error(toy):
         ranking_metrics(pushes, lm, target, LABELS, removal="mask")
     with pytest.raises(LlmattrError, match="NaN"):
         ranking_metrics(pushes * float("nan"), lm, target, LABELS)
+
+
+def test_explanation_input_rebuilds_the_target(toy):
+    from llmattr.api import attribute
+    from llmattr.methods import get as get_method
+
+    lm, target, _ = toy
+    expl = attribute(lm, target, get_method("random"), get_task("generate"), {"text": TEXT})
+    r = ranking_metrics(expl, lm)  # free generation: flip = 1 - p(explained token)
+    assert r.label_ids is None and r.predicted == 0
+    ref = ranking_metrics(expl.score_matrix(raw=True)[0], lm, target)
+    assert r.to_dict() == ref.to_dict()
+    with pytest.raises(LlmattrError, match="step 3"):
+        ranking_metrics(expl, lm, step=3)
