@@ -1,0 +1,220 @@
+"""DeepLIFT (Shrikumar et al. 2017) on the input embeddings, with real rules for a transformer's
+non-linearities, and ``deeplift-ixg``: what Captum's ``DeepLift`` (hence Inseq, hence papers 000/004)
+computes on a Llama-style model.
+
+``deeplift`` runs the reference ``x0`` and the input ``x`` through the same code under a
+``TorchFunctionMode`` that sees every torch call. The reference pass records the operands of each
+non-linear call; the input pass returns the true value of each call but gives it the DeepLIFT
+multiplier instead of the gradient:
+
+* element-wise non-linearities (SiLU, GELU, tanh, sigmoid, exp, rsqrt, sqrt, pow, reciprocal, ReLU, erf):
+  the **rescale rule** ``m = (f(x) - f(x0)) / (x - x0)`` (the gradient where ``|x - x0| <= 1e-6``);
+* products of two input-dependent tensors (``*``, ``/``, ``matmul``: SwiGLU's gate, RMSNorm's
+  ``x * rsqrt(.)``, ``q k^T``, ``probs @ v``): the multipliers ``(b + b0)/2`` and ``(a + a0)/2``, for which
+  ``ab - a0 b0 = (b + b0)/2 (a - a0) + (a + a0)/2 (b - b0)`` holds exactly (the Shapley value of the
+  two-factor product);
+* softmax (attention and the output probability) and LayerNorm: decomposed into the above (``exp`` with a
+  shift shared by both passes, a sum, a reciprocal and a product; centring, ``pow``, ``rsqrt``, product).
+
+Linear operations keep their gradient, which is their multiplier. The chain rule for multipliers then
+gives ``sum_i (x_i - x0_i) m_i = F(x) - F(x0)`` (summation-to-delta) up to float error.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from ..models.loading import LoadedModel
+from ..targets import Target
+from .base import register
+from .grad_ellm import step_gradients
+from .gradient import EmbeddingGradientMethod, ScoreFn, baseline_embeds, score_fn, span_scores
+
+T = torch.Tensor
+UNARY = {
+    F.silu, F.gelu, F.relu, torch.relu, T.relu, torch.tanh, T.tanh, torch.sigmoid, T.sigmoid, F.sigmoid,
+    torch.exp, T.exp, torch.rsqrt, T.rsqrt, torch.sqrt, T.sqrt, torch.pow, T.pow, T.__pow__,
+    torch.reciprocal, T.reciprocal, torch.erf, T.erf,
+}
+PRODUCT = {T.__mul__, T.__rmul__, torch.mul, T.mul, torch.matmul, T.__matmul__, T.matmul, torch.bmm, T.bmm}
+DIVIDE = {T.__truediv__, torch.div, T.div, torch.true_divide}
+SOFTMAX = {torch.softmax, T.softmax, F.softmax}
+NORMALISERS = {torch.rsqrt, T.rsqrt, torch.reciprocal, T.reciprocal}
+NEAR_ZERO = 1e-6
+SCALE = "_llmattr_deeplift_scale"  # marks a normaliser's output (rsqrt / reciprocal)
+
+
+def _grad_arg(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.requires_grad
+
+
+def _linearised(value: T, inputs: list[T], multipliers: list[T], op) -> T:
+    """``value`` whose backward is ``op``-linear in ``inputs`` with the given fixed coefficients."""
+    lin = op(inputs, multipliers)
+    return value.detach() + (lin - lin.detach())
+
+
+class DeepLiftMode(TorchFunctionMode):
+    """Records (``reference=None``) or replays the reference operands of every input-dependent
+    non-linear call, in call order (both passes run the same code on same-shaped inputs)."""
+
+    def __init__(self, reference: list | None = None):
+        super().__init__()
+        self.recording = reference is None
+        self.operands: list = [] if reference is None else reference
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in UNARY and _grad_arg(args[0]):
+            kind = "unary"
+        elif func in PRODUCT and _grad_arg(args[0]) and len(args) > 1 and _grad_arg(args[1]):
+            kind = "product"
+        elif func in DIVIDE and len(args) > 1 and _grad_arg(args[1]) and not kwargs.get("rounding_mode"):
+            kind = "divide"
+        elif (func in SOFTMAX or func is F.layer_norm) and _grad_arg(args[0]):
+            kind = "softmax" if func in SOFTMAX else "layer_norm"
+        else:
+            return func(*args, **kwargs)
+        tensors = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+        if self.recording:
+            self.operands.append(tensors)
+            return func(*args, **kwargs)
+        ref = self.operands[self.calls]
+        self.calls += 1
+        if any(isinstance(a, torch.Tensor) and isinstance(r, torch.Tensor) and a.shape != r.shape
+               for a, r in zip(args, ref, strict=True)):
+            raise RuntimeError("deeplift: the reference and input passes took different paths")
+        return getattr(self, kind)(func, args, ref, kwargs)
+
+    @staticmethod
+    def unary(func, args, ref, kwargs) -> T:
+        """Rescale rule: multiplier ``(f(x) - f(x0)) / (x - x0)``, the derivative where they coincide."""
+        x, x0 = args[0], ref[0]
+        rest = args[1:]
+        y, y0 = func(x.detach(), *rest, **kwargs), func(x0, *rest, **kwargs)
+        dx = x.detach() - x0
+        far = dx.abs() > NEAR_ZERO
+        m = (y - y0) / torch.where(far, dx, 1)
+        if not bool(far.all()):
+            with torch.enable_grad():
+                xd = x.detach().requires_grad_(True)
+                (slope,) = torch.autograd.grad(func(xd, *rest, **kwargs).sum(), xd)
+            m = torch.where(far, m, slope)
+        out = _linearised(y, [x], [m], lambda i, c: i[0] * c[0])
+        if func in NORMALISERS:
+            setattr(out, SCALE, True)
+        return out
+
+    @staticmethod
+    def product(func, args, ref, kwargs) -> T:
+        """``a (*) b`` with ``ab - a0 b0 = B (a - a0) + A (b - b0)`` exactly.
+
+        Two input-dependent factors: ``B = (b + b0)/2``, ``A = (a + a0)/2`` (Shapley). A normaliser's scale
+        ``r`` (``x * rsqrt(.)``, softmax's ``e / sum e``): ``x`` gets the input's scale ``r`` and ``r`` the
+        reference ``x0`` (``xr - x0 r0 = r (x - x0) + x0 (r - r0)``), so the huge ``rsqrt(eps)`` of an
+        all-zero reference row never enters a multiplier.
+        """
+        a, b = args[0], args[1]
+        if getattr(b, SCALE, False):
+            coef_b, coef_a = b.detach(), ref[0]
+        elif getattr(a, SCALE, False):
+            coef_b, coef_a = ref[1], a.detach()
+        else:
+            coef_b, coef_a = (b.detach() + ref[1]) / 2, (a.detach() + ref[0]) / 2
+        return _linearised(func(a.detach(), b.detach(), **kwargs), [a, b], [coef_a, coef_b],
+                           lambda i, c: func(i[0], c[1], **kwargs) + func(c[0], i[1], **kwargs))
+
+    def divide(self, func, args, ref, kwargs) -> T:
+        """``a / b`` = ``a * (1/b)``: rescale on the reciprocal, then the product rule."""
+        recip = self.unary(torch.reciprocal, [args[1]], [ref[1]], {})
+        a, a0 = args[0], ref[0]
+        if not _grad_arg(a):
+            return a * recip
+        return self.product(torch.mul, [a, recip], [a0, torch.reciprocal(ref[1])], {})
+
+    def softmax(self, func, args, ref, kwargs) -> T:
+        """``exp(z - c) / sum exp(z - c)`` with ``c`` shared by both passes (so it carries no delta)."""
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        dtype = kwargs.get("dtype", args[2] if len(args) > 2 and func is not F.softmax else None)
+        z, z0 = args[0], ref[0]
+        if dtype is not None:
+            z, z0 = z.to(dtype), z0.to(dtype)
+        c = torch.maximum(z.detach().amax(dim, keepdim=True), z0.amax(dim, keepdim=True))
+        c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
+        e = self.unary(torch.exp, [z - c], [z0 - c], {})
+        e0 = torch.exp(z0 - c)
+        s, s0 = e.sum(dim, keepdim=True), e0.sum(dim, keepdim=True)
+        r = self.unary(torch.reciprocal, [s], [s0], {})
+        return self.product(torch.mul, [e, r], [e0, torch.reciprocal(s0)], {})
+
+    def layer_norm(self, func, args, ref, kwargs) -> T:
+        """``(x - mean) * rsqrt(var + eps) * w + b`` with the rescale and product rules."""
+        x, x0 = args[0], ref[0]
+        shape = args[1] if len(args) > 1 else kwargs["normalized_shape"]
+        weight = args[2] if len(args) > 2 else kwargs.get("weight")
+        bias = args[3] if len(args) > 3 else kwargs.get("bias")
+        eps = args[4] if len(args) > 4 else kwargs.get("eps", 1e-5)
+        dims = tuple(range(-len(shape), 0))
+        xc, xc0 = x - x.mean(dims, keepdim=True), x0 - x0.mean(dims, keepdim=True)
+        sq = self.unary(torch.square, [xc], [xc0], {})
+        var, var0 = sq.mean(dims, keepdim=True) + eps, xc0.square().mean(dims, keepdim=True) + eps
+        r = self.unary(torch.rsqrt, [var], [var0], {})
+        y = self.product(torch.mul, [xc, r], [xc0, torch.rsqrt(var0)], {})
+        y = y * weight if weight is not None else y
+        return y + bias if bias is not None else y
+
+
+def deeplift_attributions(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepLIFT attributions ``(x - x0) * m`` ``(T, *x.shape[1:])`` and ``F(x) - F(x0)`` ``(T,)``.
+
+    ``f`` maps a batch ``(1, ...)`` to ``(1, T)``; one reference forward, one input forward, one backward
+    (the T steps' multipliers are batched vector-Jacobian products).
+    """
+    with torch.enable_grad(), DeepLiftMode() as ref_mode:
+        f0 = f(x0.detach().requires_grad_(True)).detach()
+    xg = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        with DeepLiftMode(ref_mode.operands):
+            out = f(xg)
+        (multipliers,) = step_gradients(out.sum(0), [xg])  # (T, 1, ...)
+    return ((x - x0) * multipliers[:, 0]).detach(), (out.detach() - f0)[0]
+
+
+@register
+class DeepLift(EmbeddingGradientMethod):
+    """DeepLIFT with the rescale rule (Shrikumar et al. 2017) from a zero baseline (see module docs)."""
+
+    name = "deeplift"
+    family = "gradient (reference)"
+    summary = "DeepLIFT: rescale rule for SiLU/GELU/norms, exact product rule, softmax decomposed; sums to F(x)-F(0)"
+    signed = True
+    cost = "2 forwards (reference + input) + 1 backward (all steps share them)"
+    defaults = {"baseline": "all", "target": "probability", "reduction": "sum"}
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        x = lm.embed(target.input_ids).detach()
+        x0 = baseline_embeds(x, target, self.params["baseline"])
+        attr, _ = deeplift_attributions(score_fn(lm, target, self.params["target"]), x, x0)
+        return span_scores(attr, target, self.params["reduction"])
+
+
+@register
+class DeepLiftIxG(EmbeddingGradientMethod):
+    """What Captum's ``DeepLift`` returns on a Llama-style model (it has no rule for SiLU, RMSNorm or
+    functional softmax): ``(x - x0) * dF/dx(x)``, i.e. Input x Gradient relative to the baseline. Kept to
+    reproduce the papers' DeepLIFT column (computed through Inseq/Captum)."""
+
+    name = "deeplift-ixg"
+    family = "gradient"
+    summary = "DeepLIFT as Captum/Inseq compute it on LLMs: (x - 0) * gradient (the peers' behaviour)"
+    signed = True
+    cost = "1 forward + 1 backward (all steps share them)"
+    defaults = {"baseline": "all", "target": "probability", "reduction": "sum"}
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        x, grads = self.gradients(lm, target)
+        x0 = baseline_embeds(x, target, self.params["baseline"])
+        return span_scores((x - x0) * grads[:, 0], target, self.params["reduction"])

@@ -1,0 +1,151 @@
+"""Gradient methods on the input embeddings: Saliency and Input x Gradient, and the helpers they share.
+
+Every method of the gradient family (this module, ``integrated.py``, ``deeplift.py``) explains
+
+* ``F_t``: the **probability** of the explained token ``target_ids[t]`` at step ``t`` by default (Inseq's
+  default attributed function, through which paper 000 computed its baselines; paper 004 explains the
+  output probability too); ``target="logit"`` explains the logit (Grad-ELLM's quantity);
+* w.r.t. the input embeddings ``lm.embed(target.input_ids)`` as fed to the first layer;
+* with one causal forward for all steps and one backward of batched vector-Jacobian products
+  (:func:`llmattr.methods.grad_ellm.step_gradients`); logits only at the explained positions.
+
+Embedding-level attributions ``(..., D)`` are reduced to one score per token by :func:`reduce_tokens`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..errors import LlmattrError
+from ..models.forward import logits_at
+from ..models.loading import LoadedModel
+from ..targets import Target
+from .base import AttributionMethod, register
+from .grad_ellm import step_gradients
+
+TARGETS = ("probability", "logit")
+REDUCTIONS = ("l2", "sum", "l1")
+SCOPES = ("all", "span")
+
+ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # embeddings (B, S, D) -> F (B, T)
+
+
+def check_choice(method: str, key: str, value, valid: tuple) -> None:
+    """One-line error for a parameter outside its valid choices."""
+    if value not in valid:
+        raise LlmattrError(f"{method} {key} must be one of {', '.join(map(repr, valid))}; got {value!r}")
+
+
+def reduce_tokens(attr: torch.Tensor, reduction: str) -> torch.Tensor:
+    """One score per token from embedding-level attributions ``(..., D)``.
+
+    ``l2``: Euclidean norm over the embedding dim (Saliency's gradient norm, Simonyan et al. 2014 as in
+    Inseq); ``sum``: sum over the embedding dim (Input x Gradient, IG, DeepLIFT: keeps completeness /
+    summation-to-delta); ``l1``: sum of absolute values (paper 003 sec. 4.1, "l1 norm for aggregation").
+    """
+    if reduction == "sum":
+        return attr.sum(-1)
+    if reduction == "l2":
+        return torch.linalg.vector_norm(attr, ord=2, dim=-1)
+    if reduction == "l1":
+        return attr.abs().sum(-1)
+    raise LlmattrError(f"reduction must be one of {', '.join(REDUCTIONS)}; got {reduction!r}")
+
+
+def target_scores(lm: LoadedModel, embeds: torch.Tensor, positions: torch.Tensor, target_ids: torch.Tensor,
+                  target: str = "probability") -> torch.Tensor:
+    """``F_t`` for every batch row ``(B, T)``: probability (float32 softmax) or logit of ``target_ids[t]``
+    at ``positions[t]``; the LM head runs at those positions only."""
+    logits = logits_at(lm, embeds, positions)  # (B, T, V)
+    if target == "probability":
+        logits = torch.softmax(logits.float(), dim=-1)
+    index = target_ids.to(logits.device)[None, :, None].expand(logits.shape[0], -1, 1)
+    return logits.gather(-1, index)[..., 0]
+
+
+def score_fn(lm: LoadedModel, target: Target, kind: str) -> ScoreFn:
+    """The embedding-level function explained: ``embeds (B, S, D) -> F (B, T)``."""
+    positions = target.positions.to(lm.device)
+    return lambda embeds: target_scores(lm, embeds, positions, target.target_ids, kind)
+
+
+def embedding_gradients(f: ScoreFn, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``F`` at ``embeds`` ``(B, T)`` and ``dF_t/d embeds`` ``(T, B, S, D)``.
+
+    One forward; one backward whose T vector-Jacobian products are batched (rows are independent, so
+    the gradient of ``sum_b F[b, t]`` holds each row's own gradient).
+    """
+    embeds = embeds.detach().requires_grad_(True)
+    with torch.enable_grad():
+        scores = f(embeds)
+        (grads,) = step_gradients(scores.sum(0), [embeds])
+    return scores.detach(), grads
+
+
+def baseline_embeds(embeds: torch.Tensor, target: Target, scope: str) -> torch.Tensor:
+    """Zero baseline ``x0``: every input embedding zero (``all``, Inseq's and papers 000/004's reading)
+    or only the content span zero, template and generated prefix kept (``span``)."""
+    if scope == "all":
+        return torch.zeros_like(embeds)
+    a, b = target.span
+    mask = torch.zeros(embeds.shape[-2], 1, dtype=torch.bool, device=embeds.device)
+    mask[a:b] = True
+    return torch.where(mask, torch.zeros_like(embeds), embeds)
+
+
+def span_scores(attr: torch.Tensor, target: Target, reduction: str) -> torch.Tensor:
+    """Reduce ``(T, S, D)`` attributions to tokens and keep the content span: ``(T, n_span)`` float32."""
+    a, b = target.span
+    return reduce_tokens(attr[:, a:b].float(), reduction).detach()
+
+
+class EmbeddingGradientMethod(AttributionMethod):
+    """Base of the methods that differentiate ``F_t`` w.r.t. the input embeddings."""
+
+    needs_gradients = True
+    defaults = {"target": "probability", "reduction": "sum"}
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        for key, valid in (("target", TARGETS), ("reduction", REDUCTIONS), ("baseline", SCOPES)):
+            if key in self.params:
+                check_choice(self.name, key, self.params[key], valid)
+
+    def gradients(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, torch.Tensor]:
+        """Input embeddings ``(1, S, D)`` and ``dF_t/dx`` ``(T, 1, S, D)``: one forward, one backward."""
+        embeds = lm.embed(target.input_ids)
+        _, grads = embedding_gradients(score_fn(lm, target, self.params["target"]), embeds)
+        return embeds, grads
+
+
+@register
+class Saliency(EmbeddingGradientMethod):
+    """Vanilla gradient (Simonyan et al. 2014): ``||dF_t / dx_i||_2`` per token."""
+
+    name = "saliency"
+    family = "gradient"
+    summary = "Saliency: L2 norm of the gradient of the target probability w.r.t. each token's embedding"
+    signed = False
+    cost = "1 forward + 1 backward (all steps share them)"
+    defaults = {"target": "probability", "reduction": "l2"}
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        _, grads = self.gradients(lm, target)
+        return span_scores(grads[:, 0], target, self.params["reduction"])
+
+
+@register
+class InputXGradient(EmbeddingGradientMethod):
+    """Input x Gradient (Shrikumar et al. 2016): ``sum_d x_id * dF_t / dx_id``."""
+
+    name = "input-x-gradient"
+    family = "gradient"
+    summary = "Input x Gradient: embedding times gradient of the target probability, summed over dims"
+    signed = True
+    cost = "1 forward + 1 backward (all steps share them)"
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        embeds, grads = self.gradients(lm, target)
+        return span_scores(embeds * grads[:, 0], target, self.params["reduction"])

@@ -1,0 +1,204 @@
+"""Path methods on the input embeddings: Integrated Gradients, IGCG, AIEG (paper 004) and GradientSHAP.
+
+All share :func:`integrate`: the path points ``x0 + alpha_k (x - x0)`` are batch rows, chunked by
+``internal_batch_size`` so memory is bounded; each chunk is one forward and one backward whose T
+vector-Jacobian products (one per generation step) are batched. The baseline ``x0`` is zero for every
+input embedding (``baseline="all"``: Inseq's reading, through which paper 000 ran IG, and paper 004's
+algorithm A.3) or for the content span only (``baseline="span"``: template and generated prefix kept).
+"""
+
+from __future__ import annotations
+
+import torch
+from captum.attr._utils.approximation_methods import SUPPORTED_METHODS, approximation_parameters
+
+from ..errors import LlmattrError
+from ..models.loading import LoadedModel
+from ..models.probe import Probe
+from ..targets import Target
+from .base import register
+from .gradient import (
+    EmbeddingGradientMethod,
+    ScoreFn,
+    baseline_embeds,
+    check_choice,
+    embedding_gradients,
+    reduce_tokens,
+    score_fn,
+    span_scores,
+)
+
+
+def path_alphas(method: str, n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Points ``alpha_k`` and weights ``w_k`` of the path integral (Captum's approximation methods)."""
+    step_sizes, alphas = approximation_parameters(method)
+    return torch.tensor(alphas(n_steps), dtype=torch.float64), torch.tensor(step_sizes(n_steps), dtype=torch.float64)
+
+
+def emphasis_factor(f_now: torch.Tensor, f_prev: torch.Tensor) -> torch.Tensor:
+    """Paper 004 eq. 12: ``EF = |F(a) - F(a - 1/N)| / (|F(a)| + |F(a - 1/N)|)``; 0 where both are 0."""
+    den = f_now.abs() + f_prev.abs()
+    return torch.where(den > 0, (f_now - f_prev).abs() / den.clamp_min(torch.finfo(den.dtype).tiny),
+                       torch.zeros_like(den))
+
+
+def pos_norm(a: torch.Tensor) -> torch.Tensor:
+    """Paper 004 eq. 13: keep the positive attributions and divide by their sum over the tokens (last axis).
+
+    An all-non-positive row stays all zero.
+    """
+    pos = a.clamp_min(0)
+    total = pos.sum(-1, keepdim=True)
+    return torch.where(total > 0, pos / total.clamp_min(torch.finfo(pos.dtype).tiny), torch.zeros_like(pos))
+
+
+def integrate(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor, alphas: torch.Tensor, weights: torch.Tensor,
+              batch_size: int, clip: float | None = None, f_start: torch.Tensor | None = None) -> torch.Tensor:
+    """Path integral ``sum_k w_k [EF_k] clip(dF_t/dx (x0 + alpha_k (x - x0)))``: ``(T, S, D)``.
+
+    ``x``, ``x0``: ``(1, S, D)``. ``clip``: clamp each gradient to ``[-clip, clip]`` (IGCG, paper 004
+    app. A.2). ``f_start``: ``F`` at the point before ``alphas[0]`` ``(1, T)``; when given, each step's
+    gradient is weighted by the emphasis factor of ``F`` between consecutive points (eq. 12, alg. A.3).
+    """
+    total, prev = None, f_start
+    for start in range(0, len(alphas), batch_size):
+        a = alphas[start:start + batch_size].to(x.device, x.dtype)[:, None, None]
+        scores, grads = embedding_gradients(f, x0 + a * (x - x0))  # (n, T), (T, n, S, D)
+        if clip is not None:
+            grads = grads.clamp(-clip, clip)
+        w = weights[start:start + batch_size].to(scores)[:, None].expand_as(scores)  # (n, T)
+        if f_start is not None:
+            w = w * emphasis_factor(scores, torch.cat([prev, scores[:-1]]))
+            prev = scores[-1:]
+        part = torch.einsum("nt,tnsd->tsd", w.to(grads.dtype), grads)
+        total = part if total is None else total + part
+    return total
+
+
+def net_attention(lm: LoadedModel, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Paper 004 eq. 9: attention probability from each step's query position to every token, averaged
+    over all layers and heads (recorded by the probe on the clean input): ``(T, S)``."""
+    with torch.no_grad(), Probe(record=True) as probe:
+        lm.model(inputs_embeds=x, logits_to_keep=1, use_cache=False)
+        rows = [probe.layers[i].probs[0][:, positions, :].float().mean(0) for i in sorted(probe.layers)]
+    return torch.stack(rows).mean(0)
+
+
+class PathMethod(EmbeddingGradientMethod):
+    """IG-style methods: ``(x - x0) * integral``, reduced over the embedding dim."""
+
+    signed = True
+    defaults = {"n_steps": 16, "method": "gausslegendre", "internal_batch_size": 16, "baseline": "all",
+                "target": "probability", "reduction": "sum"}
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        p = self.params
+        for key in ("n_steps", "internal_batch_size"):
+            if not isinstance(p.get(key, 1), int) or p.get(key, 1) < 1:
+                raise LlmattrError(f"{self.name} {key} must be a positive integer")
+        if "method" in p:
+            check_choice(self.name, "method", p["method"], tuple(SUPPORTED_METHODS))
+
+    def inputs(self, lm: LoadedModel, target: Target) -> tuple[ScoreFn, torch.Tensor, torch.Tensor]:
+        x = lm.embed(target.input_ids).detach()
+        return score_fn(lm, target, self.params["target"]), x, baseline_embeds(x, target, self.params["baseline"])
+
+    def path(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return path_alphas(self.params["method"], self.params["n_steps"])
+
+    def attributions(self, lm: LoadedModel, target: Target, clip: float | None = None) -> torch.Tensor:
+        """Embedding-level attributions ``(T, S, D)`` for every input token (completeness holds over all)."""
+        f, x, x0 = self.inputs(lm, target)
+        alphas, weights = self.path()
+        grads = integrate(f, x, x0, alphas, weights, self.params["internal_batch_size"], clip=clip)
+        return (x - x0) * grads
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        return span_scores(self.attributions(lm, target), target, self.params["reduction"])
+
+
+@register
+class IntegratedGradients(PathMethod):
+    """Integrated Gradients (Sundararajan et al. 2017; paper 004 eq. 3) from a zero baseline."""
+
+    name = "integrated-gradients"
+    family = "gradient (path)"
+    summary = "Integrated Gradients: (x - 0) * mean path gradient, n_steps points batched as rows"
+    cost = "n_steps forwards + backwards as batch rows (all steps share them)"
+
+
+@register
+class IGCG(PathMethod):
+    """IG with clipped gradients (paper 004 app. A.2): each path gradient clamped to [-threshold, threshold]."""
+
+    name = "igcg"
+    family = "gradient (path)"
+    summary = "IGCG: Integrated Gradients with every path gradient clipped at +-threshold (paper 004 A.2)"
+    cost = "n_steps forwards + backwards as batch rows (all steps share them)"
+    defaults = {**PathMethod.defaults, "threshold": 1e6}
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        if not float(self.params["threshold"]) > 0:
+            raise LlmattrError("igcg threshold must be positive")
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        attr = self.attributions(lm, target, clip=float(self.params["threshold"]))
+        return span_scores(attr, target, self.params["reduction"])
+
+
+@register
+class AIEG(PathMethod):
+    """Attended Integrated and Emphasized Gradients (paper 004 eqs. 9-13, algorithm A.3).
+
+    ``AIEG_t = NetAttention_t x PosNorm(sum_D (x - x0) * (1/N) sum_k EF_k dF/dx(alpha_k))`` with
+    ``alpha_k = k/N`` (k = 1..N) and ``EF_k`` between ``alpha_k`` and ``alpha_{k-1}`` (``F(alpha_0)`` =
+    ``F(x0)``). PosNorm runs over every token the step sees; the content span is kept afterwards.
+    """
+
+    name = "aieg"
+    family = "gradient (path) x attention"
+    summary = "AIEG: emphasis-weighted IG, PosNorm, times attention averaged over layers and heads (paper 004)"
+    signed = False
+    cost = "n_steps + 1 forwards, n_steps backwards as batch rows, 1 forward for attention"
+    defaults = {"n_steps": 16, "internal_batch_size": 16, "baseline": "all", "target": "probability"}
+
+    def path(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.params["n_steps"]
+        alphas = torch.arange(1, n + 1, dtype=torch.float64) / n
+        return alphas, torch.full((n,), 1.0 / n, dtype=torch.float64)
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        f, x, x0 = self.inputs(lm, target)
+        alphas, weights = self.path()
+        with torch.no_grad():
+            f_start = f(x0)
+        grads = integrate(f, x, x0, alphas, weights, self.params["internal_batch_size"], f_start=f_start)
+        ig = reduce_tokens(((x - x0) * grads).float(), "sum")  # (T, S)
+        scores = pos_norm(ig) * net_attention(lm, x, target.positions.to(lm.device))
+        a, b = target.span
+        return scores[:, a:b].detach()
+
+
+@register
+class GradientShap(PathMethod):
+    """GradientSHAP (Lundberg & Lee 2017, Captum's estimator) with the zero baseline: the mean over
+    ``n_samples`` points ``alpha ~ U(0, 1)`` (seeded) of ``(x - x0) * dF/dx(x0 + alpha (x - x0))``."""
+
+    name = "gradient-shap"
+    family = "gradient (path, sampled)"
+    summary = "GradientSHAP: (x - 0) * gradient at n_samples random points of the path (seeded)"
+    cost = "n_samples forwards + backwards as batch rows (all steps share them)"
+    defaults = {"n_samples": 5, "seed": 0, "internal_batch_size": 16, "baseline": "all",
+                "target": "probability", "reduction": "sum"}
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        if not isinstance(self.params["n_samples"], int) or self.params["n_samples"] < 1:
+            raise LlmattrError("gradient-shap n_samples must be a positive integer")
+
+    def path(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.params["n_samples"]
+        gen = torch.Generator().manual_seed(int(self.params["seed"]))
+        return torch.rand(n, generator=gen, dtype=torch.float64), torch.full((n,), 1.0 / n, dtype=torch.float64)
