@@ -101,7 +101,7 @@ def test_engine_halves_batch_on_oom(tiny_llama, monkeypatch):
         return plain(keep)
 
     monkeypatch.setattr(engine, "_forward", flaky)
-    keep = torch.ones(7, target.span[1] - target.span[0])
+    keep = torch.eye(7, target.span[1] - target.span[0])  # 7 distinct masks
     out = engine.probs(keep)
     assert out.shape == (7, engine.clean_probs.shape[0]) and engine.batch_size == 2
 

@@ -121,23 +121,26 @@ class PerturbationEngine:
 
         ``keep``: ``(N, m)`` or ``(N, m, d)`` multipliers in [0, 1] on the m content-span token embeddings
         (0 = zeroed, 1 = kept; ``(N, m, d)`` = per-dimension masks). Tokens outside the span (template,
-        generated prefix) stay intact. Runs in as few forward passes as memory allows (halving the batch
-        size on out-of-memory), reusing the prefix key/value cache and computing logits at the last
-        position only.
+        generated prefix) stay intact. Identical masks run once. Runs in as few forward passes as memory
+        allows (halving the batch size on out-of-memory), reusing the prefix key/value cache and computing
+        logits at the last position only.
         """
         if keep.dim() not in (2, 3) or keep.shape[1] != self.n_span:
             raise LlmattrError(
                 f"keep masks must have shape (N, {self.n_span}) or (N, {self.n_span}, d), "
                 f"got {tuple(keep.shape)}"
             )
+        unique, inverse = torch.unique(keep, dim=0, return_inverse=True)  # repeated masks run once
         chunks, start = [], 0
-        while start < keep.shape[0]:
+        while start < unique.shape[0]:
             try:
-                chunks.append(self._forward(keep[start: start + self.batch_size]))
+                chunks.append(self._forward(unique[start: start + self.batch_size]))
             except RuntimeError as err:
                 if not is_oom(err) or self.batch_size == 1:
                     raise
                 self.batch_size //= 2
                 continue
             start += chunks[-1].shape[0]
-        return torch.cat(chunks) if chunks else self.clean_probs.new_zeros(0, self.clean_probs.shape[0])
+        if not chunks:
+            return self.clean_probs.new_zeros(0, self.clean_probs.shape[0])
+        return torch.cat(chunks)[inverse.to(self.clean_probs.device)]
