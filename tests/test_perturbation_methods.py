@@ -236,7 +236,7 @@ def test_lime_finds_the_only_token_that_matters(tiny_tokenizer):
 
 # --- the real model ----------------------------------------------------------------------------------------------
 
-FAST = {"reagent": {"max_probe_steps": 3}, "lime": {"n_samples": 16}}
+FAST = {"reagent": {"max_probe_steps": 1, "num_probes": 1}, "lime": {"n_samples": 8, "batch_size": 8}}
 MINE = ("attention", "l2-norm", "logat", "normxlogit", "value-zeroing", "reagent", "lime", "random")
 
 
