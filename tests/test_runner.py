@@ -29,7 +29,7 @@ from llmattr.runner import (
 )
 from llmattr.store import Row
 
-SMALL = dict(datasets=["sst2"], methods=["grad-ellm", "random"], metrics=["pi-soft"], n=4, samples=2,
+SMALL = dict(datasets=["sst2"], methods=["grad-ellm", "random"], metrics=["pi-soft"], n=2, samples=2,
              device="cpu")
 
 
@@ -58,7 +58,7 @@ def cli(*args: str) -> list[str]:
 
 def evaluate_args(folder: Path, out: Path, *extra: str) -> list[str]:
     return cli("evaluate", "--model", str(folder), "--datasets", "sst2", "--methods", "grad-ellm,random",
-               "--metrics", "pi-soft", "--n", "4", "--samples", "2", "--device", "cpu", "--out", str(out),
+               "--metrics", "pi-soft", "--n", "2", "--samples", "2", "--device", "cpu", "--out", str(out),
                "--quiet", *extra)
 
 
@@ -92,7 +92,7 @@ def reference(tiny_folder, tmp_path_factory, shared_data) -> dict[str, bytes]:
     """The report of one uninterrupted single-process run."""
     out = tmp_path_factory.mktemp("ref")
     summary = run(EvalConfig(model=str(tiny_folder), out=str(out / "r.sqlite"), **SMALL), progress=False)
-    assert summary.computed == 8 and not summary.failed
+    assert summary.computed == 4 and not summary.failed
     files = report_files([out / "r.sqlite"], out / "report")
     assert {"report.md", "report.html", "table1_pi_soft_auc.csv", "fig3_pi_curves_sst2_dynamic.png"} <= set(files)
     return files
@@ -179,7 +179,7 @@ def test_resume_after_sigkill_matches_uninterrupted(tiny_folder, tmp_path, refer
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert 1 <= done < 8, "the run was not killed midway"
+    assert 1 <= done < 4, "the run was not killed midway"
     with sqlite3.connect(out) as conn:  # nothing half-written: every finished unit has all its rows
         units = conn.execute("SELECT count(*) FROM done").fetchone()[0]
         rows = conn.execute("SELECT count(*) FROM results").fetchone()[0]
@@ -195,5 +195,31 @@ def test_two_shards_merged_match_one_process(tiny_folder, tmp_path, reference):
     for proc in procs:
         assert proc.wait() == 0, proc.stderr.read().decode()
     stores = [tmp_path / "s.rank0.sqlite", tmp_path / "s.rank1.sqlite"]
-    assert [count_done(store) for store in stores] == [4, 4]  # each: half of 4 examples x 2 methods
+    assert [count_done(store) for store in stores] == [2, 2]  # each: 1 of 2 examples x 2 methods
     assert report_files([tmp_path / "s.rank*.sqlite"], tmp_path / "report") == reference
+
+
+def test_ranking_adapters_rows(tiny_llama, monkeypatch):
+    """deletion-insertion / comp-suff / log-odds rows match one ranking_metrics call (gold label -> accuracy)."""
+    from dataclasses import replace
+
+    from llmattr.api import explain
+    from llmattr.faithfulness.ranking import ranking_metrics
+    from llmattr.tasks import TASKS, get_task
+
+    task = replace(get_task("sentiment"), name="toy-tf", label_words=("true", "false"), first_token=True)
+    monkeypatch.setitem(TASKS, task.name, task)
+    expl = explain("a good film", model=tiny_llama, method="random", task=task)
+    expl.example["label"] = "false"
+    cfg = EvalConfig()
+    ref = ranking_metrics(expl, tiny_llama)
+    di = METRICS["deletion-insertion"].compute(tiny_llama, expl, "none", cfg)
+    assert len(di) == 2 * (21 + 1)
+    assert {r.metric: r.value for r in di if r.pi is None} == {"deletion_auc": ref.deletion.auc,
+                                                               "insertion_auc": ref.insertion.auc}
+    cs = METRICS["comp-suff"].compute(tiny_llama, expl, "none", cfg)
+    acc = [r for r in cs if r.metric == "comprehensiveness_acc"]
+    assert [r.value for r in acc] == [float(p == 1) for p in ref.comprehensiveness_pred]
+    assert [r.pi for r in acc] == list(ref.k_grid) and len(cs) == 4 * 9
+    lo = METRICS["log-odds"].compute(tiny_llama, expl, "none", cfg)
+    assert [r.metric for r in lo] == ["log_odds", "comprehensiveness_top_k", "sufficiency_top_k"]

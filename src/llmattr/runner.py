@@ -227,6 +227,68 @@ register_metric(MetricAdapter(
     summary="original Soft-NC/NS (alpha = 1) and E[R] (paper 000 eqs. 4-5; Table 2)"))
 
 
+_RANKING_CACHE: dict = {}
+
+
+def _ranking(lm: LoadedModel, expl: Explanation):
+    """All ranking metrics of the explanation's first step in one batched call, shared by the three
+    ranking adapters of one unit (the last result is kept for the same Explanation object)."""
+    from .faithfulness.ranking import ranking_metrics
+
+    if _RANKING_CACHE.get("expl") is not expl:
+        _RANKING_CACHE.update(expl=expl, result=ranking_metrics(expl, lm))
+    return _RANKING_CACHE["result"]
+
+
+def _gold_index(expl: Explanation) -> int | None:
+    """Index of the gold label among the task's label words (None when there is no gold label)."""
+    from .tasks import TASKS
+
+    task = TASKS.get(expl.task or "")
+    label = expl.example.get("label")
+    words = list(task.label_words) if task is not None else []
+    return words.index(label) if label in words else None
+
+
+def _deletion_insertion_rows(lm, expl, routing, cfg) -> list[Row]:
+    """Deletion/insertion flip-probability curves and AUCs (paper 000 appendix E; Table 4)."""
+    r = _ranking(lm, expl)
+    rows = []
+    for name, curve in (("deletion", r.deletion), ("insertion", r.insertion)):
+        rows += [Row(name, v, pi=f) for f, v in zip(curve.fractions, curve.flip, strict=True)]
+        rows.append(Row(f"{name}_auc", curve.auc))
+    return rows
+
+
+def _comp_suff_rows(lm, expl, routing, cfg) -> list[Row]:
+    """Comprehensiveness/sufficiency confidence drops per K and, with a gold label, whether the perturbed
+    prediction is correct (paper 003 eqs. 5-8; averaged over K and examples in its Tables 1, 4-6)."""
+    r = _ranking(lm, expl)
+    gold = _gold_index(expl)
+    rows = []
+    for name, drops, preds in (("comprehensiveness", r.comprehensiveness, r.comprehensiveness_pred),
+                               ("sufficiency", r.sufficiency, r.sufficiency_pred)):
+        rows += [Row(name, v, pi=k) for k, v in zip(r.k_grid, drops, strict=True)]
+        if gold is not None:
+            rows += [Row(f"{name}_acc", float(p == gold), pi=k) for k, p in zip(r.k_grid, preds, strict=True)]
+    return rows
+
+
+def _log_odds_rows(lm, expl, routing, cfg) -> list[Row]:
+    """Paper 004 appendix A.4 at the top 20%: log-odds, comprehensiveness and sufficiency."""
+    r = _ranking(lm, expl)
+    return [Row("log_odds", r.log_odds), Row("comprehensiveness_top_k", r.comprehensiveness_top_k),
+            Row("sufficiency_top_k", r.sufficiency_top_k)]
+
+
+register_metric(MetricAdapter("deletion-insertion", _deletion_insertion_rows,
+                              summary="deletion/insertion flip-probability AUC (paper 000 app. E; Table 4)"))
+register_metric(MetricAdapter("comp-suff", _comp_suff_rows,
+                              summary="comprehensiveness/sufficiency per K with accuracy (paper 003 Tables 1, 4-6)"))
+register_metric(MetricAdapter("log-odds", _log_odds_rows,
+                              summary="log-odds, comprehensiveness, sufficiency at top 20% (paper 004 A.4)"))
+
+
 def get_metrics(names: list[str]) -> list[MetricAdapter]:
     unknown = [name for name in names if name not in METRICS]
     if unknown or not names:

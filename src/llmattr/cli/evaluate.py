@@ -55,4 +55,4 @@ def evaluate(
     console.print(f"{summary.computed} computed, {summary.skipped} already in the store, "
                   f"{len(summary.failed)} failed, {summary.seconds:.1f} s -> {summary.out}")
     for line in summary.failed:
-        console.print(f"[yellow]skipped[/] {line}", highlight=False)
+        console.print(f"[yellow]skipped[/] {line}", highlight=False, soft_wrap=True)

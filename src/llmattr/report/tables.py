@@ -239,6 +239,11 @@ def paper_tables(results: Results, model: str) -> list[Table]:
                             "Averaged over all perturbation ratios; best / 2nd / 3rd per column.",
                             [MetricRow("sufficiency", "Suff CD", False),
                              MetricRow("sufficiency_acc", "Suff Acc", True)], "none"),
+        methods_by_datasets(results, model, "table_log_odds", "Log-odds, comprehensiveness and sufficiency "
+                            "at the top 20% (paper 004 appendix A.4)", "Best / 2nd / 3rd per column.",
+                            [MetricRow("log_odds", "Log-odds", False),
+                             MetricRow("comprehensiveness_top_k", "Comprehensiveness", True),
+                             MetricRow("sufficiency_top_k", "Sufficiency", False)], "none"),
         timing_table(results, model),
     ]
     return [t for t in tables if t is not None and any(c.value is not None for s in t.sections
