@@ -1,0 +1,257 @@
+"""Soft-NC / Soft-NS and pi-Soft-NC / pi-Soft-NS (paper 000 sec. 3.1, eqs. 1-7; docs/faithfulness.md).
+
+For one generation step with retain probabilities ``s`` over the m content tokens:
+
+* soft perturbation (eq. 1): ``x'_i = e_i x_i`` with ``e_i ~ Bernoulli(s_i)`` (NS) or ``Bernoulli(1 - s_i)``
+  (NC), applied to the content-span embeddings only;
+* effect (eqs. 2-3): Hellinger distance between the clean and perturbed next-token distributions;
+* Soft-NS (eq. 4) = ``max(0, D0 - D(X')) / D0``, Soft-NC (eq. 5) = ``D(X-bar') / D0`` (may exceed 1),
+  with ``D0`` the effect of the zero baseline (every content embedding zeroed), averaged over
+  Monte-Carlo samples;
+* pi-Soft-NC/NS (eq. 7): the same on ``s**alpha`` with ``alpha`` such that ``mean(s**alpha) = pi``.
+
+``mode="reagent"`` reproduces the original ReAGent evaluator code instead: one Bernoulli draw per
+embedding dimension, a single sample, and the distance ``sum_v (sqrt p_v - sqrt q_v)**2 / sqrt 2``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import LlmattrError
+from ..models.loading import LoadedModel
+from ..scores import check_finite, clip_for_search
+from ..targets import Target
+from .engine import PerturbationEngine
+
+PI_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05, 0.10, ..., 0.95 (paper 000 sec. 4.3)
+ALPHA_TOL = 1e-4
+D0_MIN = 1e-6  # below this the zero baseline does not move the output: Soft-NC/NS are undefined
+MODES = ("paper", "reagent")
+METRICS = ("pi-soft-nc", "pi-soft-ns", "soft-nc", "soft-ns")
+LOG_ALPHA_RANGE = (-30.0, 30.0)  # alpha in [1e-13, 1e13]: covers every pi in (0, 1) after clipping
+
+
+# ---------------------------------------------------------------------------------------- distances
+def hellinger(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Hellinger distance over the last axis (paper 000 eq. 3): ``||sqrt p - sqrt q||_2 / sqrt 2``."""
+    return (p.sqrt() - q.sqrt()).pow(2).sum(-1).sqrt() / math.sqrt(2)
+
+
+def reagent_distance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The distance of the ReAGent evaluator code: ``sum_v (sqrt p_v - sqrt q_v)**2 / sqrt 2`` (no root)."""
+    return (p.sqrt() - q.sqrt()).pow(2).sum(-1) / math.sqrt(2)
+
+
+DISTANCES = {"paper": hellinger, "reagent": reagent_distance}
+
+
+# ---------------------------------------------------------------------------------------- pi and alpha
+def check_pis(pis) -> torch.Tensor:
+    """The pi grid as a float64 tensor; refuses values outside (0, 1) or a grid that does not increase."""
+    grid = torch.as_tensor(PI_GRID if pis is None else list(pis), dtype=torch.float64).reshape(-1)
+    if grid.numel() == 0 or not torch.isfinite(grid).all() or ((grid <= 0) | (grid >= 1)).any():
+        raise LlmattrError("every pi must lie strictly between 0 and 1 (e.g. 0.05, 0.10, ..., 0.95)")
+    if (grid.diff() <= 0).any():
+        raise LlmattrError("the pi grid must be strictly increasing")
+    return grid
+
+
+def alpha_search(s: torch.Tensor, pis: torch.Tensor, tol: float = ALPHA_TOL) -> torch.Tensor:
+    """``alpha`` per pi with ``|mean(s**alpha) - pi| <= tol`` (paper 000 eq. 7), by bisection on log alpha.
+
+    ``s`` (m,) is clipped to [1e-6, 1 - 1e-6] first (:func:`llmattr.scores.clip_for_search`), so
+    ``mean(s**alpha)`` falls strictly from ~1 to ~0 as alpha grows and every pi in (0, 1) is reached.
+    All pi of the grid are searched at once (one tensor op per bisection step).
+    """
+    log_s = clip_for_search(s.double()).log()  # (m,)
+    lo = torch.full_like(pis, LOG_ALPHA_RANGE[0])
+    hi = torch.full_like(pis, LOG_ALPHA_RANGE[1])
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        value = (mid.exp()[:, None] * log_s).exp().mean(-1)
+        error = value - pis
+        if error.abs().max() <= tol:
+            return mid.exp()
+        too_high = error > 0  # mean(s**alpha) above pi: alpha must grow
+        lo, hi = torch.where(too_high, mid, lo), torch.where(too_high, hi, mid)
+    raise LlmattrError(f"alpha search did not reach pi within {tol} (max error {error.abs().max():.2e})")
+
+
+def transform(s: torch.Tensor, pis: torch.Tensor) -> torch.Tensor:
+    """``(K, m)`` scores ``s**alpha`` whose mean is each pi (the clipped s, as searched)."""
+    return clip_for_search(s.double())[None] ** alpha_search(s, pis)[:, None]
+
+
+# ---------------------------------------------------------------------------------------- Monte Carlo
+def mc_seed(seed: int, example: str, step: int, method: str) -> int:
+    """A 63-bit generator seed for one (example, step, method), derived from the user's ``seed``."""
+    text = "\x1f".join(map(str, (seed, example, step, method)))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+def draw_masks(keep_prob: torch.Tensor, samples: int, generator: torch.Generator,
+               dims: int | None = None) -> torch.Tensor:
+    """Bernoulli keep masks ``(K, samples, m)`` (or ``(K, samples, m, dims)`` per dimension, ReAGent)."""
+    k, m = keep_prob.shape
+    shape = (k, samples, m) if dims is None else (k, samples, m, dims)
+    u = torch.rand(shape, generator=generator, dtype=torch.float64)
+    p = keep_prob[:, None, :] if dims is None else keep_prob[:, None, :, None]
+    return (u < p).float()
+
+
+@dataclass
+class StepSamples:
+    """Per-sample metric values of one step: ``ns``/``nc`` are ``(K, samples)`` or None if not requested."""
+
+    d0: float
+    ns: torch.Tensor | None
+    nc: torch.Tensor | None
+
+
+def soft_samples(engine: PerturbationEngine, s_tilde: torch.Tensor, samples: int, generator: torch.Generator,
+                 families: tuple[str, ...] = ("ns", "nc"), mode: str = "paper") -> StepSamples:
+    """Soft-NS (eq. 4) and Soft-NC (eq. 5) per Monte-Carlo sample for each row of ``s_tilde`` (K, m).
+
+    Every perturbed input (the zero baseline, then the NS masks, then the NC masks) goes through
+    ``engine.probs`` in one call. NS keeps token i with probability ``s_i`` (eq. 1), NC with ``1 - s_i``.
+    """
+    dims = engine.suffix_embeds.shape[-1] if mode == "reagent" else None
+    k, m = s_tilde.shape
+    keep_probs = {"ns": s_tilde, "nc": 1 - s_tilde}
+    masks = {f: draw_masks(keep_probs[f], samples, generator, dims) for f in ("ns", "nc") if f in families}
+    zero = torch.zeros((1, m) if dims is None else (1, m, dims))
+    batch = torch.cat([zero] + [mask.flatten(0, 1) for mask in masks.values()])
+    distance = DISTANCES[mode](engine.clean_probs.double()[None], engine.probs(batch).double())
+    d0, rest = float(distance[0]), distance[1:].reshape(len(masks), k, samples)
+    if d0 <= D0_MIN:
+        return StepSamples(d0=d0, ns=None, nc=None)
+    per = dict(zip(masks, rest, strict=True))
+    ns = (d0 - per["ns"]).clamp_min(0) / d0 if "ns" in per else None
+    nc = per["nc"] / d0 if "nc" in per else None
+    return StepSamples(d0=d0, ns=ns, nc=nc)
+
+
+# ---------------------------------------------------------------------------------------- results
+def auc(pis: list[float], values: list[float]) -> float:
+    """Trapezoid area under the pi-curve divided by the span of the grid (reads on the metric's scale)."""
+    if len(pis) == 1:
+        return float(values[0])
+    area = torch.trapezoid(torch.tensor(values, dtype=torch.float64), torch.tensor(pis, dtype=torch.float64))
+    return float(area / (pis[-1] - pis[0]))
+
+
+@dataclass
+class SoftResult:
+    """pi-curves, their AUCs, the original Soft-NC/NS (alpha = 1) and E[R], averaged over the steps."""
+
+    pis: list[float]
+    pi_soft_ns: list[float] | None
+    pi_soft_nc: list[float] | None
+    soft_ns: float | None
+    soft_nc: float | None
+    expected_retained: float
+    routing: str
+    samples: int
+    seed: int
+    mode: str
+    steps: list[int] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def auc_ns(self) -> float | None:
+        return None if self.pi_soft_ns is None else auc(self.pis, self.pi_soft_ns)
+
+    @property
+    def auc_nc(self) -> float | None:
+        return None if self.pi_soft_nc is None else auc(self.pis, self.pi_soft_nc)
+
+    def _curve(self, values: list[float] | None) -> dict | None:
+        return None if values is None else {"pi": list(self.pis), "values": list(values),
+                                            "auc": auc(self.pis, values)}
+
+    def to_dict(self) -> dict:
+        return {
+            "metrics": {
+                "pi_soft_ns": self._curve(self.pi_soft_ns), "pi_soft_nc": self._curve(self.pi_soft_nc),
+                "soft_ns": self.soft_ns, "soft_nc": self.soft_nc, "expected_retained": self.expected_retained,
+            },
+            "routing": self.routing, "samples": self.samples, "seed": self.seed, "mode": self.mode,
+            "warnings": list(self.warnings),
+        }
+
+
+def families_of(metrics) -> tuple[str, ...]:
+    """Which perturbation families ('ns', 'nc') the requested metric names need."""
+    names = [metrics] if isinstance(metrics, str) else list(metrics)
+    unknown = [name for name in names if name not in METRICS]
+    if unknown or not names:
+        raise LlmattrError(f"unknown soft metric {unknown or names!r}; valid: {', '.join(METRICS)}")
+    return tuple(f for f in ("ns", "nc") if any(name.endswith(f) for name in names))
+
+
+def check_scores(scores: torch.Tensor, target: Target) -> torch.Tensor:
+    """Retain probabilities ``(n_steps, m)`` in [0, 1] matching the target's steps and content span."""
+    m = target.span[1] - target.span[0]
+    if scores.dim() != 2 or tuple(scores.shape) != (target.n_steps, m):
+        raise LlmattrError(
+            f"scores have shape {tuple(scores.shape)}, expected ({target.n_steps} steps, {m} span tokens)"
+        )
+    check_finite(scores)
+    if ((scores < 0) | (scores > 1)).any():
+        raise LlmattrError("scores must be retain probabilities in [0, 1]; map raw scores with "
+                           "llmattr.scores.retain_probs first")
+    return scores.double()
+
+
+def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps: list[int],
+                    metrics=("pi-soft-nc", "pi-soft-ns"), routing: str = "dynamic", samples: int = 15,
+                    seed: int = 0, pis=None, mode: str = "paper", example: str = "", method: str = "",
+                    batch_size: int | None = None) -> SoftResult:
+    """pi-Soft-NC/NS (eq. 7) and Soft-NC/NS (alpha = 1) of ``scores`` at ``steps``, averaged over steps.
+
+    ``scores``: retain probabilities ``(n_steps, m)``. Masks are drawn from a generator seeded per
+    (``example``, step, ``method``) from ``seed`` (:func:`mc_seed`), so reruns are bit-identical.
+    ``mode="reagent"`` uses a single per-dimension draw (``samples`` becomes 1).
+    """
+    if mode not in MODES:
+        raise LlmattrError(f"unknown mode {mode!r}; use 'paper' or 'reagent'")
+    if samples < 1:
+        raise LlmattrError("samples must be at least 1")
+    families = families_of(metrics)
+    grid = check_pis(pis)
+    scores = check_scores(scores, target)
+    samples = 1 if mode == "reagent" else samples
+    warnings, kept, per_step = [], [], []
+    for step in steps:
+        s = scores[step]
+        s_tilde = torch.cat([transform(s, grid), s[None]])  # K pi rows, then alpha = 1
+        engine = PerturbationEngine(lm, target, step=step, routing=routing, batch_size=batch_size)
+        generator = torch.Generator().manual_seed(mc_seed(seed, example, step, method))
+        result = soft_samples(engine, s_tilde, samples, generator, families, mode)
+        if result.ns is None and result.nc is None:
+            warnings.append(f"step {step}: the zero baseline does not change the output (D0 = {result.d0:.1e}); "
+                            "Soft-NC/NS undefined, step skipped")
+            continue
+        kept.append(step)
+        per_step.append(result)
+    if not kept:
+        raise LlmattrError("the zero baseline does not change the model's output at any evaluated step (D0 = 0): "
+                           "Soft-NC/NS are undefined for this input")
+
+    def mean_curve(name: str) -> torch.Tensor | None:
+        rows = [getattr(r, name) for r in per_step]
+        return None if rows[0] is None else torch.stack(rows).mean(-1).mean(0)  # samples, then steps
+
+    ns, nc = mean_curve("ns"), mean_curve("nc")
+    return SoftResult(
+        pis=grid.tolist(),
+        pi_soft_ns=None if ns is None else ns[:-1].tolist(), pi_soft_nc=None if nc is None else nc[:-1].tolist(),
+        soft_ns=None if ns is None else float(ns[-1]), soft_nc=None if nc is None else float(nc[-1]),
+        expected_retained=float(scores[kept].sum(-1).mean()),
+        routing=routing, samples=samples, seed=seed, mode=mode, steps=kept, warnings=warnings,
+    )
