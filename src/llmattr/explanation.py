@@ -126,6 +126,7 @@ class Explanation:
     @classmethod
     def from_dict(cls, data: dict) -> Explanation:
         data = dict(data)
+        data.pop("evaluation", None)  # `llmattr explain --evaluate --json` adds the soft-metric result here
         data["steps"] = [Step(**s) for s in data["steps"]]
         data["span"] = tuple(data["span"])
         data["offsets"] = [tuple(o) for o in data.get("offsets", [])]

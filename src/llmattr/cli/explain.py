@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from json import dumps
 from pathlib import Path
 
 import typer
@@ -42,6 +43,30 @@ def parse_params(items: list[str]) -> dict:
     return params
 
 
+def run_evaluation(expl, lm, console: Console, routing: str, samples: int, seed: int,
+                   eval_json: Path | None, plot: Path | None) -> dict:
+    """``--evaluate``: pi-Soft-NC/NS of the explanation; prints the AUCs, writes JSON and the plot."""
+    from ..faithfulness import evaluate
+    from ..plotting import plot_pi_curves
+
+    with console.status(f"evaluating (pi-Soft-NC/NS, {routing} routing, {samples} samples) ..."):
+        result = evaluate(expl, lm, routing=routing, samples=samples, seed=seed).to_dict()
+    metrics = result["metrics"]
+    console.print(f"AUC pi-Soft-NS {metrics['pi_soft_ns']['auc']:.4f}   "
+                  f"AUC pi-Soft-NC {metrics['pi_soft_nc']['auc']:.4f}   "
+                  f"(Soft-NS {metrics['soft_ns']:.4f}, Soft-NC {metrics['soft_nc']:.4f}, "
+                  f"E[R] {metrics['expected_retained']:.2f}; {routing} routing)")
+    for warning in result["warnings"]:
+        console.print(f"[yellow]warning:[/] {warning}")
+    if eval_json is not None:
+        eval_json.write_text(dumps(result, indent=1))
+        console.print(f"wrote {eval_json}")
+    if plot is not None:
+        plot_pi_curves({expl.method: result}, plot, title=f"{expl.model}: {expl.generated!r}")
+        console.print(f"wrote {plot}")
+    return result
+
+
 @app.command()
 def explain(
     text: str = typer.Argument(..., help="The text to explain (the content span of the prompt)."),
@@ -59,6 +84,12 @@ def explain(
     html: Path = typer.Option(None, help="Write a self-contained HTML heatmap here."),
     json: Path = typer.Option(None, help="Write the Explanation JSON here."),
     verbose: bool = typer.Option(False, "--verbose", help="Say where the model folder is."),
+    evaluate: bool = typer.Option(False, "--evaluate", help="Score the explanation: pi-Soft-NC/NS AUCs."),
+    routing: str = typer.Option("dynamic", help="--evaluate protocol: dynamic or fixed (clean attention)."),
+    samples: int = typer.Option(15, help="--evaluate: Monte-Carlo samples per pi."),
+    seed: int = typer.Option(0, help="--evaluate: seed of the Monte-Carlo masks."),
+    eval_json: Path = typer.Option(None, help="--evaluate: write the evaluation result JSON here."),
+    plot: Path = typer.Option(None, help="--evaluate: draw pi-Soft-NC/NS vs pi to this image (.png)."),
 ) -> None:
     """Explain the model's answer to TEXT: answer, token heatmap, optional HTML and JSON."""
     from ..api import explain as run_explain
@@ -87,9 +118,11 @@ def explain(
         expl = run_explain(content, model=lm, method=method, task=task_obj, max_new_tokens=max_new_tokens,
                            answer=answer, shots=shots, **params)
     print_explanation(expl, console)
+    result = run_evaluation(expl, lm, console, routing, samples, seed, eval_json, plot) if evaluate else None
     if html is not None:
         html.write_text(to_html(expl))
         console.print(f"wrote {html}")
     if json is not None:
-        expl.to_json(json, indent=1)
+        data = expl.to_dict() if result is None else {**expl.to_dict(), "evaluation": result}
+        json.write_text(dumps(data, indent=1, ensure_ascii=False))
         console.print(f"wrote {json}")

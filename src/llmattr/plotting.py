@@ -1,0 +1,44 @@
+"""Plots: pi-Soft-NS and pi-Soft-NC against the retaining probability pi (paper 000 Fig. 3).
+
+matplotlib runs on the Agg backend (no display needed); figures are written to a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+PANELS = (("pi_soft_ns", "pi-Soft-NS"), ("pi_soft_nc", "pi-Soft-NC"))
+
+
+def plot_pi_curves(results: Mapping[str, dict], path: str | Path, title: str | None = None) -> Path:
+    """Draw pi-Soft-NS and pi-Soft-NC vs pi, one line per entry of ``results``, and save to ``path``.
+
+    ``results`` maps a label (a method name, say) to a ``SoftResult.to_dict()`` or to its ``"metrics"``
+    part: ``{"pi_soft_ns": {"pi": [...], "values": [...], "auc": x}, "pi_soft_nc": {...}}``. The legend
+    shows each curve's AUC. A metric that was not computed (None) is skipped.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    for ax, (key, name) in zip(axes, PANELS, strict=True):
+        for label, result in results.items():
+            curve = result.get("metrics", result).get(key)
+            if curve:
+                ax.plot(curve["pi"], curve["values"], marker="o", markersize=3,
+                        label=f"{label} (AUC {curve['auc']:.3f})")
+        ax.set_xlabel("retaining probability pi")
+        ax.set_ylabel(name)
+        ax.set_title(f"{name} vs pi")
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
