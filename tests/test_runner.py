@@ -114,8 +114,8 @@ def test_method_specs_and_layer_sweep():
     spec = parse_method("grad-ellm:layers=4:attention=softmax")
     assert spec.params["layers"] == 4 and spec.params["attention"] == "softmax"
     assert spec.label == "grad-ellm:attention=softmax:layers=4"
-    specs = expand_methods(["grad-ellm", "random"], layers=["1", "4", "all"])
-    assert [s.label for s in specs] == ["grad-ellm:layers=1", "grad-ellm:layers=4", "grad-ellm", "random"]
+    specs = expand_methods(["grad-ellm", "attention"], layers=["1", "4", "all"])
+    assert [s.label for s in specs] == ["grad-ellm:layers=1", "grad-ellm:layers=4", "grad-ellm", "attention"]
     with pytest.raises(LlmattrError, match="key=value"):
         parse_method("grad-ellm:layers")
 

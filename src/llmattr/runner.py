@@ -153,13 +153,16 @@ def parse_method(text: str) -> MethodSpec:
     return MethodSpec(method.name, canonical(method.params))
 
 
+LAYER_SWEEP = ("grad-ellm",)  # methods whose ``layers`` is the number of last layers aggregated (Fig. 5)
+
+
 def expand_methods(texts: list[str], layers: list[str] | None = None) -> list[MethodSpec]:
-    """Method specs in the given order; ``layers`` sweeps every method that has a ``layers`` parameter."""
+    """Method specs in the given order; ``layers`` sweeps the number of aggregated layers of Grad-ELLM."""
     specs: list[MethodSpec] = []
     for text in texts:
         spec = parse_method(text)
         variants = [spec]
-        if layers and "layers" in spec.params and ":layers=" not in text:
+        if layers and spec.name in LAYER_SWEEP and ":layers=" not in text:
             variants = [parse_method(f"{text}:layers={k}") for k in layers]
         specs.extend(v for v in variants if v not in specs)
     if not specs:

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..explanation import Explanation  # noqa: E402
-from ..runner import method_label  # noqa: E402
+from ..runner import LAYER_SWEEP, method_label  # noqa: E402
 from ..store import Results  # noqa: E402
 from .tables import curve_means, dataset_key, dataset_name, scalar_means  # noqa: E402
 
@@ -60,7 +60,7 @@ def pi_curves(results: Results, model: str, routing: str, out: Path) -> list[Pat
 
 
 def layer_sweep(results: Results, model: str, out: Path) -> list[Path]:
-    """Fig. 5: AUC of π-Soft-NS/NC vs number of aggregated layers, per method with a ``layers`` sweep.
+    """Fig. 5: AUC of π-Soft-NS/NC vs number of aggregated layers of Grad-ELLM (a ``--layers`` sweep).
 
     ``all`` is plotted at the model's number of layers (``n_layers`` in the run settings).
     """
@@ -69,7 +69,7 @@ def layer_sweep(results: Results, model: str, out: Path) -> list[Path]:
     for metric, _ in AUCS:
         for (dataset, method, params), value in _by_params(results, model, metric).items():
             p = json.loads(params)
-            if "layers" not in p:
+            if method not in LAYER_SWEEP:
                 continue
             k = n_layers if p["layers"] == "all" else int(p["layers"])
             if k is None:
