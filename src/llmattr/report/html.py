@@ -30,10 +30,10 @@ thead th,tbody th{text-align:left}
 tr.section td{text-align:left;font-style:italic;background:#f4f4f4}
 td.rank1{color:#d62728;font-weight:bold} td.rank2{color:#1f77b4;font-weight:bold} td.rank3{color:#2ca02c}
 figure{margin:1em 0} figcaption{font-size:14px;margin-bottom:.3em} img{max-width:100%}
-.example{border:1px solid #ddd;padding:.6em;margin:1em 0;line-height:2.6}
-.tok{display:inline-block;position:relative;margin-right:1px;white-space:pre}
-.bars{position:absolute;top:-.55em;left:0;right:0;display:flex;gap:1px}
-.bars i{flex:1;height:4px}
+.example{border:1px solid #ddd;padding:.6em;margin:1em 0}
+.tok{display:inline-flex;flex-direction:column;vertical-align:bottom;margin:0 1px 6px 0;white-space:pre}
+.bars{display:flex;flex-direction:column;gap:1px;margin-bottom:2px}
+.bars i{display:block;height:3px}
 .legend span{display:inline-block;margin-right:1em;font-size:13px}
 .legend i{display:inline-block;width:14px;height:8px;margin-right:4px}
 .meta{font-size:13px;color:#555}
@@ -80,13 +80,13 @@ def _example_html(dataset: str, example: str, expls: dict[str, Explanation], col
     for i, token in enumerate(first.span_tokens):
         bars = "".join(f'<i style="background:{colors[label]}"></i>' if i in tops[label] else "<i></i>"
                        for label in labels)
-        tokens.append(f'<span class="tok"><span class="bars">{bars}</span>{html.escape(token)}</span>')
+        tokens.append(f'<span class="tok"><span class="bars">{bars}</span><span>{html.escape(token)}</span></span>')
     gold = first.example.get("label")
     meta = (f"{html.escape(dataset_name(dataset))} · {html.escape(example)} · model answer "
             f"<b>{html.escape(first.generated)}</b>")
     if gold:
         meta += f" · gold <b>{html.escape(str(gold))}</b>"
-    return f'<div class="example"><div class="meta">{meta}</div>{"".join(tokens)}</div>'
+    return f'<div class="example"><p class="meta">{meta}</p>{"".join(tokens)}</div>'
 
 
 def _figure(path: Path) -> str:
