@@ -69,10 +69,9 @@ def layer_sweep(results: Results, model: str, out: Path) -> list[Path]:
     for metric, _ in AUCS:
         for (dataset, method, params), value in _by_params(results, model, metric).items():
             p = json.loads(params)
-            if method not in LAYER_SWEEP:
-                continue
-            k = n_layers if p["layers"] == "all" else int(p["layers"])
-            if k is None:
+            layers = str(p.get("layers", ""))
+            k = n_layers if layers == "all" else int(layers) if layers.isdigit() else None
+            if method not in LAYER_SWEEP or k is None:
                 continue
             rest = method_label(method, {**p, "layers": "all"})
             series[(rest, metric, dataset)][k] = value
