@@ -97,3 +97,18 @@ def test_empty_store_is_refused(tmp_path):
     Store(tmp_path / "e.sqlite").close()
     with pytest.raises(LlmattrError, match="no finished examples"):
         build_report([tmp_path / "e.sqlite"], tmp_path / "out")
+
+
+def test_layer_sweep_figure(tmp_path):
+    """Fig. 5 appears for a Grad-ELLM --layers sweep; 'all' is plotted at the model's layer count."""
+    from llmattr.report.figures import layer_sweep
+
+    with Store(tmp_path / "r.sqlite") as store:
+        store.check_settings("tiny", {"n_layers": 2})
+        for layers, value in ((1, 0.4), ("all", 0.6)):
+            params = canonical({"attention": "loosened", "layers": layers, "relu": "per-layer", "similarity": "dot"})
+            store.write(Unit("tiny", "sst2", "ex", "grad-ellm", params), explanation("grad-ellm", [0.1, 0.9, 0.2, 0.0]),
+                        0.1, [MetricOutput("pi-soft", "dynamic", 0.1, [Row("pi_soft_ns_auc", value),
+                                                                      Row("pi_soft_nc_auc", value)])])
+    paths = layer_sweep(Results([tmp_path / "r.sqlite"]), "tiny", tmp_path)
+    assert [p.name for p in paths] == ["fig5_layers_grad-ellm.png"]
