@@ -1,0 +1,151 @@
+"""Median seconds per example of every registered method, the floor, a single forward and Captum's IG.
+
+Embedded model on the CPU; 10 short SST-2 sentences and 3 long IMDb reviews from ../shared/data,
+sentiment task (one explained token). In the same run:
+
+* floor: one forward + backward to the input embeddings; single forward: one no-grad forward;
+* Captum ``LayerIntegratedGradients`` on the embedding layer (n_steps=16, internal_batch_size=8) with the
+  usual user forward (``model(input_ids).logits[:, -1]``, softmax, target id) and Captum
+  ``IntegratedGradients`` on llmattr's own embedding-level function (logits at the target position only);
+* a 5-token generation: every gradient method with its shared forward vs. the same method run once per
+  step (one forward + backward per step, each step its own prefix).
+
+Targets (issue 4): normxlogit <= 1.2x single forward; saliency, input-x-gradient <= 1.2x floor;
+integrated-gradients >= 1.5x faster than Captum LIG; gradient methods >= 1.25x faster than per step.
+Run: python benchmarks/bench_methods.py [--n-short 10 --n-long 3 --n-gen 3 --methods a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+
+import torch
+from captum.attr import IntegratedGradients, LayerIntegratedGradients
+
+from _common import floor_fn, read_jsonl
+from llmattr import load_model, methods
+from llmattr.api import prepare
+from llmattr.methods.gradient import score_fn
+from llmattr.targets import Target
+from llmattr.tasks import get_task
+
+TARGETS = {"normxlogit": ("forward", 1.2), "saliency": ("floor", 1.2), "input-x-gradient": ("floor", 1.2)}
+
+
+def once(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def forward_fn(lm, target):
+    def run():
+        with torch.no_grad():
+            lm.model(inputs_embeds=lm.embed(target.input_ids), logits_to_keep=1, use_cache=False)
+    return run
+
+
+def captum_lig_fn(lm, target):
+    """What a Captum user writes: LIG on the embedding layer, full logits, softmax of the last position."""
+    def forward(ids):
+        return torch.softmax(lm.model(input_ids=ids, use_cache=False).logits[:, -1].float(), -1)
+
+    lig = LayerIntegratedGradients(forward, lm.model.get_input_embeddings())
+    ids = target.input_ids.to(lm.device)
+    tid = int(target.target_ids[-1])
+    return lambda: lig.attribute(ids, baselines=torch.zeros_like(ids), target=tid, n_steps=16,
+                                 internal_batch_size=8)
+
+
+def captum_ig_embed_fn(lm, target):
+    """Captum IG on llmattr's embedding-level function (logits at the explained position only)."""
+    f = score_fn(lm, target, "probability")
+    ig = IntegratedGradients(lambda e: f(e)[:, -1])
+    x = lm.embed(target.input_ids).detach()
+    return lambda: ig.attribute(x, baselines=torch.zeros_like(x), n_steps=16, internal_batch_size=8)
+
+
+def one_step_targets(target: Target) -> list[Target]:
+    """Step t as its own single-step target (prompt + the first t explained tokens as prefix)."""
+    out = []
+    for t in range(target.n_steps):
+        ids = torch.cat([target.prompt.input_ids[0], target.target_ids[:t]])[None]
+        prompt = dataclasses.replace(target.prompt, input_ids=ids)
+        out.append(Target(prompt, target.target_ids[t:t + 1], forced=True))
+    return out
+
+
+def table(rows: list[tuple], header: tuple) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n-short", type=int, default=10)
+    parser.add_argument("--n-long", type=int, default=3)
+    parser.add_argument("--n-gen", type=int, default=3)
+    parser.add_argument("--gen-tokens", type=int, default=5)
+    parser.add_argument("--long-chars", type=int, default=1500, help="IMDb reviews cut to this many characters")
+    parser.add_argument("--methods", default="", help="comma-separated subset (default: every registered method)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    lm = load_model("default", device="cpu")
+    names = [m for m in args.methods.split(",") if m] or methods.available()
+    objs = {name: methods.get(name) for name in names}
+    task = get_task("sentiment")
+    texts = read_jsonl("sst2", args.n_short) + [t[: args.long_chars] for t in read_jsonl("imdb", args.n_long)]
+    targets = [prepare(lm, text, task) for text in texts]
+
+    warm = prepare(lm, "A fine film.", task)
+    for fn in [floor_fn(lm, warm), forward_fn(lm, warm), captum_lig_fn(lm, warm), captum_ig_embed_fn(lm, warm),
+               *[lambda m=m: m.attribute(lm, warm) for m in objs.values()]]:
+        fn()
+
+    times: dict[str, list[float]] = {}
+    for target in targets:
+        runs = {"floor": floor_fn(lm, target), "forward": forward_fn(lm, target),
+                "captum-lig": captum_lig_fn(lm, target), "captum-ig-embed": captum_ig_embed_fn(lm, target)}
+        runs.update({name: (lambda m=m, t=target: m.attribute(lm, t)) for name, m in objs.items()})
+        for name, fn in runs.items():
+            times.setdefault(name, []).append(once(fn))
+    med = {name: statistics.median(v) for name, v in times.items()}
+    lengths = [t.input_ids.shape[1] for t in targets]
+    print(f"{len(targets)} examples ({args.n_short} SST-2, {args.n_long} IMDb), prompt tokens median "
+          f"{statistics.median(lengths):.0f} (min {min(lengths)}, max {max(lengths)}), torch threads "
+          f"{torch.get_num_threads()}\n")
+    rows = []
+    for name in ["forward", "floor", "captum-lig", "captum-ig-embed", *names]:
+        goal = TARGETS.get(name)
+        note = f"target <= {goal[1]}x {goal[0]}" if goal else ""
+        if name == "integrated-gradients":
+            note = f"Captum LIG / this = {med['captum-lig'] / med[name]:.2f} (target >= 1.5)"
+        rows.append((name, f"{med[name]:.3f}", f"{med[name] / med['floor']:.2f}", f"{med[name] / med['forward']:.2f}",
+                     note))
+    print(table(rows, ("method", "median s/example", "x floor", "x forward", "note")))
+
+    gen_task = get_task("generate")
+    gen_names = [n for n in names if objs[n].needs_gradients]
+    gen = [prepare(lm, text, gen_task, max_new_tokens=args.gen_tokens) for text in read_jsonl("sst2", args.n_gen)]
+    shared, split = {}, {}
+    for target in gen:
+        steps = one_step_targets(target)
+        split.setdefault("floor", []).append(sum(once(floor_fn(lm, s)) for s in steps))
+        for name in gen_names:
+            m = objs[name]
+            shared.setdefault(name, []).append(once(lambda m=m, t=target: m.attribute(lm, t)))
+            split.setdefault(name, []).append(sum(once(lambda m=m, s=s: m.attribute(lm, s)) for s in steps))
+    n_steps = [t.n_steps for t in gen]
+    print(f"\n{len(gen)} generations of {statistics.median(n_steps):.0f} tokens (median): shared forward vs "
+          f"one forward + backward per step (floor per step: {statistics.median(split['floor']):.3f} s)\n")
+    rows = [(n, f"{statistics.median(shared[n]):.3f}", f"{statistics.median(split[n]):.3f}",
+             f"{statistics.median(split[n]) / statistics.median(shared[n]):.2f}") for n in gen_names]
+    print(table(rows, ("method", "shared s/example", "per-step s/example", "speed-up (target >= 1.25)")))
+
+
+if __name__ == "__main__":
+    main()
