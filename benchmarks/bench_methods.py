@@ -92,6 +92,8 @@ def main() -> None:
     parser.add_argument("--gen-tokens", type=int, default=5)
     parser.add_argument("--long-chars", type=int, default=1500, help="IMDb reviews cut to this many characters")
     parser.add_argument("--methods", default="", help="comma-separated subset (default: every registered method)")
+    parser.add_argument("--gen-methods", default="", help="subset for the generation table (default: every "
+                        "gradient method among --methods)")
     args = parser.parse_args()
     torch.manual_seed(0)
     lm = load_model("default", device="cpu")
@@ -129,14 +131,14 @@ def main() -> None:
     print(table(rows, ("method", "median s/example", "x floor", "x forward", "note")))
 
     gen_task = get_task("generate")
-    gen_names = [n for n in names if objs[n].needs_gradients]
+    gen_names = [n for n in args.gen_methods.split(",") if n] or [n for n in names if objs[n].needs_gradients]
     gen = [prepare(lm, text, gen_task, max_new_tokens=args.gen_tokens) for text in read_jsonl("sst2", args.n_gen)]
     shared, split = {}, {}
     for target in gen:
         steps = one_step_targets(target)
         split.setdefault("floor", []).append(sum(once(floor_fn(lm, s)) for s in steps))
         for name in gen_names:
-            m = objs[name]
+            m = objs.get(name) or methods.get(name)
             shared.setdefault(name, []).append(once(lambda m=m, t=target: m.attribute(lm, t)))
             split.setdefault(name, []).append(sum(once(lambda m=m, s=s: m.attribute(lm, s)) for s in steps))
     n_steps = [t.n_steps for t in gen]
