@@ -36,26 +36,22 @@ def _colors(labels: list[str]) -> dict[str, tuple]:
 
 
 def pi_curves(results: Results, model: str, routing: str, out: Path) -> list[Path]:
-    """Fig. 3 (Fig. 9 for fixed routing): π-Soft-NS and π-Soft-NC vs π, one line per method, per dataset."""
+    """Fig. 3 (Fig. 9 for fixed routing): π-Soft-NS and π-Soft-NC vs π per dataset, one line per method
+    (mean curve over examples, legend with the mean AUC), drawn by :func:`llmattr.plotting.plot_pi_curves`."""
+    from ..plotting import plot_pi_curves
+
     curves = {metric: curve_means(results, model, metric, routing) for metric, _ in CURVES}
+    aucs = {metric: scalar_means(results, model, f"{metric}_auc", routing) for metric, _ in CURVES}
     keys = sorted({key for c in curves.values() for key in c})
     paths = []
     for dataset in sorted({d for d, _ in keys}, key=dataset_key):
-        labels = sorted(label for d, label in keys if d == dataset)
-        colors = _colors(labels)
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for ax, (metric, title) in zip(axes, CURVES, strict=True):
-            for label in labels:
-                points = curves[metric].get((dataset, label))
-                if points:
-                    ax.plot(list(points), list(points.values()), marker="o", ms=3, label=label,
-                            color=colors[label])
-            ax.set(xlabel="retaining probability π", ylabel=title, title=f"{title} vs. π")
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=8)
-        fig.suptitle(f"{dataset_name(dataset)}, {model}, {routing} routing")
-        fig.tight_layout()
-        paths.append(_save(fig, out / f"fig3_pi_curves_{dataset}_{routing}.png"))
+        per_method = {label: {metric: {"pi": list(curves[metric][(d, label)]),
+                                       "values": list(curves[metric][(d, label)].values()),
+                                       "auc": aucs[metric][(d, label)]}
+                              for metric, _ in CURVES if (d, label) in curves[metric]}
+                      for d, label in keys if d == dataset}
+        path = out / f"fig3_pi_curves_{dataset}_{routing}.png"
+        paths.append(plot_pi_curves(per_method, path, title=f"{dataset_name(dataset)}, {model}, {routing} routing"))
     return paths
 
 
