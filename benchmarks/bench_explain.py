@@ -10,8 +10,8 @@ import argparse
 import statistics
 
 import torch
-from _common import floor_fn, read_jsonl, timed
 
+from _common import floor_fn, read_jsonl, timed
 from llmattr import load_model, methods
 from llmattr.api import prepare
 from llmattr.tasks import get_task

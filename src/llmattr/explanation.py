@@ -81,7 +81,8 @@ class Explanation:
 
         A token continues the previous word when it starts exactly where the previous one ends and
         neither side of the boundary is whitespace (a token that is only a space joins the next word);
-        this works for byte-level BPE (``Ġ``-prefixed GPT-2/SmolLM tokens) and SentencePiece (``▁``) alike because it reads the text, not the markers.
+        this works for byte-level BPE (``Ġ``-prefixed GPT-2/SmolLM tokens) and SentencePiece (``▁``) alike
+        because it reads the text, not the markers.
         """
         a, b = self.span
         groups: list[list[int]] = []
