@@ -34,9 +34,9 @@ def test_too_long_text_exits_2():
 
 @pytest.mark.slow
 def test_explain_sentiment_json_and_html(tmp_path):
-    out, page = tmp_path / "out.json", tmp_path / "out.html"
+    out, page, curve = tmp_path / "out.json", tmp_path / "out.html", tmp_path / "curve.png"
     result = run_cli("explain", "An engrossing film that is never boring.", "--task", "sentiment",
-                     "--json", str(out), "--html", str(page))
+                     "--json", str(out), "--html", str(page), "--evaluate", "--samples", "1", "--plot", str(curve))
     assert result.returncode == 0, result.stderr
     data = json.loads(out.read_text())
     a, b = data["span"]
@@ -45,5 +45,12 @@ def test_explain_sentiment_json_and_html(tmp_path):
     assert step["token"].strip() in ("Positive", "Negative")
     assert len(step["scores"]) == b - a and all(0.0 <= s <= 1.0 for s in step["scores"])
     assert step["token"] in result.stdout
+    metrics = data["metrics"]
+    for name in ("pi_soft_ns", "pi_soft_nc"):
+        assert len(metrics[name]["pi"]) == len(metrics[name]["values"]) == 19
+        assert 0 <= metrics[name]["auc"] <= 2
+    assert {"soft_ns", "soft_nc", "expected_retained"} <= set(metrics)
+    assert data["routing"] == "dynamic" and data["samples"] == 1 and data["seed"] == 0
+    assert "AUC pi-Soft-NS" in result.stdout and curve.read_bytes()[:4] == b"\x89PNG"
     html = page.read_text()
     assert html.count('class="tok"') == b - a and "title=\"score" in html

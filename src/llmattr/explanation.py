@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -126,8 +126,8 @@ class Explanation:
 
     @classmethod
     def from_dict(cls, data: dict) -> Explanation:
-        data = dict(data)
-        data.pop("evaluation", None)  # `llmattr explain --evaluate --json` adds the soft-metric result here
+        known = {f.name for f in fields(cls)}  # extra keys (e.g. `explain --evaluate --json`'s metrics) are skipped
+        data = {key: value for key, value in data.items() if key in known}
         data["steps"] = [Step(**s) for s in data["steps"]]
         data["span"] = tuple(data["span"])
         data["offsets"] = [tuple(o) for o in data.get("offsets", [])]

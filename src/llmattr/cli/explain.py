@@ -123,6 +123,9 @@ def explain(
         html.write_text(to_html(expl))
         console.print(f"wrote {html}")
     if json is not None:
-        data = expl.to_dict() if result is None else {**expl.to_dict(), "evaluation": result}
+        data = expl.to_dict()
+        if result is not None:  # the evaluation's keys at the top level (metrics.pi_soft_ns, ...) and in full
+            data.update({key: result[key] for key in ("metrics", "routing", "samples", "seed", "mode")})
+            data["evaluation"] = result
         json.write_text(dumps(data, indent=1, ensure_ascii=False))
         console.print(f"wrote {json}")
