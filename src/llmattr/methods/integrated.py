@@ -107,11 +107,14 @@ class PathMethod(EmbeddingGradientMethod):
     def path(self) -> tuple[torch.Tensor, torch.Tensor]:
         return path_alphas(self.params["method"], self.params["n_steps"])
 
-    def attributions(self, lm: LoadedModel, target: Target, clip: float | None = None) -> torch.Tensor:
+    def clip(self) -> float | None:
+        return None
+
+    def attributions(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         """Embedding-level attributions ``(T, S, D)`` for every input token (completeness holds over all)."""
         f, x, x0 = self.inputs(lm, target)
         alphas, weights = self.path()
-        grads = integrate(f, x, x0, alphas, weights, self.params["internal_batch_size"], clip=clip)
+        grads = integrate(f, x, x0, alphas, weights, self.params["internal_batch_size"], clip=self.clip())
         return (x - x0) * grads
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
@@ -143,9 +146,8 @@ class IGCG(PathMethod):
         if not float(self.params["threshold"]) > 0:
             raise LlmattrError("igcg threshold must be positive")
 
-    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
-        attr = self.attributions(lm, target, clip=float(self.params["threshold"]))
-        return span_scores(attr, target, self.params["reduction"])
+    def clip(self) -> float | None:
+        return float(self.params["threshold"])
 
 
 @register
