@@ -223,3 +223,16 @@ def test_every_gradient_method_on_the_real_model(smollm):
             params = {"n_samples": 2} if name == "gradient-shap" else params
             raw = methods.get(name, **params).attribute(smollm, tgt)
             assert raw.shape == (tgt.n_steps, tgt.span[1] - tgt.span[0]) and torch.isfinite(raw).all(), name
+
+
+def test_cached_prefix_leaves_span_gradients_unchanged(tiny_lm):
+    """score_fn(prefix=span start): same F and span gradients as the full pass, on every architecture."""
+    tgt = prepare(tiny_lm, "A terrific film.", get_task("sentiment"), answer=" movie was")
+    x = tiny_lm.embed(tgt.input_ids).detach()
+    rows = torch.stack([x[0], 0.5 * x[0]])  # two path points, as IG feeds them
+    a = tgt.span[0]
+    full_f, full_g = embedding_gradients(score_fn(tiny_lm, tgt, "probability"), rows)
+    fast_f, fast_g = embedding_gradients(score_fn(tiny_lm, tgt, "probability", prefix=a), rows)
+    torch.testing.assert_close(fast_f, full_f, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(fast_g[:, :, a:], full_g[:, :, a:], rtol=1e-4, atol=1e-7)
+    assert torch.all(fast_g[:, :, :a] == 0) and bool(full_g[:, :, a:].abs().sum() > 0)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import LlmattrError
-from ..models.forward import logits_at
+from ..models.forward import logits_at, prefix_cache
 from ..models.loading import LoadedModel
 from ..targets import Target
 from .base import AttributionMethod, register
@@ -55,20 +55,33 @@ def reduce_tokens(attr: torch.Tensor, reduction: str) -> torch.Tensor:
 
 
 def target_scores(lm: LoadedModel, embeds: torch.Tensor, positions: torch.Tensor, target_ids: torch.Tensor,
-                  target: str = "probability") -> torch.Tensor:
+                  target: str = "probability", **kwargs) -> torch.Tensor:
     """``F_t`` for every batch row ``(B, T)``: probability (float32 softmax) or logit of ``target_ids[t]``
     at ``positions[t]``; the LM head runs at those positions only."""
-    logits = logits_at(lm, embeds, positions)  # (B, T, V)
+    logits = logits_at(lm, embeds, positions, **kwargs)  # (B, T, V)
     if target == "probability":
         logits = torch.softmax(logits.float(), dim=-1)
     index = target_ids.to(logits.device)[None, :, None].expand(logits.shape[0], -1, 1)
     return logits.gather(-1, index)[..., 0]
 
 
-def score_fn(lm: LoadedModel, target: Target, kind: str) -> ScoreFn:
-    """The embedding-level function explained: ``embeds (B, S, D) -> F (B, T)``."""
+def score_fn(lm: LoadedModel, target: Target, kind: str, prefix: int = 0) -> ScoreFn:
+    """The embedding-level function explained: ``embeds (B, S, D) -> F (B, T)``.
+
+    ``prefix > 0``: the first ``prefix`` tokens (the template before the content span) run once without
+    gradients into a key/value cache and the rest attends to it, so the backward pass never enters the
+    prefix. ``F`` and the gradients of every later token are unchanged (a causal model's prefix does not
+    depend on later tokens); the gradients of the prefix tokens come out as zero.
+    """
     positions = target.positions.to(lm.device)
-    return lambda embeds: target_scores(lm, embeds, positions, target.target_ids, kind)
+    if not prefix:
+        return lambda embeds: target_scores(lm, embeds, positions, target.target_ids, kind)
+
+    def f(embeds: torch.Tensor) -> torch.Tensor:
+        cache = prefix_cache(lm, embeds[:, :prefix])
+        return target_scores(lm, embeds[:, prefix:], positions - prefix, target.target_ids, kind,
+                             past_key_values=cache, use_cache=True)
+    return f
 
 
 def embedding_gradients(f: ScoreFn, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,7 +129,8 @@ class EmbeddingGradientMethod(AttributionMethod):
     def gradients(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, torch.Tensor]:
         """Input embeddings ``(1, S, D)`` and ``dF_t/dx`` ``(T, 1, S, D)``: one forward, one backward."""
         embeds = lm.embed(target.input_ids)
-        _, grads = embedding_gradients(score_fn(lm, target, self.params["target"]), embeds)
+        f = score_fn(lm, target, self.params["target"], prefix=target.span[0])  # only span gradients are used
+        _, grads = embedding_gradients(f, embeds)
         return embeds, grads
 
 

@@ -100,9 +100,10 @@ class PathMethod(EmbeddingGradientMethod):
         if "method" in p:
             check_choice(self.name, "method", p["method"], tuple(SUPPORTED_METHODS))
 
-    def inputs(self, lm: LoadedModel, target: Target) -> tuple[ScoreFn, torch.Tensor, torch.Tensor]:
+    def inputs(self, lm: LoadedModel, target: Target, prefix: int = 0) -> tuple[ScoreFn, torch.Tensor, torch.Tensor]:
         x = lm.embed(target.input_ids).detach()
-        return score_fn(lm, target, self.params["target"]), x, baseline_embeds(x, target, self.params["baseline"])
+        f = score_fn(lm, target, self.params["target"], prefix)
+        return f, x, baseline_embeds(x, target, self.params["baseline"])
 
     def path(self) -> tuple[torch.Tensor, torch.Tensor]:
         return path_alphas(self.params["method"], self.params["n_steps"])
@@ -110,15 +111,20 @@ class PathMethod(EmbeddingGradientMethod):
     def clip(self) -> float | None:
         return None
 
-    def attributions(self, lm: LoadedModel, target: Target) -> torch.Tensor:
-        """Embedding-level attributions ``(T, S, D)`` for every input token (completeness holds over all)."""
-        f, x, x0 = self.inputs(lm, target)
+    def attributions(self, lm: LoadedModel, target: Target, prefix: int = 0) -> torch.Tensor:
+        """Embedding-level attributions ``(T, S, D)`` for every input token (completeness holds over all).
+
+        ``prefix``: tokens before this index get no backward pass (and zero attribution); ``attribute``
+        passes the content span's start, since only the span's scores are reported.
+        """
+        f, x, x0 = self.inputs(lm, target, prefix)
         alphas, weights = self.path()
         grads = integrate(f, x, x0, alphas, weights, self.params["internal_batch_size"], clip=self.clip())
         return (x - x0) * grads
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
-        return span_scores(self.attributions(lm, target), target, self.params["reduction"])
+        attr = self.attributions(lm, target, prefix=target.span[0])
+        return span_scores(attr, target, self.params["reduction"])
 
 
 @register
