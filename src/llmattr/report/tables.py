@@ -121,18 +121,26 @@ class MetricRow:
     fmt: str = ".3f"
 
 
+def metric_grid(results: Results, model: str, metrics: list[MetricRow],
+                routing: str) -> tuple[dict, list[str], list[str]] | None:
+    """Mean of each metric per (dataset, method label), with the sorted datasets and labels; None if empty."""
+    data = {m.metric: scalar_means(results, model, m.metric, routing) for m in metrics}
+    keys = {key for values in data.values() for key in values}
+    if not keys:
+        return None
+    return data, sorted({d for d, _ in keys}, key=dataset_key), sorted({label for _, label in keys})
+
+
 def datasets_by_methods(results: Results, model: str, name: str, title: str, caption: str,
                         metrics: list[MetricRow], routing: str, mark_all_rows: bool) -> Table | None:
     """Paper 000 Tables 1/4/8: one section per metric, rows = datasets + Avg, columns = methods.
 
     ``mark_all_rows``: best/2nd/3rd on every row (Table 4), else on the Avg row only (Tables 1, 8).
     """
-    data = {m.metric: scalar_means(results, model, m.metric, routing) for m in metrics}
-    keys = {key for values in data.values() for key in values}
-    if not keys:
+    grid = metric_grid(results, model, metrics, routing)
+    if grid is None:
         return None
-    datasets = sorted({d for d, _ in keys}, key=dataset_key)
-    labels = sorted({label for _, label in keys})
+    data, datasets, labels = grid
     sections = []
     for m in metrics:
         values = data[m.metric]
@@ -150,12 +158,10 @@ def datasets_by_methods(results: Results, model: str, name: str, title: str, cap
 def methods_by_datasets(results: Results, model: str, name: str, title: str, caption: str,
                         metrics: list[MetricRow], routing: str) -> Table | None:
     """Paper 003 Tables 1, 4-6: rows = methods, columns = datasets, a section per metric, best per column."""
-    data = {m.metric: scalar_means(results, model, m.metric, routing) for m in metrics}
-    keys = {key for values in data.values() for key in values}
-    if not keys:
+    grid = metric_grid(results, model, metrics, routing)
+    if grid is None:
         return None
-    datasets = sorted({d for d, _ in keys}, key=dataset_key)
-    labels = sorted({label for _, label in keys})
+    data, datasets, labels = grid
     sections = []
     for m in metrics:
         columns = [_cells([data[m.metric].get((d, label)) for label in labels], m.fmt, m.higher)
@@ -168,12 +174,10 @@ def methods_by_datasets(results: Results, model: str, name: str, title: str, cap
 def metrics_by_methods(results: Results, model: str, name: str, title: str, caption: str,
                        metrics: list[MetricRow], routing: str) -> Table | None:
     """Paper 000 Table 2: a section per dataset, rows = Soft-NS, Soft-NC, E[R], columns = methods."""
-    data = {m.metric: scalar_means(results, model, m.metric, routing) for m in metrics}
-    keys = {key for values in data.values() for key in values}
-    if not keys:
+    grid = metric_grid(results, model, metrics, routing)
+    if grid is None:
         return None
-    datasets = sorted({d for d, _ in keys}, key=dataset_key)
-    labels = sorted({label for _, label in keys})
+    data, datasets, labels = grid
     sections = [Section(dataset_name(d), [
         (f"{m.title}{' ↑' if m.higher else ''}", _cells([data[m.metric].get((d, label)) for label in labels],
                                                        m.fmt, None)) for m in metrics]) for d in datasets]
