@@ -216,7 +216,7 @@ def test_registry_lists_the_gradient_family():
 @pytest.mark.slow
 def test_every_gradient_method_on_the_real_model(smollm):
     sentiment = prepare(smollm, "An engrossing film that is never boring.", get_task("sentiment"))
-    story = prepare(smollm, "Why did the cat sit by the door?", get_task("generate"), max_new_tokens=2)
+    story = prepare(smollm, "Why did the cat sit by the door?", get_task("generate"), max_new_tokens=10)
     for tgt in (sentiment, story):
         for name in MINE:
             params = {"n_steps": 2} if name in ("integrated-gradients", "igcg", "aieg") else {}
