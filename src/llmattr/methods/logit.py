@@ -37,18 +37,20 @@ def final_norm(model: torch.nn.Module) -> torch.nn.Module | None:
 def layer_states(model: torch.nn.Module, layer: int | None, **inputs) -> torch.Tensor:
     """Representations ``(S, d)`` of every position at ``layer``'s output, final norm applied.
 
-    ``layer=None`` (or the last layer) gives the final representations; transformers already returns
-    them after the final norm. Earlier layers get the final norm here so the head reads them as it
-    reads the last one.
+    Runs the base model only: the head-on-top is applied by the caller to the rows it needs, so no
+    full-vocabulary projection is made. ``layer=None`` (or the last layer) gives the base model's final
+    representations, after its final norm; earlier layers get the final norm here so the head reads
+    them as it reads the last one.
     """
-    with torch.no_grad():
-        hidden = model(**inputs, output_hidden_states=True, use_cache=False).hidden_states
-    n_layers = len(hidden) - 1
-    if layer is None or layer in (-1, n_layers - 1):
-        return hidden[-1][0]
-    if not -n_layers <= layer < n_layers:
+    n_layers = model.config.get_text_config().num_hidden_layers
+    last = layer is None or layer in (-1, n_layers - 1)
+    if not last and not -n_layers <= layer < n_layers:
         raise LlmattrError(f"layer must be in [0, {n_layers - 1}] (or -1 for the last); got {layer}")
-    states = hidden[layer % n_layers + 1][0]
+    with torch.no_grad():
+        out = model.base_model(**inputs, output_hidden_states=not last, use_cache=False)
+    if last:
+        return out.last_hidden_state[0]
+    states = out.hidden_states[layer % n_layers + 1][0]
     norm = final_norm(model)
     return states if norm is None else norm(states)
 
