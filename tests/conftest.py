@@ -53,6 +53,9 @@ def tiny_config(arch: str, vocab_size: int, **overrides):
         cfg = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[arch](**common)
     for key, value in overrides.items():
         setattr(cfg, key, value)
+    types = getattr(cfg, "layer_types", None)
+    if types:  # keep one layer type per layer when the depth is overridden
+        cfg.layer_types = [types[i % len(types)] for i in range(cfg.num_hidden_layers)]
     return cfg
 
 

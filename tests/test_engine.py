@@ -8,6 +8,7 @@ from transformers import AttentionInterface
 
 from llmattr.errors import LlmattrError
 from llmattr.faithfulness.engine import PerturbationEngine
+from llmattr.models.forward import SharedPrefix, logits_at
 from llmattr.models.probe import PROBE_NAME, Probe
 from llmattr.prompting import build_prompt
 from llmattr.targets import Target
@@ -38,6 +39,25 @@ def reference_probs(lm, target: Target, step: int, keep: torch.Tensor, routing: 
     with Probe(replay_probs=replay):
         logits = lm.model(inputs_embeds=embeds, use_cache=False).logits[:, -1]
     return torch.softmax(logits.float(), -1)
+
+
+@pytest.mark.parametrize("length", [0, 5])
+def test_shared_prefix_logits_equal_full_forward(tiny_lm, length):
+    """Rows that share a prefix but differ after it: cached-prefix logits = full forwards (every architecture,
+    Gemma3's sliding window of 4 included), and the shared cache is not mutated by a forward."""
+    target = make_target(tiny_lm)
+    ids = target.input_ids
+    gen = torch.Generator().manual_seed(0)
+    rows = ids.repeat(3, 1)
+    rows[1:, length:] = torch.randint(3, len(tiny_lm.tokenizer), (2, ids.shape[1] - length), generator=gen)
+    positions = torch.tensor([length + 2, ids.shape[1] - 1])
+    prefix = SharedPrefix.compute(tiny_lm, ids, length)
+    with torch.no_grad():
+        want = logits_at(tiny_lm, tiny_lm.embed(rows), positions)
+        for _ in range(2):
+            got = prefix.logits_at(tiny_lm, tiny_lm.embed(rows[:, length:]), positions)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert all(k.shape[-2] == length for k, _ in prefix.layers)
 
 
 @pytest.mark.parametrize("routing", ["dynamic", "fixed"])

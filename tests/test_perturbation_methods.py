@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import build_tiny
+from conftest import ARCHS, build_tiny
 from llmattr import methods
 from llmattr.api import explain, prepare
 from llmattr.errors import LlmattrError
@@ -32,11 +32,13 @@ class ForwardCounter:
 
     def __init__(self, model):
         self.rows: list[int] = []
+        self.lengths: list[int] = []
         self.handle = model.register_forward_pre_hook(self.hook, with_kwargs=True)
 
     def hook(self, module, args, kwargs):
         x = kwargs.get("inputs_embeds", kwargs.get("input_ids"))
         self.rows.append(int(x.shape[0]))
+        self.lengths.append(int(x.shape[1]))
 
     def close(self):
         self.handle.remove()
@@ -79,10 +81,11 @@ def reference_value_zeroing(lm, target, layers):
             cos = torch.nn.functional.cosine_similarity(tap.outputs[layer][0], clean[layer][0], dim=-1)
             dist[li, :, j - a] = 1 - cos
     dist = torch.where(dist > 1e-6, dist, torch.zeros_like(dist))
-    return (dist / dist.sum(-1, keepdim=True)).mean(0)
+    total = dist.sum(-1, keepdim=True)  # 0 where a sliding window hides every content token from the step
+    return torch.where(total > 0, dist / total, dist).mean(0)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_value_zeroing_batched_matches_one_forward_per_token_and_layer(tiny_tokenizer, arch):
     lm = build_tiny(arch, tiny_tokenizer, num_hidden_layers=3)
     target = gen_target(lm)
@@ -91,6 +94,19 @@ def test_value_zeroing_batched_matches_one_forward_per_token_and_layer(tiny_toke
     torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-5)
     torch.testing.assert_close(methods.get("value-zeroing", layers=1).attribute(lm, target),
                                reference_value_zeroing(lm, target, [1]), rtol=1e-3, atol=1e-5)
+
+
+def test_value_zeroing_does_not_rerun_the_blocks_before_the_zeroed_layer(tiny_tokenizer):
+    lm = build_tiny("llama", tiny_tokenizer, num_hidden_layers=3)
+    blocks = decoder_blocks(lm.model)
+    calls = {k: 0 for k in range(3)}
+    handles = [blocks[k].register_forward_pre_hook(lambda *_, k=k: calls.__setitem__(k, calls[k] + 1))
+               for k in range(3)]
+    methods.get("value-zeroing", layers="last", batch_size=4).attribute(lm, gen_target(lm))
+    for handle in handles:
+        handle.remove()
+    assert calls[0] == calls[1] == 1 and calls[2] > 1  # the clean pass only, then the zeroed rows
+    assert all(type(block).__name__ != "CleanReplay" for block in blocks)  # restored
 
 
 def test_value_zeroing_runs_few_forwards(tiny_llama):
@@ -131,8 +147,21 @@ class OneTokenLM(torch.nn.Module):
     def get_input_embeddings(self):
         return self.emb
 
-    def forward(self, inputs_embeds, logits_to_keep, use_cache=False, **kwargs):
-        logits = 4.0 * inputs_embeds[:, self.j] @ self.emb.weight.T
+    def forward(self, inputs_embeds=None, logits_to_keep=1, use_cache=False, past_key_values=None, input_ids=None,
+                **kwargs):
+        """A cached prefix of P tokens (stored as P dummy keys) shifts position j to j - P in the input."""
+        if inputs_embeds is None:
+            inputs_embeds = self.emb(input_ids)
+        prefix = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and past_key_values is not None:
+            dummy = inputs_embeds.new_zeros(inputs_embeds.shape[0], 1, inputs_embeds.shape[1], 1)
+            past_key_values.update(dummy, dummy, 0)
+        if self.j < prefix + inputs_embeds.shape[1] and self.j >= prefix:
+            logits = 4.0 * inputs_embeds[:, self.j - prefix] @ self.emb.weight.T
+        else:  # the prefix pass, before position j
+            logits = inputs_embeds.new_zeros(inputs_embeds.shape[0], self.emb.num_embeddings)
+        if isinstance(logits_to_keep, int):
+            logits_to_keep = range(logits_to_keep)
         return SimpleNamespace(logits=logits[:, None, :].expand(-1, len(logits_to_keep), -1))
 
 
@@ -166,10 +195,13 @@ def test_reagent_batches_probes_as_rows(tiny_llama):
     counter = ForwardCounter(tiny_llama.model)
     methods.get("reagent", max_probe_steps=5, num_probes=2).attribute(tiny_llama, target)
     counter.close()
-    # sampler forward + clean forward + at most max_probe_steps + 1 probe forwards
-    assert len(counter.rows) <= 2 + 6
+    # sampler forward + prefix forward + clean forward + at most max_probe_steps + 1 probe forwards
+    assert len(counter.rows) <= 3 + 6
     assert max(counter.rows) <= 2 * target.n_steps * 2
     assert max(counter.rows) > 2
+    a, n = target.span[0], target.input_ids.shape[1]
+    assert counter.lengths[:3] == [n, a, n - a]  # the template prefix runs once; every later row starts at the span
+    assert set(counter.lengths[3:]) == {n - a}
 
 
 def test_reagent_mlm_sampler_with_a_shared_vocabulary(tiny_tokenizer):
@@ -225,7 +257,9 @@ def test_lime_shares_perturbations_across_steps(tiny_llama):
     counter = ForwardCounter(tiny_llama.model)
     methods.get("lime", n_samples=20, batch_size=8).attribute(tiny_llama, target)
     counter.close()
-    assert counter.rows == [8, 8, 4]
+    a = target.span[0]
+    assert counter.rows == [1, 8, 8, 4]  # the template prefix once, then the perturbations
+    assert counter.lengths == [a] + [target.input_ids.shape[1] - a] * 3
 
 
 def test_lime_finds_the_only_token_that_matters(tiny_tokenizer):

@@ -2,9 +2,8 @@
 
 The soft metrics (paper 000 sec. 3.1) and the ranking metrics perturb only the content span of the
 prompt. Everything before the span (system prompt, chat markers) is the same in every perturbed input,
-so its key/value cache is computed once, from the clean forward pass, and shared by every batch through
-:class:`PrefixLayer`, a cache layer that prepends the stored prefix without ever storing anything new
-(so one cache object serves every batch and is never mutated). The rest of the sequence (the content
+so its key/value cache is computed once, from the clean forward pass, and shared by every batch
+(:class:`llmattr.models.forward.SharedPrefix`). The rest of the sequence (the content
 span, the template after it and the generated prefix up to step ``step``) is fed as ``inputs_embeds``
 with the span's embeddings multiplied by the keep masks, and logits are computed at the last position
 only.
@@ -17,31 +16,16 @@ pass through the internals probe (:class:`llmattr.models.probe.Probe` with ``rep
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache
 
 from ..errors import LlmattrError
+from ..models.forward import SharedPrefix
 from ..models.loading import LoadedModel
 from ..models.probe import Probe
 from ..targets import Target
 
 ROUTINGS = ("dynamic", "fixed")
 TOKEN_BUDGET = 8192  # perturbed suffix tokens per forward pass when no batch size is given
-
-
-class PrefixLayer(DynamicLayer):
-    """Cache layer with a fixed ``(1, kv_heads, P, D)`` prefix: ``update`` prepends it and stores nothing."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
-        super().__init__()
-        self.keys, self.values = keys, values
-        self.dtype, self.device = keys.dtype, keys.device
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        batch = key_states.shape[0]
-        keys = torch.cat([self.keys.expand(batch, -1, -1, -1), key_states], dim=-2)
-        values = torch.cat([self.values.expand(batch, -1, -1, -1), value_states], dim=-2)
-        return keys, values
 
 
 def is_oom(err: BaseException) -> bool:
@@ -88,15 +72,10 @@ class PerturbationEngine:
                                 logits_to_keep=1)
         self.clean_probs = torch.softmax(out.logits[0, -1].float(), dim=-1)
         self.replay = {i: rec.probs for i, rec in probe.layers.items()} if self.routing == "fixed" else None
-        self.prefix = None
-        if cache is not None:
-            p = self.prefix_len
-            self.prefix = [(layer.keys[:, :, :p], layer.values[:, :, :p]) for layer in cache.layers]
+        self.prefix = SharedPrefix.from_cache(cache, self.prefix_len) if cache is not None else None
 
     def _cache(self) -> Cache | None:
-        if self.prefix is None:
-            return None
-        return Cache(layers=[PrefixLayer(k, v) for k, v in self.prefix])
+        return None if self.prefix is None else self.prefix.cache()
 
     def _masked_embeds(self, keep: torch.Tensor) -> torch.Tensor:
         """``(N, T, d)`` suffix embeddings with the span's rows multiplied by ``keep``."""

@@ -7,8 +7,9 @@ the embeddings, and the explained output is the target token's probability (Inse
 paper 000 used). The interpretable model is a weighted ridge regression (the ``lime`` package's
 default, Ridge(alpha=1)) solved in closed form, so no scikit-learn is needed.
 
-Batched: ``batch_size`` perturbations per forward; a forward returns every step's probability, and the
-steps reuse the same perturbations (the sampler is reseeded per step), so the forwards run once.
+Batched: ``batch_size`` perturbations per forward, after a template prefix cached once; a forward returns
+every step's probability, and the steps reuse the same perturbations (the sampler is reseeded per step),
+so the forwards run once.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from captum._utils.models.model import Model
 from captum.attr import Lime
 
 from ..errors import LlmattrError
-from ..models.forward import logits_at
+from ..models.forward import SharedPrefix
 from ..models.loading import LoadedModel
 from ..targets import Target
 from .base import AttributionMethod, register
@@ -50,20 +51,23 @@ class WeightedRidge(Model):
 
 
 def span_forward(lm: LoadedModel, target: Target):
-    """f(content embeddings (B, n, d)) -> target probability of every step (B, T); the rest stays fixed."""
+    """f(content embeddings (B, n, d)) -> target probability of every step (B, T); the rest stays fixed.
+
+    The template before the span is run once into a shared key/value cache; each forward runs only the
+    span and what follows it.
+    """
     a, b = target.span
     with torch.no_grad():
-        embeds = lm.embed(target.input_ids)
-    prefix, suffix = embeds[:, :a], embeds[:, b:]
+        suffix = lm.embed(target.input_ids[:, b:])
+    prefix = SharedPrefix.compute(lm, target.input_ids, a)
     positions = target.positions.to(lm.device)
     targets = target.target_ids.to(lm.device)
 
     def forward(span_embeds: torch.Tensor) -> torch.Tensor:
         rows = span_embeds.shape[0]
-        parts = [prefix.expand(rows, -1, -1), span_embeds.to(embeds.dtype), suffix.expand(rows, -1, -1)]
-        full = torch.cat(parts, 1)
+        full = torch.cat([span_embeds.to(suffix.dtype), suffix.expand(rows, -1, -1)], 1)
         with torch.no_grad():
-            logits = logits_at(lm, full, positions).float()  # (B, T, V)
+            logits = prefix.logits_at(lm, full, positions).float()  # (B, T, V)
         return torch.softmax(logits, -1).gather(-1, targets[None, :, None].expand(rows, -1, 1))[..., 0]
 
     return forward

@@ -11,9 +11,9 @@ settings (keep_top_n=3, stopping_condition_top_k=3, replacing_ratio=0.25, max_pr
 num_probes=2). As everywhere in llmattr only content tokens are replaced (Inseq replaces the template
 too).
 
-Batched: every (step, probe) pair is a batch row of one forward over the full sequence (step t reads
-position t's logits); the stopping check of probe step k shares a forward with the update of step
-k + 1, so a run costs at most ``max_probe_steps + 2`` forwards.
+Batched: every (step, probe) pair is a batch row of one forward (step t reads position t's logits) after
+the template prefix, which runs once into a shared key/value cache; the stopping check of probe step k
+shares a forward with the update of step k + 1, so a run costs at most ``max_probe_steps + 2`` forwards.
 
 Replacement tokens (``sampler``): ``"mlm"`` samples from a masked LM's prediction at each position
 (the paper's RoBERTa; it must share the causal LM's vocabulary), ``"causal"`` from the causal LM's
@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import LlmattrError
-from ..models.forward import logits_at
+from ..models.forward import SharedPrefix, logits_at
 from ..models.loading import LoadedModel
 from ..targets import Target
 from .base import AttributionMethod, register
@@ -92,11 +92,14 @@ def mlm_sampler(lm: LoadedModel, input_ids: torch.Tensor, span: tuple[int, int],
     return TokenSampler(input_ids[0, a:b].cpu(), logits.shape[-1], torch.softmax(logits.float(), -1).cpu())
 
 
-def rows_forward(lm: LoadedModel, ids: torch.Tensor, positions: torch.Tensor, steps: torch.Tensor,
-                 targets: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each row (a full sequence for step ``steps[r]``): p(y_t) and whether y_t is in the top k."""
+def rows_forward(lm: LoadedModel, prefix: SharedPrefix, ids: torch.Tensor, positions: torch.Tensor,
+                 steps: torch.Tensor, targets: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each row (a full sequence for step ``steps[r]``): p(y_t) and whether y_t is in the top k.
+
+    The rows share ``prefix`` (the template before the content span), which is not recomputed.
+    """
     with torch.no_grad():
-        logits = logits_at(lm, lm.embed(ids), positions)  # (R, T, V)
+        logits = prefix.logits_at(lm, lm.embed(ids[:, prefix.length:]), positions)  # (R, T, V)
     rows = torch.arange(ids.shape[0], device=logits.device)
     logits = logits[rows, steps.to(logits.device)].float()  # (R, V)
     y = targets.to(logits.device)[steps.to(logits.device)]
@@ -156,7 +159,8 @@ class ReAGent(AttributionMethod):
         n_rows = target.n_steps * p["num_probes"]
         steps = torch.arange(target.n_steps).repeat_interleave(p["num_probes"])
         original = ids.expand(n_rows, -1)
-        p_clean, _ = rows_forward(lm, ids, positions, torch.arange(target.n_steps), target.target_ids, 1)
+        prefix = SharedPrefix.compute(lm, ids, a)
+        p_clean, _ = rows_forward(lm, prefix, ids, positions, torch.arange(target.n_steps), target.target_ids, 1)
         score = torch.rand(n_rows, b - a, generator=generator)  # logit-scale importance s
         stopped = torch.zeros(n_rows, dtype=torch.bool)
         for probe_step in range(p["max_probe_steps"] + 1):
@@ -167,7 +171,7 @@ class ReAGent(AttributionMethod):
             rows = torch.cat([update, check])
             batch = original[rows].clone()
             batch[:, a:b] = torch.where(replace, sampler.sample(len(rows), generator), batch[:, a:b])
-            prob, hit = rows_forward(lm, batch, positions, steps[rows], target.target_ids,
+            prob, hit = rows_forward(lm, prefix, batch, positions, steps[rows], target.target_ids,
                                      p["stopping_condition_top_k"])
             newly = torch.zeros(n_rows, dtype=torch.bool)
             newly[check] = hit[len(update):]

@@ -14,9 +14,13 @@ normalisation runs over the content span; for one layer that only rescales each 
 below 1e-6 (float32 noise of identical states) count as 0.
 
 Batched: the zeroed tokens are batch rows (``batch_size`` per forward), all steps share each forward.
+The blocks before the first zeroed layer see the same input in every row, so they are not run again:
+their clean outputs are replayed (with the default ``layers="last"`` a zeroed row costs one block).
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
@@ -51,12 +55,15 @@ class BlockTap:
         self.blocks, self.layers, self.positions = blocks, layers, positions
         self.patch, self.keep_full = patch, keep_full
         self.outputs: dict[int, torch.Tensor] = {}
+        self.raw: dict[int, object] = {}  # the blocks' own output objects (keep_full only)
         self._handles: list = []
 
     def _hook(self, layer: int):
         def hook(module, args, output):
             hidden = output[0] if isinstance(output, tuple) else output
             self.outputs[layer] = hidden if self.keep_full else hidden[:, self.positions]
+            if self.keep_full:
+                self.raw[layer] = output
             if self.patch is None or layer not in self.patch:
                 return None
             clean = self.patch[layer].expand_as(hidden)
@@ -72,6 +79,34 @@ class BlockTap:
             handle.remove()
 
 
+class CleanReplay(torch.nn.Module):
+    """Stands in for a block whose input is the same in every batch row: returns its clean output, expanded
+    to the batch, without computing anything."""
+
+    def __init__(self, output):
+        super().__init__()
+        self.output = output
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        rows = hidden_states.shape[0]
+        if isinstance(self.output, tuple):
+            return (self.output[0].expand(rows, -1, -1), *self.output[1:])
+        return self.output.expand(rows, -1, -1)
+
+
+@contextmanager
+def replayed(blocks: torch.nn.ModuleList, outputs: dict[int, object]):
+    """Blocks ``k in outputs`` replaced by :class:`CleanReplay` of ``outputs[k]`` for the duration."""
+    original = {k: blocks[k] for k in outputs}
+    try:
+        for k, output in outputs.items():
+            blocks[k] = CleanReplay(output)
+        yield
+    finally:
+        for k, block in original.items():
+            blocks[k] = block
+
+
 def value_zeroing_distances(lm: LoadedModel, input_ids: torch.Tensor, positions: torch.Tensor,
                             span: tuple[int, int], layers: list[int], batch_size: int) -> torch.Tensor:
     """1 - cos(clean, zeroed) block outputs: ``(n_layers_chosen, T, n_span)``."""
@@ -79,18 +114,20 @@ def value_zeroing_distances(lm: LoadedModel, input_ids: torch.Tensor, positions:
     positions = positions.to(lm.device)
     embeds = lm.embed(input_ids)
     seq_len = embeds.shape[1]
+    first = min(layers)
     with torch.no_grad():
-        with BlockTap(blocks, layers, positions, keep_full=True) as clean_tap:
+        with BlockTap(blocks, sorted(set(layers) | set(range(first))), positions, keep_full=True) as clean_tap:
             logits_at(lm, embeds, positions[-1:])
         clean = clean_tap.outputs
         patch = {k: clean[k] for k in layers[:-1]}  # the last chosen block's output feeds nothing we read
+        skip = {k: clean_tap.raw[k] for k in range(first)}  # blocks before the first zeroed one: same in every row
         a, b = span
         parts = []
         for start in range(a, b, batch_size):
             tokens = torch.arange(start, min(start + batch_size, b), device=lm.device)
             scale = torch.ones(len(tokens), seq_len, device=lm.device)
             scale[torch.arange(len(tokens)), tokens] = 0.0
-            with BlockTap(blocks, layers, positions, patch) as tap, \
+            with replayed(blocks, skip), BlockTap(blocks, layers, positions, patch) as tap, \
                     Probe(value_scale=scale, value_layers=set(layers)):
                 logits_at(lm, embeds.expand(len(tokens), -1, -1), positions[-1:])
             cos = torch.stack([

@@ -1,8 +1,16 @@
-"""Forward passes that compute logits only where they are needed."""
+"""Forward passes that compute logits only where they are needed, and prefix key/value caches.
+
+Perturbation methods and metrics change only the content span; everything before it (system prompt,
+chat markers) is the same in every perturbed row. :class:`SharedPrefix` holds that prefix's keys and
+values, computed once, and serves them to batches of any size through :class:`PrefixLayer`, a cache
+layer that prepends the stored prefix without storing anything new (one prefix serves every batch and
+is never mutated).
+"""
 
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from .loading import LoadedModel
 
@@ -19,8 +27,6 @@ def logits_at(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch.Ten
 
 def prefix_cache(lm: LoadedModel, prefix_embeds: torch.Tensor):
     """Key/value cache of ``prefix_embeds`` ``(B, P, D)``, computed without gradients (one row per batch row)."""
-    from transformers import DynamicCache
-
     cache = DynamicCache(config=lm.model.config)
     with torch.no_grad():
         lm.model(inputs_embeds=prefix_embeds.detach(), past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -33,3 +39,55 @@ def target_logits(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch
     logits = logits_at(lm, inputs_embeds, positions, **kwargs)
     index = target_ids.to(logits.device)[None, :, None].expand(logits.shape[0], -1, 1)
     return logits.gather(-1, index)[..., 0]
+
+
+class PrefixLayer(DynamicLayer):
+    """Cache layer with a fixed ``(1, kv_heads, P, D)`` prefix: ``update`` prepends it and stores nothing."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.keys, self.values = keys, values
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        batch = key_states.shape[0]
+        keys = torch.cat([self.keys.expand(batch, -1, -1, -1), key_states], dim=-2)
+        values = torch.cat([self.values.expand(batch, -1, -1, -1), value_states], dim=-2)
+        return keys, values
+
+
+class SharedPrefix:
+    """The keys and values of the first ``length`` tokens of one sequence, shared by batches of any size.
+
+    Build it from a forward pass that already ran with a :class:`~transformers.DynamicCache`
+    (:meth:`from_cache`) or run one (:meth:`compute`); :meth:`cache` gives a fresh cache object to pass
+    as ``past_key_values`` with the tokens after the prefix as input.
+    """
+
+    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]], length: int):
+        self.layers, self.length = layers, length
+
+    @classmethod
+    def from_cache(cls, cache: DynamicCache, length: int) -> SharedPrefix:
+        return cls([(layer.keys[:1, :, :length], layer.values[:1, :, :length]) for layer in cache.layers], length)
+
+    @classmethod
+    @torch.no_grad()
+    def compute(cls, lm: LoadedModel, input_ids: torch.Tensor, length: int) -> SharedPrefix:
+        """Run the first ``length`` tokens of ``input_ids`` ``(1, S)`` once (no prefix when ``length`` is 0)."""
+        if not length:
+            return cls([], 0)
+        cache = DynamicCache()
+        lm.model(input_ids=input_ids[:1, :length].to(lm.device), past_key_values=cache, use_cache=True,
+                 logits_to_keep=1)
+        return cls.from_cache(cache, length)
+
+    def cache(self) -> Cache:
+        return Cache(layers=[PrefixLayer(k, v) for k, v in self.layers])
+
+    def logits_at(self, lm: LoadedModel, suffix_embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """:func:`logits_at` for rows of ``prefix + suffix_embeds``; ``positions`` count from the sequence start."""
+        if not self.length:
+            return logits_at(lm, suffix_embeds, positions)
+        return logits_at(lm, suffix_embeds, positions - self.length, past_key_values=self.cache(), use_cache=True)
