@@ -115,7 +115,7 @@ class LimeMethod(AttributionMethod):
     summary = "LIME (Captum): weighted ridge on random token keep/zero masks, target probability"
     needs_gradients = False
     signed = True
-    cost = "n_samples forwards as batch rows (batch_size per pass; all steps share them)"
+    cost = "n_samples rows after a cached template prefix (batch_size per pass; all steps share them)"
     defaults = {"n_samples": 50, "batch_size": 16, "alpha": 1.0, "seed": 0}
 
     def __init__(self, **params):

@@ -148,7 +148,7 @@ class ValueZeroing(AttributionMethod):
     summary = "Value Zeroing: 1 - cos of a block's output with one token's value zeroed (last layer or mean)"
     needs_gradients = False
     signed = False
-    cost = "1 + ceil(n/batch_size) forwards of batch_size rows (all steps share them)"
+    cost = "1 forward + ceil(n/batch_size) batched passes from the zeroed layer on (all steps share them)"
     defaults = {"layers": "last", "batch_size": 16}
 
     def __init__(self, **params):
