@@ -117,6 +117,9 @@ def test_value_zeroing_runs_few_forwards(tiny_llama):
     counter.close()
     assert len(counter.rows) == 1 + math.ceil(n / 8)
     assert sum(counter.rows) == 1 + n
+    # zeroed rows start at the first explained position (the clean keys/values before it are cached)
+    seq, first = target.input_ids.shape[1], int(target.positions.min())
+    assert counter.lengths == [seq] + [seq - first] * (len(counter.rows) - 1)
 
 
 # --- random ----------------------------------------------------------------------------------------------------

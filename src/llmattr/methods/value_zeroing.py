@@ -14,8 +14,11 @@ normalisation runs over the content span; for one layer that only rescales each 
 below 1e-6 (float32 noise of identical states) count as 0.
 
 Batched: the zeroed tokens are batch rows (``batch_size`` per forward), all steps share each forward.
-The blocks before the first zeroed layer see the same input in every row, so they are not run again:
-their clean outputs are replayed (with the default ``layers="last"`` a zeroed row costs one block).
+Only the explained positions' block outputs are read, so a zeroed row runs from the first explained
+position on (the clean keys and values before it are cached; the zeroing reaches the cached values), and
+the blocks before the first zeroed layer, whose input is the same in every row, are replayed rather than
+run: with the default ``layers="last"`` and one explained token, a zeroed row costs one block at one
+position.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from ..errors import LlmattrError
-from ..models.forward import logits_at
+from ..models.forward import SharedPrefix, logits_at
 from ..models.loading import LoadedModel
 from ..models.probe import Probe
 from ..targets import Target
@@ -107,29 +111,44 @@ def replayed(blocks: torch.nn.ModuleList, outputs: dict[int, object]):
             blocks[k] = block
 
 
+def suffix_of(output, start: int):
+    """A block's output object (a tensor or a tuple led by one) from sequence position ``start`` on."""
+    if isinstance(output, tuple):
+        return (output[0][:, start:], *output[1:])
+    return output[:, start:]
+
+
 def value_zeroing_distances(lm: LoadedModel, input_ids: torch.Tensor, positions: torch.Tensor,
                             span: tuple[int, int], layers: list[int], batch_size: int) -> torch.Tensor:
-    """1 - cos(clean, zeroed) block outputs: ``(n_layers_chosen, T, n_span)``."""
+    """1 - cos(clean, zeroed) block outputs: ``(n_layers_chosen, T, n_span)``.
+
+    Only the block outputs at the explained ``positions`` are read, and every block's input is clean, so
+    the zeroed rows run from the first explained position on: the clean keys and values before it come
+    from the clean pass (:class:`SharedPrefix`), and the probe's ``value_scale`` zeroes token j's value in
+    that cache too. The blocks before the first zeroed layer are replayed, not run.
+    """
     blocks = decoder_blocks(lm.model)
     positions = positions.to(lm.device)
     embeds = lm.embed(input_ids)
-    seq_len = embeds.shape[1]
-    first = min(layers)
+    seq_len, first = embeds.shape[1], min(layers)
+    suffix = int(positions.min())  # rows start here; everything before is served from the clean cache
     with torch.no_grad():
+        cache = DynamicCache()
         with BlockTap(blocks, sorted(set(layers) | set(range(first))), positions, keep_full=True) as clean_tap:
-            logits_at(lm, embeds, positions[-1:])
+            logits_at(lm, embeds, positions[-1:], past_key_values=cache, use_cache=True)
+        prefix = SharedPrefix.from_cache(cache, suffix)
         clean = clean_tap.outputs
-        patch = {k: clean[k] for k in layers[:-1]}  # the last chosen block's output feeds nothing we read
-        skip = {k: clean_tap.raw[k] for k in range(first)}  # blocks before the first zeroed one: same in every row
+        patch = {k: clean[k][:, suffix:] for k in layers[:-1]}  # the last chosen block's output feeds nothing read
+        skip = {k: suffix_of(clean_tap.raw[k], suffix) for k in range(first)}  # same input in every row
         a, b = span
         parts = []
         for start in range(a, b, batch_size):
             tokens = torch.arange(start, min(start + batch_size, b), device=lm.device)
             scale = torch.ones(len(tokens), seq_len, device=lm.device)
             scale[torch.arange(len(tokens)), tokens] = 0.0
-            with replayed(blocks, skip), BlockTap(blocks, layers, positions, patch) as tap, \
+            with replayed(blocks, skip), BlockTap(blocks, layers, positions - suffix, patch) as tap, \
                     Probe(value_scale=scale, value_layers=set(layers)):
-                logits_at(lm, embeds.expand(len(tokens), -1, -1), positions[-1:])
+                prefix.logits_at(lm, embeds[:, suffix:].expand(len(tokens), -1, -1), positions[-1:])
             cos = torch.stack([
                 torch.nn.functional.cosine_similarity(tap.outputs[k].float(), clean[k][:, positions].float(),
                                                       dim=-1) for k in layers
@@ -148,7 +167,7 @@ class ValueZeroing(AttributionMethod):
     summary = "Value Zeroing: 1 - cos of a block's output with one token's value zeroed (last layer or mean)"
     needs_gradients = False
     signed = False
-    cost = "1 forward + ceil(n/batch_size) batched passes from the zeroed layer on (all steps share them)"
+    cost = "1 forward + ceil(n/batch_size) batched passes of the explained positions (all steps share them)"
     defaults = {"layers": "last", "batch_size": 16}
 
     def __init__(self, **params):
