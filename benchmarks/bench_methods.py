@@ -174,7 +174,7 @@ def main() -> None:
                   f"{split[name][-1]:.3f} s", file=sys.stderr, flush=True)
     n_steps = [t.n_steps for t in gen]
     print(f"\n{len(gen)} generations of {statistics.median(n_steps):.0f} tokens (median): shared forward vs "
-          f"one forward + backward per step (floor per step: {statistics.median(split['floor']):.3f} s)\n")
+          f"one forward + backward per step (the floor once per step: {statistics.median(split['floor']):.3f} s)\n")
     rows = []
     for n in gen_names:
         speedup = statistics.median(split[n]) / statistics.median(shared[n])
