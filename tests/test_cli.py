@@ -54,3 +54,31 @@ def test_explain_sentiment_json_and_html(tmp_path):
     assert "AUC pi-Soft-NS" in result.stdout and curve.read_bytes()[:4] == b"\x89PNG"
     html = page.read_text()
     assert html.count('class="tok"') == b - a and "title=\"score" in html
+
+
+CHEAP = {"integrated-gradients": ["n_steps=2"], "igcg": ["n_steps=2"], "aieg": ["n_steps=2"],
+         "gradient-shap": ["n_samples=2"], "lime": ["n_samples=8"], "reagent": ["max_probe_steps=1", "num_probes=1"]}
+
+
+@pytest.mark.slow
+def test_cli_explains_with_every_method(smollm, tmp_path, monkeypatch):
+    """`llmattr explain --method NAME` for every registered method, on a sentiment prompt and a 10-token
+    generation of the embedded model (in-process, the model loaded once)."""
+    from typer.testing import CliRunner
+
+    from llmattr import methods
+    from llmattr.cli import app
+
+    monkeypatch.setattr("llmattr.models.loading.load_model", lambda *args, **kwargs: smollm)
+    runner = CliRunner()
+    for name in methods.available():
+        params = [arg for p in CHEAP.get(name, []) for arg in ("--param", p)]
+        for task in (["--task", "sentiment"], ["--task", "generate", "--answer", " a b c d e f g h i j"]):
+            out = tmp_path / f"{name}.json"
+            result = runner.invoke(app, ["explain", "A gorgeous, witty film.", "--method", name, *task, *params,
+                                         "--json", str(out)])
+            assert result.exit_code == 0, (name, task, result.output)
+            data = json.loads(out.read_text())
+            n_span = data["span"][1] - data["span"][0]
+            assert data["method"] == name and len(data["steps"]) == (1 if task[1] == "sentiment" else 10), name
+            assert all(len(s["scores"]) == n_span and all(0 <= x <= 1 for x in s["scores"]) for s in data["steps"])
