@@ -37,3 +37,35 @@ def floor_fn(lm, target):
         (grad,) = torch.autograd.grad(logits[0, -1, target.target_ids[-1]], embeds)
         return grad
     return run
+
+
+def once(fn) -> float:
+    """Wall time of one call of ``fn``."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def per_example(runs: dict, repeats: int, failed: dict, reference: str = "floor") -> dict[str, float]:
+    """Seconds of every run on one example: the median of ``repeats`` interleaved rounds for the runs
+    under 4x the ``reference`` run (their ratios are the targets and are sensitive to what ran just
+    before), one round for the others. A run that raises is reported once and left out."""
+    rounds: dict[str, list[float]] = {}
+    for r in range(repeats):
+        for name, fn in runs.items():
+            if name in failed or (r and rounds[name][0] > 4 * rounds[reference][0]):
+                continue
+            try:
+                seconds = once(fn)
+            except Exception as error:  # noqa: BLE001 - one failing method must not lose the whole table
+                failed[name] = f"{type(error).__name__}: {error}"
+                continue
+            rounds.setdefault(name, []).append(seconds)
+    return {name: statistics.median(v) for name, v in rounds.items()}
+
+
+def table(rows: list[tuple], header: tuple) -> str:
+    """A Markdown table."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])

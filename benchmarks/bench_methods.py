@@ -21,12 +21,11 @@ import argparse
 import dataclasses
 import statistics
 import sys
-import time
 
 import torch
 from captum.attr import IntegratedGradients, LayerIntegratedGradients
 
-from _common import floor_fn, read_jsonl
+from _common import floor_fn, once, per_example, read_jsonl, table
 from llmattr import load_model, methods
 from llmattr.api import prepare
 from llmattr.methods.gradient import score_fn
@@ -34,28 +33,6 @@ from llmattr.targets import Target
 from llmattr.tasks import get_task
 
 TARGETS = {"normxlogit": ("forward", 1.2), "saliency": ("floor", 1.2), "input-x-gradient": ("floor", 1.2)}
-
-
-def once(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def per_example(runs: dict, repeats: int, failed: dict) -> dict[str, float]:
-    """Seconds of every run on one example: the median of ``repeats`` interleaved rounds for the runs
-    under 4x the floor (their ratios are the targets and are sensitive to what ran just before), one
-    round for the others. A run that raises is reported once and left out."""
-    rounds: dict[str, list[float]] = {}
-    for r in range(repeats):
-        for name, fn in runs.items():
-            if name in failed or (r and rounds[name][0] > 4 * rounds["floor"][0]):
-                continue
-            try:
-                rounds.setdefault(name, []).append(once(fn))
-            except Exception as error:  # noqa: BLE001 - one failing method must not lose the whole table
-                failed[name] = f"{type(error).__name__}: {error}"
-    return {name: statistics.median(v) for name, v in rounds.items()}
 
 
 def forward_fn(lm, target):
@@ -93,12 +70,6 @@ def one_step_targets(target: Target) -> list[Target]:
         prompt = dataclasses.replace(target.prompt, input_ids=ids)
         out.append(Target(prompt, target.target_ids[t:t + 1], forced=True))
     return out
-
-
-def table(rows: list[tuple], header: tuple) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
-    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 
 def main() -> None:

@@ -112,3 +112,21 @@ def test_layer_sweep_figure(tmp_path):
                                                                       Row("pi_soft_nc_auc", value)])])
     paths = layer_sweep(Results([tmp_path / "r.sqlite"]), "tiny", tmp_path)
     assert [p.name for p in paths] == ["fig5_layers_grad-ellm.png"]
+
+
+def test_a_method_has_one_colour_in_every_figure_and_the_html(tmp_path, monkeypatch):
+    import llmattr.report.figures as figures
+    from llmattr.plotting import method_colors
+
+    fill(tmp_path / "r.sqlite")
+    seen, draw = [], figures.plot_pi_curves
+    monkeypatch.setattr(figures, "plot_pi_curves",
+                        lambda results, path, title=None, colors=None: seen.append(colors) or draw(results, path,
+                                                                                                    title, colors))
+    build_report([tmp_path / "r.sqlite"], tmp_path / "out", parse_formats("html"))
+    colors = method_colors(["random", "attention", "grad-ellm"])
+    assert list(colors) == ["attention", "grad-ellm", "random"] and len(set(colors.values())) == 3
+    assert len(seen) == 2 and all(c == colors for c in seen)  # both datasets' pi-curves
+    page = (tmp_path / "out" / "report.html").read_text()
+    for label, color in colors.items():
+        assert f'<i style="background:{color}"></i>{label}' in page  # the qualitative examples' legend

@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..explanation import Explanation  # noqa: E402
+from ..plotting import method_colors, plot_pi_curves  # noqa: E402
 from ..runner import LAYER_SWEEP, method_label  # noqa: E402
 from ..store import Results  # noqa: E402
 from .tables import curve_means, dataset_key, dataset_name, scalar_means  # noqa: E402
@@ -30,19 +31,14 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _colors(labels: list[str]) -> dict[str, tuple]:
-    cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
-    return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
-
-
 def pi_curves(results: Results, model: str, routing: str, out: Path) -> list[Path]:
     """Fig. 3 (Fig. 9 for fixed routing): π-Soft-NS and π-Soft-NC vs π per dataset, one line per method
-    (mean curve over examples, legend with the mean AUC), drawn by :func:`llmattr.plotting.plot_pi_curves`."""
-    from ..plotting import plot_pi_curves
-
+    (mean curve over examples, legend with the mean AUC), drawn by :func:`llmattr.plotting.plot_pi_curves`
+    with one colour per method across datasets, figures and the HTML report."""
     curves = {metric: curve_means(results, model, metric, routing) for metric, _ in CURVES}
     aucs = {metric: scalar_means(results, model, f"{metric}_auc", routing) for metric, _ in CURVES}
     keys = sorted({key for c in curves.values() for key in c})
+    colors = method_colors(label for _, label in keys)
     paths = []
     for dataset in sorted({d for d, _ in keys}, key=dataset_key):
         per_method = {label: {metric: {"pi": list(curves[metric][(d, label)]),
@@ -51,7 +47,8 @@ def pi_curves(results: Results, model: str, routing: str, out: Path) -> list[Pat
                               for metric, _ in CURVES if (d, label) in curves[metric]}
                       for d, label in keys if d == dataset}
         path = out / f"fig3_pi_curves_{dataset}_{routing}.png"
-        paths.append(plot_pi_curves(per_method, path, title=f"{dataset_name(dataset)}, {model}, {routing} routing"))
+        paths.append(plot_pi_curves(per_method, path, title=f"{dataset_name(dataset)}, {model}, {routing} routing",
+                                    colors=colors))
     return paths
 
 
@@ -110,8 +107,9 @@ def score_distributions(results: Results, model: str, out: Path) -> list[Path]:
     labels = sorted(scores)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(labels)), 4))
     parts = ax.violinplot([scores[label] for label in labels], showmedians=True, widths=0.8)
-    for body, color in zip(parts["bodies"], _colors(labels).values(), strict=True):
-        body.set_facecolor(color)
+    colors = method_colors(labels)
+    for body, label in zip(parts["bodies"], labels, strict=True):
+        body.set_facecolor(colors[label])
         body.set_alpha(0.6)
     ax.set_xticks(range(1, len(labels) + 1), labels, rotation=30, ha="right")
     ax.set(ylabel="attribution score (retain probability)", ylim=(-0.02, 1.02),

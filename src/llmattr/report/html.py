@@ -15,13 +15,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..explanation import Explanation
+from ..plotting import method_colors
 from ..runner import method_label
 from ..store import Results
 from .tables import Table, dataset_key, dataset_name, settings_lines, to_html
 
 TIMINGS_START, TIMINGS_END = "<!-- timings -->", "<!-- /timings -->"
-PALETTE = ("#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf")
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:14px}
@@ -57,7 +56,7 @@ def qualitative(results: Results, model: str, per_dataset: int = 3, fraction: fl
     for dataset, method, params, example, text, _seconds in results.explanations(model):
         by_example[(dataset, example)][method_label(method, params)] = text
     labels = sorted({label for methods in by_example.values() for label in methods})
-    colors = {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
+    colors = method_colors(labels)  # the figures' colours
     legend = "".join(f'<span><i style="background:{colors[label]}"></i>{html.escape(label)}</span>'
                      for label in labels)
     parts = [f'<p class="legend">{legend}</p>']
