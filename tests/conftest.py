@@ -88,6 +88,14 @@ def smollm() -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
+def gemma() -> LoadedModel:
+    """Gemma-3-270M base (a second real architecture: sliding-window layers, a 262k vocabulary)."""
+    from llmattr.models.loading import load_model
+
+    return load_model("gemma-3-270m", device="cpu")
+
+
+@pytest.fixture(scope="session")
 def shared_data():
     from pathlib import Path
 

