@@ -11,9 +11,10 @@ settings (keep_top_n=3, stopping_condition_top_k=3, replacing_ratio=0.25, max_pr
 num_probes=2). As everywhere in llmattr only content tokens are replaced (Inseq replaces the template
 too).
 
-Batched: every (step, probe) pair is a batch row of one forward (step t reads position t's logits) after
-the template prefix, which runs once into a shared key/value cache; the stopping check of probe step k
-shares a forward with the update of step k + 1, so a run costs at most ``max_probe_steps + 2`` forwards.
+Batched: one clean forward gives p(y_t | x), the causal sampler's distributions and the template prefix's
+key/value cache; every (step, probe) pair is then a batch row of one forward from the content span on (step t
+reads position t's logits), and the stopping check of probe step k shares a forward with the update of step
+k + 1, so a run costs at most ``max_probe_steps + 2`` forwards.
 
 Replacement tokens (``sampler``): ``"mlm"`` samples from a masked LM's prediction at each position
 (the paper's RoBERTa; it must share the causal LM's vocabulary), ``"causal"`` from the causal LM's
@@ -26,6 +27,7 @@ distribution.
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from ..errors import LlmattrError
 from ..models.forward import SharedPrefix, logits_at
@@ -58,14 +60,28 @@ class TokenSampler:
         return torch.multinomial(self.probs, rows, replacement=True, generator=generator).T
 
 
-def causal_sampler(lm: LoadedModel, input_ids: torch.Tensor, span: tuple[int, int]) -> TokenSampler:
-    """The causal LM's own next-token distribution at each content position (one forward)."""
+def causal_sampler(input_ids: torch.Tensor, span: tuple[int, int], logits: torch.Tensor) -> TokenSampler:
+    """The causal LM's own next-token distribution at each content position, from ``logits`` ``(n, V)`` at the
+    positions before them (read off the clean pass)."""
     a, b = span
-    if a == 0:
-        raise LlmattrError("the causal sampler needs at least one token before the content span")
-    with torch.no_grad():
-        logits = logits_at(lm, lm.embed(input_ids), torch.arange(a - 1, b - 1))[0]
     return TokenSampler(input_ids[0, a:b].cpu(), logits.shape[-1], torch.softmax(logits.float(), -1).cpu())
+
+
+@torch.no_grad()
+def clean_pass(lm: LoadedModel, input_ids: torch.Tensor, span: tuple[int, int], positions: torch.Tensor,
+               causal: bool):
+    """One forward of the clean sequence: the template prefix's key/values (shared by every probe row), the
+    logits at the explained positions and (``causal``) at the positions before the content tokens, which
+    the causal sampler reads: ``(prefix, clean (T, V), sampler (n, V) or None)``."""
+    a, b = span
+    if causal and a == 0:
+        raise LlmattrError("the causal sampler needs at least one token before the content span")
+    before = torch.arange(a - 1, b - 1) if causal else torch.zeros(0, dtype=torch.long)
+    cache = DynamicCache()
+    logits = logits_at(lm, lm.embed(input_ids), torch.cat([positions.cpu(), before]), past_key_values=cache,
+                       use_cache=True)[0]
+    t = positions.numel()
+    return SharedPrefix.from_cache(cache, a), logits[:t], logits[t:] if causal else None
 
 
 def mlm_sampler(lm: LoadedModel, input_ids: torch.Tensor, span: tuple[int, int], mlm) -> TokenSampler:
@@ -140,27 +156,36 @@ class ReAGent(AttributionMethod):
         if p["sampler"] == "mlm" and p["mlm_model"] is None:
             raise LlmattrError("reagent sampler=mlm needs mlm_model (a local masked-LM folder)")
 
-    def sampler(self, lm: LoadedModel, input_ids: torch.Tensor, span: tuple[int, int]) -> TokenSampler:
-        kind, mlm = self.params["sampler"], self.params["mlm_model"]
-        if kind == "mlm" or (kind == "auto" and mlm is not None):
-            return mlm_sampler(lm, input_ids, span, mlm)
+    def sampler_kind(self) -> str:
+        """``mlm``, ``uniform`` or ``causal`` (``auto``: the masked LM when one is given, else causal)."""
+        kind = self.params["sampler"]
+        if kind == "auto":
+            return "mlm" if self.params["mlm_model"] is not None else "causal"
+        return kind
+
+    def sampler(self, lm: LoadedModel, input_ids: torch.Tensor, span: tuple[int, int],
+                causal_logits: torch.Tensor | None) -> TokenSampler:
+        kind = self.sampler_kind()
+        if kind == "mlm":
+            return mlm_sampler(lm, input_ids, span, self.params["mlm_model"])
         if kind == "uniform":
             n_vocab = lm.model.get_input_embeddings().num_embeddings
             return TokenSampler(input_ids[0, span[0]:span[1]].cpu(), n_vocab)
-        return causal_sampler(lm, input_ids, span)
+        return causal_sampler(input_ids, span, causal_logits)
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         p = self.params
         a, b = target.span
         ids = target.input_ids.cpu()
         positions = target.positions
-        sampler = self.sampler(lm, ids, (a, b))
+        prefix, clean_logits, sampler_logits = clean_pass(lm, ids, (a, b), positions, self.sampler_kind() == "causal")
+        sampler = self.sampler(lm, ids, (a, b), sampler_logits)
         generator = torch.Generator().manual_seed(int(p["seed"]))
         n_rows = target.n_steps * p["num_probes"]
         steps = torch.arange(target.n_steps).repeat_interleave(p["num_probes"])
         original = ids.expand(n_rows, -1)
-        prefix = SharedPrefix.compute(lm, ids, a)
-        p_clean, _ = rows_forward(lm, prefix, ids, positions, torch.arange(target.n_steps), target.target_ids, 1)
+        y = target.target_ids.to(clean_logits.device)
+        p_clean = torch.softmax(clean_logits.float(), -1).gather(-1, y[:, None])[:, 0].cpu()
         score = torch.rand(n_rows, b - a, generator=generator)  # logit-scale importance s
         stopped = torch.zeros(n_rows, dtype=torch.bool)
         for probe_step in range(p["max_probe_steps"] + 1):
