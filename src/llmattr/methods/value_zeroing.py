@@ -16,9 +16,9 @@ below 1e-6 (float32 noise of identical states) count as 0.
 Batched: the zeroed tokens are batch rows (``batch_size`` per forward), all steps share each forward.
 Only the explained positions' block outputs are read, so a zeroed row runs from the first explained
 position on (the clean keys and values before it are cached; the zeroing reaches the cached values), and
-the blocks before the first zeroed layer, whose input is the same in every row, are replayed rather than
-run: with the default ``layers="last"`` and one explained token, a zeroed row costs one block at one
-position.
+the blocks before the first zeroed layer (whose input is the same in every row) and after the last (whose
+output is not read) are replayed rather than run: with the default ``layers="last"`` and one explained
+token, a zeroed row costs one block at one position.
 """
 
 from __future__ import annotations
@@ -125,21 +125,23 @@ def value_zeroing_distances(lm: LoadedModel, input_ids: torch.Tensor, positions:
     Only the block outputs at the explained ``positions`` are read, and every block's input is clean, so
     the zeroed rows run from the first explained position on: the clean keys and values before it come
     from the clean pass (:class:`SharedPrefix`), and the probe's ``value_scale`` zeroes token j's value in
-    that cache too. The blocks before the first zeroed layer are replayed, not run.
+    that cache too. The blocks before the first zeroed layer and after the last are replayed, not run.
     """
     blocks = decoder_blocks(lm.model)
     positions = positions.to(lm.device)
     embeds = lm.embed(input_ids)
-    seq_len, first = embeds.shape[1], min(layers)
+    seq_len = embeds.shape[1]
     suffix = int(positions.min())  # rows start here; everything before is served from the clean cache
+    # blocks before the first zeroed layer see the same input in every row, blocks after the last feed nothing read
+    replay_at = [k for k in range(len(blocks)) if k < min(layers) or k > max(layers)]
     with torch.no_grad():
         cache = DynamicCache()
-        with BlockTap(blocks, sorted(set(layers) | set(range(first))), positions, keep_full=True) as clean_tap:
+        with BlockTap(blocks, sorted(set(layers) | set(replay_at)), positions, keep_full=True) as clean_tap:
             logits_at(lm, embeds, positions[-1:], past_key_values=cache, use_cache=True)
         prefix = SharedPrefix.from_cache(cache, suffix)
         clean = clean_tap.outputs
         patch = {k: clean[k][:, suffix:] for k in layers[:-1]}  # the last chosen block's output feeds nothing read
-        skip = {k: suffix_of(clean_tap.raw[k], suffix) for k in range(first)}  # same input in every row
+        skip = {k: suffix_of(clean_tap.raw[k], suffix) for k in replay_at}
         a, b = span
         parts = []
         for start in range(a, b, batch_size):
