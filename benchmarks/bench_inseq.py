@@ -4,7 +4,9 @@ Inseq is what the papers' baselines were computed with and what most of our user
 dependency of llmattr; install it to run this comparison (``pip install inseq``; 0.7.1 works with
 transformers 5.x for the gradient methods and attention). Both sides wrap the same loaded SmolLM2 object and
 explain the same forced answer (Inseq: ``attribute(prompt, prompt + answer)``, which re-tokenises to the
-same ids here), the target probability, with the same settings:
+same ids here), the target probability, with the same settings (Inseq's baseline, the unk token's
+embedding: llmattr's ``baseline="unk"``). The last column checks the scores agree on the first example
+(max difference over the content span relative to Inseq's largest score):
 
 * classification: the sentiment prompt of 10 SST-2 sentences, one explained token (llmattr's answer);
 * generation: 3 SST-2 sentences with the ``generate`` task and a 5-token greedy answer, every token explained
@@ -32,14 +34,17 @@ from llmattr import load_model, methods
 from llmattr.api import prepare
 from llmattr.tasks import get_task
 
-# llmattr method -> (Inseq method, Inseq attribute() kwargs, llmattr parameters)
+# llmattr method -> (Inseq method, Inseq attribute() kwargs, llmattr parameters, token reduction of Inseq's
+# (tokens, steps, d) attributions for the agreement check; None: not compared, random or differently read)
 PAIRS = {
-    "saliency": ("saliency", {}, {}),
-    "input-x-gradient": ("input_x_gradient", {}, {}),
-    "integrated-gradients": ("integrated_gradients", {"n_steps": 16, "internal_batch_size": 16}, {"n_steps": 16}),
-    "deeplift-ixg": ("deeplift", {}, {}),  # Captum's DeepLift on a Llama = (x - 0) x gradient
-    "gradient-shap": ("gradient_shap", {"n_samples": 5}, {"n_samples": 5}),
-    "attention": ("attention", {}, {}),
+    "saliency": ("saliency", {}, {}, "l2"),
+    "input-x-gradient": ("input_x_gradient", {}, {}, "sum"),
+    "integrated-gradients": ("integrated_gradients", {"n_steps": 16, "internal_batch_size": 16},
+                             {"n_steps": 16, "baseline": "unk"}, "sum"),
+    # Captum's DeepLift on a Llama = (x - x0) x gradient, with Inseq's unk baseline
+    "deeplift-ixg": ("deeplift", {}, {"baseline": "unk"}, "sum"),
+    "gradient-shap": ("gradient_shap", {"n_samples": 5}, {"n_samples": 5, "baseline": "unk"}, None),
+    "attention": ("attention", {}, {}, None),
 }
 GEN_METHODS = ("saliency", "input-x-gradient", "integrated-gradients")
 
@@ -52,6 +57,18 @@ def inseq_fn(model, lm, target, kwargs):
                                    **kwargs)
 
 
+def agreement(lm, target, name, inseq_model) -> str:
+    """Max |llmattr - Inseq| over the content span and steps, relative to Inseq's largest score."""
+    inseq_name, kwargs, params, reduction = PAIRS[name]
+    if reduction is None:
+        return ""
+    ours = methods.get(name, **params).attribute(lm, target)  # (T, n)
+    seq = inseq_fn(inseq_model, lm, target, kwargs)().sequence_attributions[0]
+    raw = seq.target_attributions.float()  # (prompt + answer tokens, T, d)
+    theirs = (raw.norm(dim=-1) if reduction == "l2" else raw.sum(-1))[target.span[0]:target.span[1]].T
+    return f"{float((ours - theirs).abs().max() / theirs.abs().max()):.1e}"
+
+
 def compare(lm, targets, names, inseq_models, repeats) -> list[tuple]:
     """Median seconds per example of each pair, interleaved per example (repeats for the runs under 4x the
     first method's time)."""
@@ -60,7 +77,7 @@ def compare(lm, targets, names, inseq_models, repeats) -> list[tuple]:
     for i, target in enumerate(targets):
         runs = {}
         for name in names:
-            inseq_name, kwargs, params = PAIRS[name]
+            inseq_name, kwargs, params, _ = PAIRS[name]
             runs[name] = lambda m=methods.get(name, **params), t=target: m.attribute(lm, t)
             runs[f"inseq:{inseq_name}"] = inseq_fn(inseq_models[inseq_name], lm, target, kwargs)
         example = per_example(runs, repeats, failed, reference=names[0])
@@ -77,10 +94,11 @@ def compare(lm, targets, names, inseq_models, repeats) -> list[tuple]:
             continue
         ours_s = statistics.median(ours)
         if theirs is None:
-            rows.append((name, f"{ours_s:.3f}", "failed in Inseq", ""))
+            rows.append((name, f"{ours_s:.3f}", "failed in Inseq", "", ""))
             continue
         theirs_s = statistics.median(theirs)
-        rows.append((name, f"{ours_s:.3f}", f"{theirs_s:.3f}", f"{theirs_s / ours_s:.2f}"))
+        agree = agreement(lm, targets[0], name, inseq_models[PAIRS[name][0]])
+        rows.append((name, f"{ours_s:.3f}", f"{theirs_s:.3f}", f"{theirs_s / ours_s:.2f}", agree))
     return rows
 
 
@@ -108,7 +126,7 @@ def main() -> None:
     sentiment = [prepare(lm, text, get_task("sentiment")) for text in read_jsonl("sst2", args.n)]
     gen_task = get_task("generate")
     gen = [prepare(lm, text, gen_task, max_new_tokens=args.gen_tokens) for text in read_jsonl("sst2", args.n_gen)]
-    header = ("method", "llmattr s/example", "Inseq s/example", "Inseq / llmattr")
+    header = ("method", "llmattr s/example", "Inseq s/example", "Inseq / llmattr", "max rel. diff (1st example)")
     lengths = [t.input_ids.shape[1] for t in sentiment]
     rows = compare(lm, sentiment, names, inseq_models, args.repeats)
     print(f"{len(sentiment)} SST-2 sentiment prompts (median {statistics.median(lengths):.0f} tokens), one explained "

@@ -87,10 +87,10 @@ def test_softmax_and_layer_norm_sum_to_delta():
 def test_summation_to_delta_on_tiny_lms(tiny_lm, kind):
     tgt = prepare(tiny_lm, "A terrific film.", get_task("sentiment"), answer=" movie was")
     f, x = score_fn(tiny_lm, tgt, kind), tiny_lm.embed(tgt.input_ids).detach()
-    for scope in ("all", "span"):
-        attr, delta = deeplift_attributions(f, x, baseline_embeds(x, tgt, scope))
+    for scope in ("all", "span", "unk"):
+        attr, delta = deeplift_attributions(f, x, baseline_embeds(tiny_lm, x, tgt, scope))
         with torch.no_grad():
-            fx, fx0 = f(x)[0], f(baseline_embeds(x, tgt, scope))[0]
+            fx, fx0 = f(x)[0], f(baseline_embeds(tiny_lm, x, tgt, scope))[0]
         assert torch.allclose(delta, fx - fx0, rtol=1e-5, atol=1e-7)
         gap = (attr.sum((1, 2)) - delta).abs().max()  # float32 secants of near-equal passes: ~1e-5 |F|
         assert gap <= 1e-4 * torch.maximum(fx.abs(), fx0.abs()).max() + 1e-7, (scope, gap, delta)

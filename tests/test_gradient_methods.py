@@ -64,13 +64,25 @@ def test_saliency_and_ixg_match_captum(tiny_llama, gen_target, kind):
         assert torch.allclose(ixg[t], ref_ixg[a:b].sum(-1), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("scope", ["all", "span"])
+def test_unk_baseline_is_inseqs(tiny_llama, gen_target):
+    """baseline='unk': the unk token's embedding everywhere except at end-of-sequence tokens (Inseq's)."""
+    lm, tgt = tiny_llama, gen_target
+    ids = tgt.input_ids[0]
+    x0 = baseline_embeds(lm, lm.embed(tgt.input_ids), tgt, "unk")[0]
+    eos = ids == lm.tokenizer.eos_token_id
+    assert eos.any() and (~eos).any()
+    unk = lm.model.get_input_embeddings().weight[lm.tokenizer.unk_token_id]
+    assert torch.equal(x0[~eos], unk.expand(int((~eos).sum()), -1))
+    assert torch.equal(x0[eos], lm.embed(ids[eos]))
+
+
+@pytest.mark.parametrize("scope", ["all", "span", "unk"])
 def test_integrated_gradients_match_captum(tiny_llama, gen_target, scope):
     lm, tgt = tiny_llama, gen_target
     ig = methods.get("integrated-gradients", baseline=scope, internal_batch_size=5)
     attr = ig.attributions(lm, tgt)  # (T, S, D), chunked 5 + 5 + 5 + 1
     f, x = score_fn(lm, tgt, "probability"), lm.embed(tgt.input_ids).detach()
-    x0 = baseline_embeds(x, tgt, scope)
+    x0 = baseline_embeds(lm, x, tgt, scope)
     for t in range(tgt.n_steps):
         ref = IntegratedGradients(per_step(f, t)).attribute(x, baselines=x0, n_steps=16,
                                                             method="gausslegendre", internal_batch_size=8)

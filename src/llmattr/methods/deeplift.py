@@ -8,7 +8,8 @@ non-linear call; the input pass returns the true value of each call but gives it
 multiplier instead of the gradient:
 
 * element-wise non-linearities (SiLU, GELU, tanh, sigmoid, exp, rsqrt, sqrt, pow, reciprocal, ReLU, erf):
-  the **rescale rule** ``m = (f(x) - f(x0)) / (x - x0)`` (the gradient where ``|x - x0| <= 1e-6``);
+  the **rescale rule** ``m = (f(x) - f(x0)) / (x - x0)`` (the gradient where ``x`` and ``x0`` agree to
+  float32 precision, ``|x - x0| <= 1e-6 max(|x|, |x0|)``);
 * products of two input-dependent tensors (``*``, ``/``, ``matmul``: SwiGLU's gate, RMSNorm's
   ``x * rsqrt(.)``, ``q k^T``, ``probs @ v``): the multipliers ``(b + b0)/2`` and ``(a + a0)/2``, for which
   ``ab - a0 b0 = (b + b0)/2 (a - a0) + (a + a0)/2 (b - b0)`` holds exactly (the Shapley value of the
@@ -42,7 +43,7 @@ PRODUCT = {T.__mul__, T.__rmul__, torch.mul, T.mul, torch.matmul, T.__matmul__, 
 DIVIDE = {T.__truediv__, torch.div, T.div, torch.true_divide}
 SOFTMAX = {torch.softmax, T.softmax, F.softmax}
 NORMALISERS = {torch.rsqrt, T.rsqrt, torch.reciprocal, T.reciprocal}
-NEAR_ZERO = 1e-6
+NEAR_ZERO = 1e-6  # relative: below it the float32 secant is noise and the gradient is used
 SCALE = "_llmattr_deeplift_scale"  # marks a normaliser's output (rsqrt / reciprocal)
 
 
@@ -96,7 +97,7 @@ class DeepLiftMode(TorchFunctionMode):
         rest = args[1:]
         y, y0 = func(x.detach(), *rest, **kwargs), func(x0, *rest, **kwargs)
         dx = x.detach() - x0
-        far = dx.abs() > NEAR_ZERO
+        far = dx.abs() > NEAR_ZERO * torch.maximum(x.detach().abs(), x0.abs())
         m = (y - y0) / torch.where(far, dx, 1)
         if not bool(far.all()):
             with torch.enable_grad():
@@ -196,7 +197,7 @@ class DeepLift(EmbeddingGradientMethod):
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         x = lm.embed(target.input_ids).detach()
-        x0 = baseline_embeds(x, target, self.params["baseline"])
+        x0 = baseline_embeds(lm, x, target, self.params["baseline"])
         attr, _ = deeplift_attributions(score_fn(lm, target, self.params["target"]), x, x0)
         return span_scores(attr, target, self.params["reduction"])
 
@@ -216,5 +217,5 @@ class DeepLiftIxG(EmbeddingGradientMethod):
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         x, grads = self.gradients(lm, target)
-        x0 = baseline_embeds(x, target, self.params["baseline"])
+        x0 = baseline_embeds(lm, x, target, self.params["baseline"])
         return span_scores((x - x0) * grads[:, 0], target, self.params["reduction"])

@@ -27,7 +27,7 @@ from .grad_ellm import step_gradients
 
 TARGETS = ("probability", "logit")
 REDUCTIONS = ("l2", "sum", "l1")
-SCOPES = ("all", "span")
+SCOPES = ("all", "span", "unk")
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # embeddings (B, S, D) -> F (B, T)
 
@@ -97,11 +97,24 @@ def embedding_gradients(f: ScoreFn, embeds: torch.Tensor) -> tuple[torch.Tensor,
     return scores.detach(), grads
 
 
-def baseline_embeds(embeds: torch.Tensor, target: Target, scope: str) -> torch.Tensor:
-    """Zero baseline ``x0``: every input embedding zero (``all``, Inseq's and papers 000/004's reading)
-    or only the content span zero, template and generated prefix kept (``span``)."""
+def baseline_embeds(lm: LoadedModel, embeds: torch.Tensor, target: Target, scope: str) -> torch.Tensor:
+    """The baseline ``x0`` of the path and reference methods.
+
+    ``all``: every input embedding zero (paper 004 algorithm A.3, ``x0 = 0``); ``span``: only the content
+    span zero, template and generated prefix kept; ``unk``: Inseq's baseline, and so what paper 000's IG,
+    DeepLIFT and GradientSHAP columns used: the unknown token's embedding at every position except those
+    of the end-of-sequence token, which stay (Inseq's ``include_eos_baseline=False`` default).
+    """
     if scope == "all":
         return torch.zeros_like(embeds)
+    if scope == "unk":
+        unk, eos = lm.tokenizer.unk_token_id, lm.tokenizer.eos_token_id
+        if unk is None:
+            raise LlmattrError("baseline 'unk' needs a tokenizer with an unknown token; use 'all' or 'span'")
+        ids = target.input_ids.to(embeds.device)
+        keep = ids == eos if eos is not None else torch.zeros_like(ids, dtype=torch.bool)
+        with torch.no_grad():
+            return lm.embed(torch.where(keep, ids, torch.full_like(ids, unk))).to(embeds.dtype)
     a, b = target.span
     mask = torch.zeros(embeds.shape[-2], 1, dtype=torch.bool, device=embeds.device)
     mask[a:b] = True

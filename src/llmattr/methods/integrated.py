@@ -103,7 +103,7 @@ class PathMethod(EmbeddingGradientMethod):
     def inputs(self, lm: LoadedModel, target: Target, prefix: int = 0) -> tuple[ScoreFn, torch.Tensor, torch.Tensor]:
         x = lm.embed(target.input_ids).detach()
         f = score_fn(lm, target, self.params["target"], prefix)
-        return f, x, baseline_embeds(x, target, self.params["baseline"])
+        return f, x, baseline_embeds(lm, x, target, self.params["baseline"])
 
     def path(self) -> tuple[torch.Tensor, torch.Tensor]:
         return path_alphas(self.params["method"], self.params["n_steps"])
