@@ -81,3 +81,17 @@ def test_every_method_on_gemma(gemma):
             raw = method.attribute(gemma, target)
             assert raw.shape == (target.n_steps, target.span[1] - target.span[0]), name
             assert torch.isfinite(raw).all(), name
+
+
+@pytest.mark.parametrize("scope", ["all", "unk"])
+def test_deeplift_sums_to_delta_on_gemma(gemma, scope):
+    """Gemma-3's post-norms of small activations: the rescale rule must use the secant wherever x and x0
+    differ (an absolute near-zero threshold broke this by ~3% from the unk reference)."""
+    from llmattr.methods.deeplift import deeplift_attributions
+    from llmattr.methods.gradient import baseline_embeds, score_fn
+
+    target = prepare(gemma, "An engrossing film that is never boring.", get_task("sentiment"), answer=" positive")
+    f, x = score_fn(gemma, target, "logit"), gemma.embed(target.input_ids).detach()
+    attr, delta = deeplift_attributions(f, x, baseline_embeds(gemma, x, target, scope))
+    assert delta.abs().min() > 0.1
+    torch.testing.assert_close(attr.sum((1, 2)), delta, rtol=1e-3, atol=1e-4)

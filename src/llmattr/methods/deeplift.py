@@ -8,8 +8,8 @@ non-linear call; the input pass returns the true value of each call but gives it
 multiplier instead of the gradient:
 
 * element-wise non-linearities (SiLU, GELU, tanh, sigmoid, exp, rsqrt, sqrt, pow, reciprocal, ReLU, erf):
-  the **rescale rule** ``m = (f(x) - f(x0)) / (x - x0)`` (the gradient where ``x`` and ``x0`` agree to
-  float32 precision, ``|x - x0| <= 1e-6 max(|x|, |x0|)``);
+  the **rescale rule** ``m = (f(x) - f(x0)) / (x - x0)`` (the gradient where ``x`` and ``x0`` are equal or
+  adjacent float32 numbers, ``|x - x0| <= 1e-7 max(|x|, |x0|)``);
 * products of two input-dependent tensors (``*``, ``/``, ``matmul``: SwiGLU's gate, RMSNorm's
   ``x * rsqrt(.)``, ``q k^T``, ``probs @ v``): the multipliers ``(b + b0)/2`` and ``(a + a0)/2``, for which
   ``ab - a0 b0 = (b + b0)/2 (a - a0) + (a + a0)/2 (b - b0)`` holds exactly (the Shapley value of the
@@ -43,7 +43,7 @@ PRODUCT = {T.__mul__, T.__rmul__, torch.mul, T.mul, torch.matmul, T.__matmul__, 
 DIVIDE = {T.__truediv__, torch.div, T.div, torch.true_divide}
 SOFTMAX = {torch.softmax, T.softmax, F.softmax}
 NORMALISERS = {torch.rsqrt, T.rsqrt, torch.reciprocal, T.reciprocal}
-NEAR_ZERO = 1e-6  # relative: below it the float32 secant is noise and the gradient is used
+NEAR_ZERO = 1e-7  # relative, about one float32 step: x and x0 equal or adjacent -> the gradient
 SCALE = "_llmattr_deeplift_scale"  # marks a normaliser's output (rsqrt / reciprocal)
 
 
