@@ -69,3 +69,11 @@ def table(rows: list[tuple], header: tuple) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def generation_arguments(parser) -> None:
+    """The options every timing benchmark shares: generations, their length, interleaved rounds."""
+    parser.add_argument("--n-gen", type=int, default=3, help="generations timed (SST-2 sentences)")
+    parser.add_argument("--gen-tokens", type=int, default=5, help="tokens generated and explained")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds for the cheap runs")
+

@@ -29,7 +29,7 @@ import warnings
 
 import torch
 
-from _common import per_example, read_jsonl, table
+from _common import generation_arguments, per_example, read_jsonl, table
 from llmattr import load_model, methods
 from llmattr.api import prepare
 from llmattr.tasks import get_task
@@ -105,9 +105,7 @@ def compare(lm, targets, names, inseq_models, repeats) -> list[tuple]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=10)
-    parser.add_argument("--n-gen", type=int, default=3)
-    parser.add_argument("--gen-tokens", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds for the cheap runs")
+    generation_arguments(parser)
     parser.add_argument("--methods", default=",".join(PAIRS))
     args = parser.parse_args()
     try:

@@ -25,7 +25,7 @@ import sys
 import torch
 from captum.attr import IntegratedGradients, LayerIntegratedGradients
 
-from _common import floor_fn, once, per_example, read_jsonl, table
+from _common import floor_fn, generation_arguments, once, per_example, read_jsonl, table
 from llmattr import load_model, methods
 from llmattr.api import prepare
 from llmattr.methods.gradient import score_fn
@@ -76,9 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n-short", type=int, default=10)
     parser.add_argument("--n-long", type=int, default=3)
-    parser.add_argument("--n-gen", type=int, default=3)
-    parser.add_argument("--gen-tokens", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds for the cheap runs")
+    generation_arguments(parser)
     parser.add_argument("--long-chars", type=int, default=1500, help="IMDb reviews cut to this many characters")
     parser.add_argument("--methods", default="", help="comma-separated subset (default: every registered method)")
     parser.add_argument("--gen-methods", default="", help="subset for the generation table (default: every "

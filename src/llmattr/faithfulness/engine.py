@@ -16,10 +16,9 @@ pass through the internals probe (:class:`llmattr.models.probe.Probe` with ``rep
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache
 
 from ..errors import LlmattrError
-from ..models.forward import SharedPrefix
+from ..models.forward import logits_and_prefix
 from ..models.loading import LoadedModel
 from ..models.probe import Probe
 from ..targets import Target
@@ -61,21 +60,16 @@ class PerturbationEngine:
         self.prefix_len = self.span[0]
         self.suffix_embeds = lm.embed(ids[self.prefix_len:])[None]  # (1, T, d)
         self.batch_size = batch_size or max(1, TOKEN_BUDGET // self.suffix_embeds.shape[1])
+        self.last = torch.tensor([ids.numel() - 1])  # the step's predicting position
         self._clean_pass(ids)
 
     @torch.no_grad()
     def _clean_pass(self, ids: torch.Tensor) -> None:
         """One clean forward: clean distribution, prefix key/values, (fixed routing) every layer's probs."""
-        cache = DynamicCache() if self.prefix_len else None
         with Probe(record=self.routing == "fixed") as probe:
-            out = self.lm.model(input_ids=ids[None], past_key_values=cache, use_cache=cache is not None,
-                                logits_to_keep=1)
-        self.clean_probs = torch.softmax(out.logits[0, -1].float(), dim=-1)
+            logits, self.prefix = logits_and_prefix(self.lm, self.lm.embed(ids)[None], self.last, self.prefix_len)
+        self.clean_probs = torch.softmax(logits[0, -1].float(), dim=-1)
         self.replay = {i: rec.probs for i, rec in probe.layers.items()} if self.routing == "fixed" else None
-        self.prefix = SharedPrefix.from_cache(cache, self.prefix_len) if cache is not None else None
-
-    def _cache(self) -> Cache | None:
-        return None if self.prefix is None else self.prefix.cache()
 
     def _masked_embeds(self, keep: torch.Tensor) -> torch.Tensor:
         """``(N, T, d)`` suffix embeddings with the span's rows multiplied by ``keep``."""
@@ -88,12 +82,9 @@ class PerturbationEngine:
 
     @torch.no_grad()
     def _forward(self, keep: torch.Tensor) -> torch.Tensor:
-        embeds = self._masked_embeds(keep)
-        cache = self._cache()
         with Probe(replay_probs=self.replay):
-            out = self.lm.model(inputs_embeds=embeds, past_key_values=cache, use_cache=cache is not None,
-                                logits_to_keep=1)
-        return torch.softmax(out.logits[:, -1].float(), dim=-1)
+            logits = self.prefix.logits_at(self.lm, self._masked_embeds(keep), self.last)
+        return torch.softmax(logits[:, -1].float(), dim=-1)
 
     def probs(self, keep: torch.Tensor) -> torch.Tensor:
         """Next-token probabilities ``(N, V)`` at step ``step`` for the perturbed inputs ``keep``.

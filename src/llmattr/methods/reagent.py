@@ -27,10 +27,9 @@ distribution.
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicCache
 
 from ..errors import LlmattrError
-from ..models.forward import SharedPrefix, logits_at
+from ..models.forward import SharedPrefix, logits_and_prefix
 from ..models.loading import LoadedModel
 from ..targets import Target
 from .base import AttributionMethod, register
@@ -77,11 +76,9 @@ def clean_pass(lm: LoadedModel, input_ids: torch.Tensor, span: tuple[int, int], 
     if causal and a == 0:
         raise LlmattrError("the causal sampler needs at least one token before the content span")
     before = torch.arange(a - 1, b - 1) if causal else torch.zeros(0, dtype=torch.long)
-    cache = DynamicCache()
-    logits = logits_at(lm, lm.embed(input_ids), torch.cat([positions.cpu(), before]), past_key_values=cache,
-                       use_cache=True)[0]
+    logits, prefix = logits_and_prefix(lm, lm.embed(input_ids), torch.cat([positions.cpu(), before]), a)
     t = positions.numel()
-    return SharedPrefix.from_cache(cache, a), logits[:t], logits[t:] if causal else None
+    return prefix, logits[0, :t], logits[0, t:] if causal else None
 
 
 def mlm_sampler(lm: LoadedModel, input_ids: torch.Tensor, span: tuple[int, int], mlm) -> TokenSampler:

@@ -26,10 +26,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
-from transformers.cache_utils import DynamicCache
 
 from ..errors import LlmattrError
-from ..models.forward import SharedPrefix, logits_at
+from ..models.forward import logits_and_prefix
 from ..models.loading import LoadedModel
 from ..models.probe import Probe
 from ..targets import Target
@@ -83,6 +82,13 @@ class BlockTap:
             handle.remove()
 
 
+def map_hidden(output, fn):
+    """A block's output object (a tensor, or a tuple led by one) with ``fn`` applied to its hidden states."""
+    if isinstance(output, tuple):
+        return (fn(output[0]), *output[1:])
+    return fn(output)
+
+
 class CleanReplay(torch.nn.Module):
     """Stands in for a block whose input is the same in every batch row: returns its clean output, expanded
     to the batch, without computing anything."""
@@ -92,10 +98,7 @@ class CleanReplay(torch.nn.Module):
         self.output = output
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
-        rows = hidden_states.shape[0]
-        if isinstance(self.output, tuple):
-            return (self.output[0].expand(rows, -1, -1), *self.output[1:])
-        return self.output.expand(rows, -1, -1)
+        return map_hidden(self.output, lambda h: h.expand(hidden_states.shape[0], -1, -1))
 
 
 @contextmanager
@@ -111,11 +114,6 @@ def replayed(blocks: torch.nn.ModuleList, outputs: dict[int, object]):
             blocks[k] = block
 
 
-def suffix_of(output, start: int):
-    """A block's output object (a tensor or a tuple led by one) from sequence position ``start`` on."""
-    if isinstance(output, tuple):
-        return (output[0][:, start:], *output[1:])
-    return output[:, start:]
 
 
 def value_zeroing_distances(lm: LoadedModel, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -135,13 +133,11 @@ def value_zeroing_distances(lm: LoadedModel, input_ids: torch.Tensor, positions:
     # blocks before the first zeroed layer see the same input in every row, blocks after the last feed nothing read
     replay_at = [k for k in range(len(blocks)) if k < min(layers) or k > max(layers)]
     with torch.no_grad():
-        cache = DynamicCache()
         with BlockTap(blocks, sorted(set(layers) | set(replay_at)), positions, keep_full=True) as clean_tap:
-            logits_at(lm, embeds, positions[-1:], past_key_values=cache, use_cache=True)
-        prefix = SharedPrefix.from_cache(cache, suffix)
+            _, prefix = logits_and_prefix(lm, embeds, positions[-1:], suffix)
         clean = clean_tap.outputs
         patch = {k: clean[k][:, suffix:] for k in layers[:-1]}  # the last chosen block's output feeds nothing read
-        skip = {k: suffix_of(clean_tap.raw[k], suffix) for k in replay_at}
+        skip = {k: map_hidden(clean_tap.raw[k], lambda h: h[:, suffix:]) for k in replay_at}
         a, b = span
         parts = []
         for start in range(a, b, batch_size):

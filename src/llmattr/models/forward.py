@@ -60,8 +60,8 @@ class PrefixLayer(DynamicLayer):
 class SharedPrefix:
     """The keys and values of the first ``length`` tokens of one sequence, shared by batches of any size.
 
-    Build it from a forward pass that already ran with a :class:`~transformers.DynamicCache`
-    (:meth:`from_cache`) or run one (:meth:`compute`); :meth:`cache` gives a fresh cache object to pass
+    Keep it from a clean forward of the whole sequence (:func:`logits_and_prefix`) or run the prefix alone
+    (:meth:`compute`); :meth:`cache` gives a fresh cache object to pass
     as ``past_key_values`` with the tokens after the prefix as input.
     """
 
@@ -78,10 +78,7 @@ class SharedPrefix:
         """Run the first ``length`` tokens of ``input_ids`` ``(1, S)`` once (no prefix when ``length`` is 0)."""
         if not length:
             return cls([], 0)
-        cache = DynamicCache()
-        lm.model(input_ids=input_ids[:1, :length].to(lm.device), past_key_values=cache, use_cache=True,
-                 logits_to_keep=1)
-        return cls.from_cache(cache, length)
+        return logits_and_prefix(lm, lm.embed(input_ids[:1, :length]), torch.tensor([length - 1]), length)[1]
 
     def cache(self) -> Cache:
         return Cache(layers=[PrefixLayer(k, v) for k, v in self.layers])
@@ -91,3 +88,13 @@ class SharedPrefix:
         if not self.length:
             return logits_at(lm, suffix_embeds, positions)
         return logits_at(lm, suffix_embeds, positions - self.length, past_key_values=self.cache(), use_cache=True)
+
+
+def logits_and_prefix(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch.Tensor,
+                      length: int) -> tuple[torch.Tensor, SharedPrefix]:
+    """:func:`logits_at` of one sequence ``(1, S, D)``, keeping its first ``length`` tokens as a :class:`SharedPrefix`
+    (a clean pass whose prefix the perturbed rows then reuse)."""
+    cache = DynamicCache()
+    logits = logits_at(lm, inputs_embeds, positions, past_key_values=cache, use_cache=True)
+    return logits, SharedPrefix.from_cache(cache, length)
+
