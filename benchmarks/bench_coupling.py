@@ -20,10 +20,9 @@ import time
 import torch
 
 import llmattr
+from _common import read_jsonl
 from llmattr.faithfulness.soft import COUPLINGS
 from llmattr.models.loading import load_model
-
-from _common import read_jsonl
 
 FAMILIES = (("auc_ns", "pi-Soft-NS"), ("auc_nc", "pi-Soft-NC"))
 

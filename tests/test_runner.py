@@ -210,7 +210,7 @@ def test_soft_rows_carry_mc_se_and_the_store_records_the_coupling(tiny_llama, tm
                          coupling=coupling, out=str(out))
         assert run(cfg, lm=tiny_llama, progress=False).computed == 1
         with sqlite3.connect(out) as conn:
-            assert '"coupling": "%s"' % coupling in conn.execute("SELECT settings FROM settings").fetchone()[0]
+            assert f'"coupling": "{coupling}"' in conn.execute("SELECT settings FROM settings").fetchone()[0]
             se = dict(conn.execute("SELECT metric, mc_se FROM results"))
         assert se["expected_retained"] is None and se["soft_ns"] >= 0 and se["soft_nc"] >= 0
 

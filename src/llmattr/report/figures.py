@@ -108,10 +108,11 @@ def layer_sweep(results: Results, model: str, out: Path, resamples: int = stats.
                                                                                  dataset_key(kv[0][2]))):
                 if r == rest and m == metric:
                     xs = sorted(points)
-                    ys = [points[x].mean for x in xs]
-                    err = [[y - (points[x].low if points[x].low is not None else y) for x, y in zip(xs, ys)],
-                           [(points[x].high if points[x].high is not None else y) - y for x, y in zip(xs, ys)]]
-                    ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=dataset_name(dataset))
+                    ests = [points[x] for x in xs]
+                    err = [[e.mean - (e.mean if e.low is None else e.low) for e in ests],
+                           [(e.mean if e.high is None else e.high) - e.mean for e in ests]]
+                    ax.errorbar(xs, [e.mean for e in ests], yerr=err, marker="o", capsize=3,
+                                label=dataset_name(dataset))
             ax.set(xlabel="number of aggregated layers", ylabel=title, title=title)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
