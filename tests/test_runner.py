@@ -207,10 +207,10 @@ def test_ranking_adapters_rows(tiny_llama, monkeypatch):
     from llmattr.faithfulness.ranking import ranking_metrics
     from llmattr.tasks import TASKS, get_task
 
-    task = replace(get_task("sentiment"), name="toy-tf", label_words=("true", "false"), first_token=True)
+    task = replace(get_task("sentiment"), name="toy-pn")
     monkeypatch.setitem(TASKS, task.name, task)
     expl = explain("a good film", model=tiny_llama, method="random", task=task)
-    expl.example["label"] = "false"
+    expl.example["label"] = "Negative"
     cfg = EvalConfig()
     ref = ranking_metrics(expl, tiny_llama)
     di = METRICS["deletion-insertion"].compute(tiny_llama, expl, "none", cfg)

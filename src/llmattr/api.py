@@ -10,7 +10,7 @@ from .errors import LlmattrError
 from .explanation import Explanation
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt
-from .targets import Target, make_target
+from .targets import TARGET_MODES, Target, label_target, make_target
 from .tasks import Task, few_shot, get_task
 
 
@@ -25,14 +25,25 @@ def resolve_model(model: str | LoadedModel, device: str = "auto", dtype: str | N
 
 
 def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int | None = None,
-            answer: str | None = None, demonstrations: str = "") -> Target:
-    """Prompt + target for one input: the shared first half of every explanation."""
+            answer: str | None = None, demonstrations: str = "", target: str = "label",
+            gold: str | None = None) -> Target:
+    """Prompt + target for one input: the shared first half of every explanation.
+
+    A task with label words explains the predicted label word by default (``target="label"``; or
+    ``"generated"``, ``"gold"``: :func:`llmattr.targets.label_target`); ``gold`` defaults to the
+    example's ``label``. A forced ``answer`` is explained as given.
+    """
     if isinstance(text, str) and not text.strip():
         raise LlmattrError("empty text: give the text to explain")
+    if target not in TARGET_MODES:
+        raise LlmattrError(f"target must be one of {', '.join(TARGET_MODES)}; got {target!r}")
     example = task.example_from_text(text)
     task.check_model(lm)
     prompt: Prompt = build_prompt(lm.tokenizer, task, example, demonstrations)
     n_new = task.max_new_tokens if max_new_tokens is None else max_new_tokens
+    if answer is None and task.label_words and task.head == "lm" and task.kind != "lm":
+        gold = example.get("label") if gold is None else gold
+        return label_target(lm, prompt, task, n_new, target, gold)
     return make_target(lm, prompt, n_new, answer)
 
 
@@ -56,6 +67,7 @@ def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod
         timings={**(timings or {}), "attribution_s": seconds},
         task=task.name if task else None, text=target.prompt.text, offsets=target.prompt.offsets,
         generated=tok.decode(step_ids), forced=target.forced, example=example or {},
+        classification=target.classification or {},
     )
 
 
@@ -70,7 +82,10 @@ def explain(
     shots: int = 0,
     shots_seed: int = 0,
     demonstrations: str = "",
-    **method_params,
+    target: str = "label",
+    gold: str | None = None,
+    method_params: dict | None = None,
+    **params,
 ) -> Explanation:
     """Explain the model's answer to ``text`` with ``method``.
 
@@ -78,7 +93,16 @@ def explain(
     the explained tokens instead of greedy generation. ``shots`` few-shot demonstrations (drawn with
     ``shots_seed`` from the task's sample data, never ``text`` itself) or an explicit ``demonstrations``
     text are placed before the content span, so they are neither attributed nor perturbed.
+
+    ``target``: for a task with label words, which token is explained: ``"label"`` (the predicted
+    label word, default), ``"generated"`` (the free greedy answer) or ``"gold"`` (the gold label word:
+    ``gold``, or the ``label`` field of a dict ``text``). ``"probability"``/``"logit"`` are passed on to
+    the method as its explained quantity (the gradient methods' ``target`` parameter). Method parameters
+    come as keywords or as the dict ``method_params`` (which may hold ``target``).
     """
+    method_params = {**(method_params or {}), **params}
+    if target in ("probability", "logit"):
+        method_params["target"], target = target, "label"
     task = get_task(task)
     method_obj = methods.get(method, **method_params)
     start = time.perf_counter()
@@ -87,7 +111,7 @@ def explain(
     example = task.example_from_text(text)
     if shots:
         demonstrations += few_shot(task, shots, shots_seed, exclude=[{"id": None, **example}])
-    target = prepare(lm, text, task, max_new_tokens, answer, demonstrations)
+    prepared_target = prepare(lm, text, task, max_new_tokens, answer, demonstrations, target, gold)
     prepared = time.perf_counter()
-    return attribute(lm, target, method_obj, task, example,
+    return attribute(lm, prepared_target, method_obj, task, example,
                      timings={"load_s": loaded - start, "generate_s": prepared - loaded})

@@ -47,6 +47,7 @@ class Explanation:
     forced: bool = False
     warnings: list[str] = field(default_factory=list)
     example: dict = field(default_factory=dict)
+    classification: dict = field(default_factory=dict)  # label-word target record (llmattr.targets.label_record)
     version: int = SCHEMA_VERSION
 
     @classmethod

@@ -30,6 +30,7 @@ from .errors import LlmattrError
 from .explanation import Explanation
 from .models.loading import LoadedModel
 from .store import MetricOutput, Row, Store, Unit, canonical
+from .targets import TARGET_MODES
 
 ROUTINGS = ("dynamic", "fixed")
 NO_ROUTING = "none"
@@ -51,6 +52,7 @@ class EvalConfig:
     layers: list[str] | None = None
     step_stride: int = 5
     max_new_tokens: int | None = None
+    target: str = "label"
     out: str = "results.sqlite"
     shard: str | None = None
     device: str = "auto"
@@ -303,7 +305,7 @@ def get_metrics(names: list[str]) -> list[MetricAdapter]:
 def run_settings(cfg: EvalConfig, metrics: list[MetricAdapter], lm: LoadedModel) -> dict:
     """The settings that change stored values (a store refuses a run whose settings differ), plus the
     model's number of layers (``layers=all`` in the Fig. 5 sweep)."""
-    keys = sorted({"seed", "max_new_tokens", *(k for m in metrics for k in m.options)})
+    keys = sorted({"seed", "max_new_tokens", "target", *(k for m in metrics for k in m.options)})
     text_config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
     n_layers = getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "n_layer", None)
     return {"n_layers": n_layers, **{key: getattr(cfg, key) for key in keys}}
@@ -423,7 +425,8 @@ def _explain(lm: LoadedModel, item: _Pending, target_cache: dict, cfg: EvalConfi
     if key not in target_cache:
         target_cache.clear()
         fields_ = {name: item.example[name] for name in task.fields}
-        target_cache[key] = prepare(lm, fields_, task, cfg.max_new_tokens)
+        target_cache[key] = prepare(lm, fields_, task, cfg.max_new_tokens, target=cfg.target,
+                                    gold=item.example.get("label"))
     torch.manual_seed(stable_seed(cfg.seed, *item.unit.as_tuple()[1:]))
     return attribute(lm, target_cache[key], item.spec.build(), task, dict(item.example))
 
@@ -445,6 +448,8 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
     """
     start = time.perf_counter()
     rank, world = shard_of(cfg)
+    if cfg.target not in TARGET_MODES:
+        raise LlmattrError(f"target must be one of {', '.join(TARGET_MODES)}; got {cfg.target!r}")
     routings = cfg.routings
     metrics = get_metrics(cfg.metrics)
     specs = expand_methods(cfg.methods, cfg.layers)

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from ..errors import LlmattrError
+from ..targets import TARGET_MODES
 from .app import app
 
 
@@ -67,6 +68,18 @@ def run_evaluation(expl, lm, console: Console, routing: str, samples: int, seed:
     return result
 
 
+def print_classification(record: dict, console: Console) -> None:
+    """One line for a label-word target: explained token, free answer, label-word probabilities, gold."""
+    if not record:
+        return
+    probs = "  ".join(f"p({word})={p:.3f}" for word, p in record["label_probs"].items())
+    gold = "" if record["gold"] is None else (
+        f"  gold {record['gold']} ({'correct' if record['correct'] else 'wrong'})")
+    console.print(f"explained: {record['target']} ({record['predicted']} predicted)  free answer "
+                  f"{record['free_answer']!r}{'' if record['began_with_label'] else ' (not a label word)'}  "
+                  f"{probs}{gold}", highlight=False, soft_wrap=True)
+
+
 @app.command()
 def explain(
     text: str = typer.Argument(..., help="The text to explain (the content span of the prompt)."),
@@ -76,6 +89,9 @@ def explain(
     method: str = typer.Option("grad-ellm", help="Attribution method (see `llmattr methods`)."),
     max_new_tokens: int = typer.Option(None, help="Tokens to generate and explain (task default if unset)."),
     answer: str = typer.Option(None, help="Force this answer text instead of greedy generation."),
+    target: str = typer.Option("label", help="Tasks with label words: explain the predicted label word "
+                                             "(label), the free greedy answer (generated) or the gold label "
+                                             "word (gold; give it as --field label=WORD)."),
     field: list[str] = typer.Option([], help="Extra task field NAME=VALUE (e.g. question=... for boolq)."),
     shots: int = typer.Option(0, help="Few-shot demonstrations (from the task sample data) before the text."),
     param: list[str] = typer.Option([], help="Method parameter NAME=VALUE (e.g. layers=4)."),
@@ -102,6 +118,8 @@ def explain(
     if not text.strip():
         raise LlmattrError("empty text: give the text to explain")
     task_obj = get_task(task)
+    if target not in TARGET_MODES:
+        raise LlmattrError(f"--target must be one of {', '.join(TARGET_MODES)}; got {target!r}")
     params = parse_params(param)
     if attention is not None:
         params["attention"] = attention
@@ -117,8 +135,9 @@ def explain(
         lm = load_model(model, device=device, verbose=verbose)
     with console.status(f"explaining with {method} ..."):
         expl = run_explain(content, model=lm, method=method, task=task_obj, max_new_tokens=max_new_tokens,
-                           answer=answer, shots=shots, **params)
+                           answer=answer, shots=shots, target=target, method_params=params)
     print_explanation(expl, console)
+    print_classification(expl.classification, console)
     result = run_evaluation(expl, lm, console, routing, samples, seed, eval_json, plot) if evaluate else None
     if html is not None:
         html.write_text(to_html(expl))

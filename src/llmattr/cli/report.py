@@ -18,7 +18,7 @@ def report(
                                                                        "or all."),
     out: Path = typer.Option(None, help="Output folder (default: report/ beside the first store)."),
 ) -> None:
-    """Write the paper-shaped tables, figures and HTML report; print Table 1."""
+    """Write the paper-shaped tables, figures and HTML report; print the task accuracy and Table 1."""
     from ..report import build_report, parse_formats
     from ..report.tables import paper_tables, to_markdown
 
@@ -27,8 +27,8 @@ def report(
                                     formats)
     console = Console()
     for model in results.models():
-        table1 = [t for t in paper_tables(results, model) if t.name == "table1_pi_soft_auc"]
-        if table1:
-            console.print(to_markdown(table1[0]), markup=False, highlight=False, soft_wrap=True)
+        for table in paper_tables(results, model):
+            if table.name in ("table_accuracy", "table1_pi_soft_auc"):
+                console.print(to_markdown(table), markup=False, highlight=False, soft_wrap=True)
     folders = sorted({str(p.parent) for p in written})
     console.print(f"wrote {len(written)} files to {', '.join(folders)}", highlight=False)

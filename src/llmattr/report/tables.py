@@ -206,6 +206,26 @@ def timing_table(results: Results, model: str) -> Table | None:
                  deterministic=False)
 
 
+def accuracy_table(results: Results, model: str) -> Table | None:
+    """Task accuracy per dataset: share of examples whose predicted label (label-word argmax at the first
+    answer position) equals the gold label, from the stored explanations' classification records (one
+    vote per example: every method explains the same target)."""
+    votes: dict = defaultdict(dict)
+    for dataset, _method, _params, example, text, _seconds in results.explanations(model):
+        record = json.loads(text).get("classification") or {}
+        if record.get("correct") is not None:
+            votes[dataset][example] = float(record["correct"])
+    if not votes:
+        return None
+    datasets = sorted(votes, key=dataset_key)
+    rows = [("Accuracy", _cells([mean(list(votes[d].values())) for d in datasets], ".3f", None)),
+            ("Examples", _cells([len(votes[d]) for d in datasets], "d", None))]
+    return Table("table_accuracy", "Task accuracy of the model",
+                 "Share of examples whose predicted label word (argmax over the label words at the first "
+                 "answer position) equals the gold label: whether the model does the task at all.",
+                 "", [*map(dataset_name, datasets)], [Section("Label-word prediction", rows)])
+
+
 # ---------------------------------------------------------------------------------------- the tables
 def paper_tables(results: Results, model: str) -> list[Table]:
     """Every table whose metrics are in the store, in paper order (timings last)."""
@@ -213,6 +233,7 @@ def paper_tables(results: Results, model: str) -> list[Table]:
            MetricRow("pi_soft_nc_auc", "AUC π-Soft-NC", True)]
     best = "Best / 2nd / 3rd marked on the Avg row."
     tables = [
+        accuracy_table(results, model),
         datasets_by_methods(results, model, "table1_pi_soft_auc",
                             "Table 1: AUC of π-Soft-NC/NS curves (dynamic routing)",
                             "Mean over examples of the per-example AUC (trapezoid / span of the π grid). "
