@@ -51,7 +51,7 @@ def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod
               example: dict | None = None, timings: dict | None = None) -> Explanation:
     """Run ``method`` on a prepared target and package the result."""
     start = time.perf_counter()
-    raw = method.attribute(lm, target)
+    raw, step_info = method.attribute_with_info(lm, target)
     seconds = time.perf_counter() - start
     if raw.shape != (target.n_steps, target.span[1] - target.span[0]):
         raise RuntimeError(f"{method.name} returned shape {tuple(raw.shape)}")
@@ -59,7 +59,7 @@ def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod
     ids = target.prompt.input_ids[0].tolist()
     step_ids = target.target_ids.tolist()
     return Explanation.from_raw(
-        raw, method.signed,
+        raw, method.signed, step_info=step_info,
         step_tokens=[tok.decode([i]) for i in step_ids], step_ids=step_ids,
         positions=target.positions.tolist(),
         model=lm.model_id, method=method.name, params=dict(method.params),

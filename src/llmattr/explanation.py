@@ -27,6 +27,8 @@ class Step:
     scores: list[float]
     position: int  # index of the input position whose logits predict this token
     logit: float | None = None
+    target_delta: float | None = None  # path methods, DeepLIFT: F(x) - F(x0)
+    convergence_delta: float | None = None  # sum of raw attributions over every input - target_delta (Captum)
 
 
 @dataclass
@@ -52,13 +54,19 @@ class Explanation:
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor, signed: bool, step_tokens: list[str], step_ids: list[int],
-                 positions: list[int], logits: list[float] | None = None, **kwargs) -> Explanation:
-        """Build from a ``(steps, span)`` raw score tensor, mapping it to retain probabilities."""
+                 positions: list[int], logits: list[float] | None = None, step_info: dict | None = None,
+                 **kwargs) -> Explanation:
+        """Build from a ``(steps, span)`` raw score tensor, mapping it to retain probabilities.
+
+        ``step_info``: per-step values of further :class:`Step` fields (``{"convergence_delta": [...]}``).
+        """
         probs, warnings = retain_probs(raw.detach().double().cpu(), signed)
         raw_rows = raw.detach().double().cpu().tolist()
+        info = step_info or {}
         steps = [
             Step(token=tok, token_id=int(tid), raw=r, scores=p, position=int(pos),
-                 logit=None if logits is None else float(logits[i]))
+                 logit=None if logits is None else float(logits[i]),
+                 **{name: float(values[i]) for name, values in info.items()})
             for i, (tok, tid, r, p, pos) in enumerate(zip(step_tokens, step_ids, raw_rows, probs.tolist(),
                                                           positions, strict=True))
         ]

@@ -80,6 +80,14 @@ def print_classification(record: dict, console: Console) -> None:
                   f"{probs}{gold}", highlight=False, soft_wrap=True)
 
 
+def print_convergence(expl, console: Console) -> None:
+    """``--verbose``: completeness of path methods and DeepLIFT per step (Captum's convergence delta)."""
+    for i, step in enumerate(expl.steps):
+        if step.convergence_delta is not None:
+            console.print(f"step {i} {step.token!r}: target_delta F(x)-F(x0) = {step.target_delta:.6g}  "
+                          f"convergence_delta = {step.convergence_delta:.3g}", highlight=False)
+
+
 @app.command()
 def explain(
     text: str = typer.Argument(..., help="The text to explain (the content span of the prompt)."),
@@ -100,7 +108,8 @@ def explain(
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
     html: Path = typer.Option(None, help="Write a self-contained HTML heatmap here."),
     json: Path = typer.Option(None, help="Write the Explanation JSON here."),
-    verbose: bool = typer.Option(False, "--verbose", help="Say where the model folder is."),
+    verbose: bool = typer.Option(False, "--verbose", help="Say where the model folder is; print each step's "
+                                                       "convergence delta (path methods, DeepLIFT)."),
     evaluate: bool = typer.Option(False, "--evaluate", help="Score the explanation: pi-Soft-NC/NS AUCs."),
     routing: str = typer.Option("dynamic", help="--evaluate protocol: dynamic or fixed (clean attention)."),
     samples: int = typer.Option(15, help="--evaluate: Monte-Carlo samples per pi."),
@@ -138,6 +147,8 @@ def explain(
                            answer=answer, shots=shots, target=target, method_params=params)
     print_explanation(expl, console)
     print_classification(expl.classification, console)
+    if verbose:
+        print_convergence(expl, console)
     result = run_evaluation(expl, lm, console, routing, samples, seed, eval_json, plot) if evaluate else None
     if html is not None:
         html.write_text(to_html(expl))

@@ -31,7 +31,7 @@ from ..models.loading import LoadedModel
 from ..targets import Target
 from .base import register
 from .grad_ellm import step_gradients
-from .gradient import EmbeddingGradientMethod, ScoreFn, baseline_embeds, score_fn, span_scores
+from .gradient import EmbeddingGradientMethod, ScoreFn, baseline_embeds, convergence, score_fn, span_scores
 
 T = torch.Tensor
 UNARY = {
@@ -204,11 +204,15 @@ class DeepLift(EmbeddingGradientMethod):
     cost = "2 forwards (reference + input) + 1 backward (all steps share them)"
     defaults = {"baseline": "all", "target": "probability", "reduction": "sum"}
 
-    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+    def attribute_with_info(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, dict]:
+        """Span scores and the summation-to-delta check per step (Captum's convergence delta)."""
         x = lm.embed(target.input_ids).detach()
         x0 = baseline_embeds(lm, x, target, self.params["baseline"])
-        attr, _ = deeplift_attributions(score_fn(lm, target, self.params["target"]), x, x0)
-        return span_scores(attr, target, self.params["reduction"])
+        attr, delta = deeplift_attributions(score_fn(lm, target, self.params["target"]), x, x0)
+        return span_scores(attr, target, self.params["reduction"]), convergence(attr, delta)
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        return self.attribute_with_info(lm, target)[0]
 
 
 @register
