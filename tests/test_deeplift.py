@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 from captum.attr import DeepLift
-from conftest import ARCHS, build_tiny
 
+from conftest import ARCHS, build_tiny
 from llmattr import methods
 from llmattr.api import prepare
 from llmattr.methods.deeplift import deeplift_attributions

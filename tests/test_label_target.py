@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from conftest import build_tiny
 
 import llmattr
+from conftest import build_tiny
 from llmattr.api import prepare
 from llmattr.errors import LlmattrError
 from llmattr.prompting import build_prompt

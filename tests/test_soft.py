@@ -315,7 +315,9 @@ def test_reagent_mode_reproduces_original_code(tiny_tokenizer):
     s = torch.rand(1, m, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     expl = explanation_for(lm, target, s, method="m")
     s = expl.score_matrix()  # the retain probabilities (min-max of the raw scores)
-    result = evaluate(expl, lm, pis=(0.5,), mode="reagent", seed=3, samples=15)
+    with pytest.raises(LlmattrError, match="scope 'all' was asked"):  # the code's scope is the default
+        evaluate(expl, lm, pis=(0.5,), mode="reagent")
+    result = evaluate(expl, lm, pis=(0.5,), mode="reagent", seed=3, samples=15, scope="span")
     assert result.samples == 1
     # the original evaluator, transcribed: full-sequence forwards, uniform < keep ratio per dimension
     from llmattr.faithfulness import example_key

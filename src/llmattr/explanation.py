@@ -50,6 +50,7 @@ class Explanation:
     warnings: list[str] = field(default_factory=list)
     example: dict = field(default_factory=dict)
     classification: dict = field(default_factory=dict)  # label-word target record (llmattr.targets.label_record)
+    scope: str = "span"  # what ``span`` covers: content span, whole prompt, or prompt + generated prefix
     version: int = SCHEMA_VERSION
 
     @classmethod
@@ -75,11 +76,12 @@ class Explanation:
     # ------------------------------------------------------------------ views
     @property
     def span_tokens(self) -> list[str]:
-        return self.tokens[self.span[0]: self.span[1]]
+        """Tokens the scores cover (``scope="all"``: prompt tokens, then the generated prefix)."""
+        return (self.tokens + [s.token for s in self.steps[:-1]])[self.span[0]: self.span[1]]
 
     @property
     def span_ids(self) -> list[int]:
-        return self.token_ids[self.span[0]: self.span[1]]
+        return (self.token_ids + [s.token_id for s in self.steps[:-1]])[self.span[0]: self.span[1]]
 
     def score_matrix(self, raw: bool = False) -> torch.Tensor:
         """``(steps, span)`` tensor of retain probabilities (or raw scores)."""
@@ -98,6 +100,10 @@ class Explanation:
         visible = True  # does the last group hold any non-space text yet?
         prev_end = None
         for j, i in enumerate(range(a, b)):
+            if i >= len(self.offsets):  # a generated token (scope "all"): a word of its own
+                groups.append([j])
+                visible, prev_end = True, None
+                continue
             s, e = self.offsets[i]
             piece = self.text[s:e]
             glued = (prev_end is not None and s == prev_end and piece[:1].strip() != ""
@@ -115,7 +121,8 @@ class Explanation:
         """Words of the content span and word-level scores (sum of sub-word raw scores, paper 004 sec. 5.1)."""
         groups = self.word_groups()
         a = self.span[0]
-        words = [self.text[self.offsets[a + g[0]][0]: self.offsets[a + g[-1]][1]].strip() for g in groups]
+        words = [self.text[self.offsets[a + g[0]][0]: self.offsets[a + g[-1]][1]].strip()
+                 if a + g[-1] < len(self.offsets) else self.span_tokens[g[0]].strip() for g in groups]
         raw = self.score_matrix(raw=True)
         summed = torch.stack([raw[:, g].sum(-1) for g in groups], dim=-1)
         return words, summed

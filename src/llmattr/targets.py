@@ -9,7 +9,7 @@ label-word probabilities (:func:`label_target`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -30,6 +30,7 @@ class Target:
     target_ids: torch.Tensor  # (T,)
     forced: bool = False
     classification: dict | None = None  # record of :func:`label_target` (None without label words)
+    scope: str = "span"  # what ``span`` covers: see :func:`with_scope`
 
     @property
     def prompt_len(self) -> int:
@@ -148,3 +149,30 @@ def label_target(lm: LoadedModel, prompt: Prompt, task, max_new_tokens: int, mod
     word = {"label": record["predicted"], "gold": record["gold"]}.get(mode)
     ids = free if word is None else label_ids[task.label_words.index(word)][None]
     return Target(prompt=prompt, target_ids=ids, classification=record)
+
+
+SCOPES = ("span", "prompt", "all")
+
+
+def with_scope(target: Target, scope: str) -> Target:
+    """The target whose ``span`` (what is attributed, perturbed and zeroed) is ``scope``.
+
+    ``"span"``: the content span (the user's text, template excluded); ``"prompt"``: every prompt token,
+    template and special tokens included (paper 000's pipeline: Inseq attributes every token, the zero
+    baseline is "all zero inputs"); ``"all"``: the prompt and the generated prefix (what the ReAGent
+    evaluator code perturbs). Step ``t`` sees only the tokens before its position (causal), so under
+    ``"all"`` its scores on later generated tokens are what the method gives them (zero for gradients and
+    attention) and the metrics perturb only the tokens it sees (:func:`visible`).
+    """
+    if scope not in SCOPES:
+        raise LlmattrError(f"scope must be one of {', '.join(SCOPES)}; got {scope!r}")
+    if scope == "span":
+        return target
+    end = target.prompt_len if scope == "prompt" else target.input_ids.shape[1]
+    return replace(target, prompt=replace(target.prompt, span=(0, end)), scope=scope)
+
+
+def visible(target: Target, step: int) -> int:
+    """How many span tokens step ``step`` sees: those at positions up to the one predicting its token."""
+    a, b = target.span
+    return max(0, min(b, int(target.positions[step]) + 1) - a)

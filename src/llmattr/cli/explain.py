@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from ..errors import LlmattrError
-from ..targets import TARGET_MODES
+from ..targets import SCOPES, TARGET_MODES
 from .app import app
 
 
@@ -56,7 +56,8 @@ def run_evaluation(expl, lm, console: Console, routing: str, samples: int, seed:
     console.print(f"AUC pi-Soft-NS {metrics['pi_soft_ns']['auc']:.4f}   "
                   f"AUC pi-Soft-NC {metrics['pi_soft_nc']['auc']:.4f}   "
                   f"(Soft-NS {metrics['soft_ns']:.4f}, Soft-NC {metrics['soft_nc']:.4f}, "
-                  f"E[R] {metrics['expected_retained']:.2f}; {routing} routing)")
+                  f"E[R] {metrics['expected_retained']:.2f}; D0 {result['d0']:.4f}; {routing} routing, "
+                  f"scope {result['scope']})")
     for warning in result["warnings"]:
         console.print(f"[yellow]warning:[/] {warning}")
     if eval_json is not None:
@@ -97,6 +98,9 @@ def explain(
     method: str = typer.Option("grad-ellm", help="Attribution method (see `llmattr methods`)."),
     max_new_tokens: int = typer.Option(None, help="Tokens to generate and explain (task default if unset)."),
     answer: str = typer.Option(None, help="Force this answer text instead of greedy generation."),
+    scope: str = typer.Option("span", help="What is attributed, and perturbed/zeroed by --evaluate: span "
+                                           "(the content), prompt (every prompt token, template included: "
+                                           "paper 000's pipeline) or all (prompt + generated prefix)."),
     target: str = typer.Option("label", help="Tasks with label words: explain the predicted label word "
                                              "(label), the free greedy answer (generated) or the gold label "
                                              "word (gold; give it as --field label=WORD)."),
@@ -129,6 +133,8 @@ def explain(
     task_obj = get_task(task)
     if target not in TARGET_MODES:
         raise LlmattrError(f"--target must be one of {', '.join(TARGET_MODES)}; got {target!r}")
+    if scope not in SCOPES:
+        raise LlmattrError(f"--scope must be one of {', '.join(SCOPES)}; got {scope!r}")
     params = parse_params(param)
     if attention is not None:
         params["attention"] = attention
@@ -144,7 +150,7 @@ def explain(
         lm = load_model(model, device=device, verbose=verbose)
     with console.status(f"explaining with {method} ..."):
         expl = run_explain(content, model=lm, method=method, task=task_obj, max_new_tokens=max_new_tokens,
-                           answer=answer, shots=shots, target=target, method_params=params)
+                           answer=answer, shots=shots, target=target, scope=scope, method_params=params)
     print_explanation(expl, console)
     print_classification(expl.classification, console)
     if verbose:
@@ -156,7 +162,7 @@ def explain(
     if json is not None:
         data = expl.to_dict()
         if result is not None:  # the evaluation's keys at the top level (metrics.pi_soft_ns, ...) and in full
-            data.update({key: result[key] for key in ("metrics", "routing", "samples", "seed", "mode")})
+            data.update({key: result[key] for key in ("metrics", "routing", "samples", "seed", "mode", "d0")})
             data["evaluation"] = result
         json.write_text(dumps(data, indent=1, ensure_ascii=False))
         console.print(f"wrote {json}")

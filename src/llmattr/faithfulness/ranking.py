@@ -35,7 +35,7 @@ from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
 from ..scores import check_finite
-from ..targets import Target
+from ..targets import Target, visible
 from .engine import PerturbationEngine
 
 REMOVALS = ("zero", "delete")
@@ -89,9 +89,9 @@ def deleted_probs(lm: LoadedModel, target: Target, step: int, keep: torch.Tensor
     first), so one padded batch runs them all.
     """
     ids = target.input_ids[0, : int(target.positions[step]) + 1]
-    a, b = target.span
+    a = target.span[0]
     full = torch.ones(keep.shape[0], ids.numel(), dtype=torch.long)
-    full[:, a:b] = keep.round().long()
+    full[:, a: a + keep.shape[1]] = keep.round().long()
     order = torch.sort(full, dim=1, stable=True).indices
     return padded_last_probs(lm, ids[order], full.gather(1, order), batch_size)
 
@@ -180,6 +180,7 @@ def ranking_metrics(scores: Explanation | torch.Tensor, lm: LoadedModel, target:
             the predicted value ``sum_l value_l p_l`` is reported clean and at each K.
     """
     raw, target, label_ids = _inputs(scores, lm, target, label_ids, step)
+    raw = raw[: visible(target, step)]  # scope "all": the tokens this step sees
     m = raw.numel()
     fractions = torch.linspace(0, 1, steps + 1, dtype=torch.float64)
     di_top = top_masks(raw, counts(fractions.tolist(), m))

@@ -25,7 +25,7 @@ import torch
 from ..errors import LlmattrError
 from ..models.loading import LoadedModel
 from ..scores import check_finite, clip_for_search
-from ..targets import Target
+from ..targets import Target, visible
 from .engine import PerturbationEngine
 
 PI_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05, 0.10, ..., 0.95 (paper 000 sec. 4.3)
@@ -161,6 +161,8 @@ class SoftResult:
     mode: str
     steps: list[int] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    d0: float | None = None  # mean zero-baseline distance D0 over the evaluated steps
+    scope: str = "span"  # what was perturbed and zeroed (the explanation's scope)
 
     @property
     def auc_ns(self) -> float | None:
@@ -181,7 +183,7 @@ class SoftResult:
                 "soft_ns": self.soft_ns, "soft_nc": self.soft_nc, "expected_retained": self.expected_retained,
             },
             "routing": self.routing, "samples": self.samples, "seed": self.seed, "mode": self.mode,
-            "warnings": list(self.warnings),
+            "d0": self.d0, "scope": self.scope, "warnings": list(self.warnings),
         }
 
 
@@ -228,9 +230,9 @@ def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps
     samples = 1 if mode == "reagent" else samples
     warnings, kept, per_step = [], [], []
     for step in steps:
-        s = scores[step]
-        s_tilde = torch.cat([transform(s, grid), s[None]])  # K pi rows, then alpha = 1
         engine = PerturbationEngine(lm, target, step=step, routing=routing, batch_size=batch_size)
+        s = scores[step, : engine.n_span]  # scope "all": the tokens this step sees
+        s_tilde = torch.cat([transform(s, grid), s[None]])  # K pi rows, then alpha = 1
         generator = torch.Generator().manual_seed(mc_seed(seed, example, step, method))
         result = soft_samples(engine, s_tilde, samples, generator, families, mode)
         if result.ns is None and result.nc is None:
@@ -252,6 +254,7 @@ def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps
         pis=grid.tolist(),
         pi_soft_ns=None if ns is None else ns[:-1].tolist(), pi_soft_nc=None if nc is None else nc[:-1].tolist(),
         soft_ns=None if ns is None else float(ns[-1]), soft_nc=None if nc is None else float(nc[-1]),
-        expected_retained=float(scores[kept].sum(-1).mean()),
+        expected_retained=float(sum(float(scores[k, : visible(target, k)].sum()) for k in kept) / len(kept)),
         routing=routing, samples=samples, seed=seed, mode=mode, steps=kept, warnings=warnings,
+        d0=float(sum(r.d0 for r in per_step) / len(per_step)), scope=target.scope,
     )
