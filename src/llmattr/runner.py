@@ -259,12 +259,13 @@ def _gold_index(expl: Explanation) -> int | None:
 
 
 def _deletion_insertion_rows(lm, expl, routing, cfg) -> list[Row]:
-    """Deletion/insertion flip-probability curves and AUCs (paper 000 appendix E; Table 4)."""
+    """Deletion/insertion flip-probability curves, their AUCs and the AUCs of the change in flip probability
+    from the clean input (paper 000 appendix E's quantity; Table 4)."""
     r = _ranking(lm, expl, cfg.removal)
     rows = []
     for name, curve in (("deletion", r.deletion), ("insertion", r.insertion)):
         rows += [Row(name, v, pi=f) for f, v in zip(curve.fractions, curve.flip, strict=True)]
-        rows.append(Row(f"{name}_auc", curve.auc))
+        rows += [Row(f"{name}_auc", curve.auc), Row(f"{name}_change_auc", curve.change_auc)]
     return rows
 
 
