@@ -194,7 +194,8 @@ def test_encoder_normxlogit_reads_the_embedding_layer_output_and_token_types(tin
     out = classifier_attributions(model, PairTokenizer(), "the quick", text_pair=" brown fox jumps", label=1,
                                   method="logat")
     first = len(tiny_tokenizer("the quick")["input_ids"])
-    pair_ids = torch.tensor([tiny_tokenizer("the quick")["input_ids"] + tiny_tokenizer(" brown fox jumps")["input_ids"]])
+    pair_ids = torch.tensor([tiny_tokenizer("the quick")["input_ids"]
+                             + tiny_tokenizer(" brown fox jumps")["input_ids"]])
     pair_types = (torch.arange(pair_ids.shape[1]) >= first).long()[None]
     expected, _, _ = classifier_scores(model, pair_ids, 1, "logat", token_type_ids=pair_types)
     torch.testing.assert_close(torch.tensor(out.scores), expected)

@@ -40,7 +40,8 @@ def test_scope_sets_what_is_attributed(tiny_llama):
     assert span.span == span.prompt.span and 0 < span.span[0] and span.span[1] < n
     assert prompt.span == (0, n) and every.span == (0, n + every.n_steps - 1)
     for name in ("grad-ellm", "integrated-gradients", "attention", "lime", "random"):
-        expl = attribute(tiny_llama, every, methods.get(name, **({"n_steps": 4} if name == "integrated-gradients" else {})))
+        params = {"n_steps": 4} if name == "integrated-gradients" else {}
+        expl = attribute(tiny_llama, every, methods.get(name, **params))
         assert len(expl.steps[0].raw) == n + every.n_steps - 1 and expl.scope == "all"
         assert expl.span_tokens[n:] == [s.token for s in expl.steps[:-1]]  # the generated prefix
     with pytest.raises(LlmattrError, match="scope must be one of"):
