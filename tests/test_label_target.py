@@ -124,3 +124,32 @@ def test_boolq_explains_true_or_false_on_the_embedded_model(smollm, shared_data,
     record = data["classification"]
     assert set(record["label_probs"]) == {"true", "false"} and isinstance(record["free_answer"], str)
     assert record["predicted"] == data["steps"][0]["token"] and "free answer" in result.output
+
+
+def test_report_shows_the_task_accuracy_per_dataset(tmp_path):
+    """One vote per example (every method explains the same target): sst2 2 of 3 correct, boolq 0 of 1;
+    examples without a gold label do not count."""
+    from llmattr.explanation import Explanation, Step
+    from llmattr.report.tables import accuracy_table, to_markdown
+    from llmattr.store import MetricOutput, Results, Row, Store, Unit, canonical
+
+    def stored(correct):
+        record = {"target": "label", "predicted": "Positive", "gold": None if correct is None else "Positive",
+                  "correct": correct}
+        step = Step(token="Positive", token_id=9, raw=[0.5], scores=[0.5], position=1)
+        return Explanation(model="tiny", method="m", params={}, tokens=["<s>", "a"], token_ids=[0, 1], span=(1, 2),
+                           steps=[step], classification=record).to_json()
+
+    votes = {("sst2", "a"): True, ("sst2", "b"): True, ("sst2", "c"): False, ("sst2", "d"): None,
+             ("boolq", "e"): False}
+    with Store(tmp_path / "r.sqlite") as store:
+        store.check_settings("tiny", {"seed": 0})
+        for (dataset, example), correct in votes.items():
+            for method in ("random", "grad-ellm"):
+                store.write(Unit("tiny", dataset, example, method, canonical({})), stored(correct), 0.1,
+                            [MetricOutput("soft", "dynamic", 0.1, [Row("soft_ns", 0.5)])])
+    table = accuracy_table(Results([tmp_path / "r.sqlite"]), "tiny")
+    assert table.columns == ["SST2", "BoolQ"]
+    (_, accuracy), (_, counts) = table.sections[0].rows
+    assert [c.value for c in accuracy] == pytest.approx([2 / 3, 0.0]) and [c.value for c in counts] == [3, 1]
+    assert "0.667" in to_markdown(table)
