@@ -17,6 +17,9 @@ from llmattr.runner import EvalConfig, run, run_settings
 from llmattr.tasks import get_task
 
 TEXT = "A terrific film."
+CHEAP = {"integrated-gradients": {"n_steps": 2}, "igcg": {"n_steps": 2}, "aieg": {"n_steps": 2},
+         "gradient-shap": {"n_samples": 2}, "lime": {"n_samples": 8},
+         "reagent": {"max_probe_steps": 2, "num_probes": 1, "sampler": "uniform"}}  # causal: needs a token before
 
 
 def generation(lm, scope):
@@ -39,9 +42,8 @@ def test_scope_sets_what_is_attributed(tiny_llama):
     n = prompt.prompt_len
     assert span.span == span.prompt.span and 0 < span.span[0] and span.span[1] < n
     assert prompt.span == (0, n) and every.span == (0, n + every.n_steps - 1)
-    for name in ("grad-ellm", "integrated-gradients", "attention", "lime", "random"):
-        params = {"n_steps": 4} if name == "integrated-gradients" else {}
-        expl = attribute(tiny_llama, every, methods.get(name, **params))
+    for name in methods.available():  # every method attributes whichever scope is asked
+        expl = attribute(tiny_llama, every, methods.get(name, **CHEAP.get(name, {})))
         assert len(expl.steps[0].raw) == n + every.n_steps - 1 and expl.scope == "all"
         assert expl.span_tokens[n:] == [s.token for s in expl.steps[:-1]]  # the generated prefix
     with pytest.raises(LlmattrError, match="scope must be one of"):

@@ -97,7 +97,7 @@ class _LogitFamily(AttributionMethod):
             with torch.no_grad():
                 scores = lm_head_logits(lm.model, states, target.target_ids).float().cpu()
         if self.use_norm:
-            scores = scores * embedding_norms(lm, target.prompt.input_ids)[a:b].cpu()
+            scores = scores * embedding_norms(lm, target.input_ids)[a:b].cpu()
         return scores
 
 
