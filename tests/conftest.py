@@ -35,6 +35,7 @@ def tiny_tokenizer():
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|im_start|>",
                                   eos_token="<|im_end|>", pad_token="<|im_end|>", unk_token="<|endoftext|>")
     tok.chat_template = CHAT_TEMPLATE
+    tok.add_tokens(["Negative"])  # both sentiment label words one token each (the label-word target needs it)
     return tok
 
 

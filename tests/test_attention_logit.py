@@ -158,3 +158,44 @@ def test_methods_cli_lists_every_method():
     for name in methods.available():
         assert name in result.output
     assert "gradients" in result.output and "signed" in result.output
+
+
+def test_encoder_normxlogit_reads_the_embedding_layer_output_and_token_types(tiny_tokenizer):
+    """Paper 003's code: ||hidden_states[0]|| (word + position + token-type embeddings, LayerNorm) by default;
+    the raw word-embedding row as an option; a sentence pair's token_type_ids reach every forward."""
+    from llmattr.methods.logit import classification_head, classifier_scores
+
+    model = tiny_classifier("bert", tiny_tokenizer, num_labels=2)
+    ids = torch.tensor([tiny_tokenizer("the quick brown fox jumps")["input_ids"]])
+    types = (torch.arange(ids.shape[1]) >= 2).long()[None]  # the second "sentence" from token 2 on
+    with torch.no_grad():
+        emb = model.bert.embeddings(input_ids=ids, token_type_ids=types)[0].norm(dim=-1)
+        word = model.bert.embeddings.word_embeddings(ids)[0].norm(dim=-1)
+        hot, _ = classification_head(model)
+        logat = hot(model.bert(input_ids=ids, token_type_ids=types).last_hidden_state[0])[:, 1]
+    hidden, _, _ = classifier_scores(model, ids, 1, "normxlogit", token_type_ids=types)
+    torch.testing.assert_close(hidden, emb * logat)
+    raw, _, _ = classifier_scores(model, ids, 1, "normxlogit", embedding="word", token_type_ids=types)
+    torch.testing.assert_close(raw, word * logat)
+    assert not torch.allclose(hidden, raw, rtol=0.05)
+    untyped, _, _ = classifier_scores(model, ids, 1, "logat")
+    assert not torch.allclose(untyped, logat, rtol=1e-3)  # token types change LogAt on a pair
+
+    class PairTokenizer:  # the tiny tokenizer has no pair template: mark the pair's tokens as type 1
+        def __call__(self, text, text_pair=None, **kwargs):
+            first = tiny_tokenizer(text, return_tensors="pt")["input_ids"]
+            second = tiny_tokenizer(text_pair, return_tensors="pt")["input_ids"]
+            zeros, ones = torch.zeros_like(first), torch.ones_like(second)
+            return {"input_ids": torch.cat([first, second], 1), "token_type_ids": torch.cat([zeros, ones], 1)}
+
+        def decode(self, ids):
+            return tiny_tokenizer.decode(ids)
+
+    out = classifier_attributions(model, PairTokenizer(), "the quick", text_pair=" brown fox jumps", label=1,
+                                  method="logat")
+    first = len(tiny_tokenizer("the quick")["input_ids"])
+    pair_ids = torch.tensor([tiny_tokenizer("the quick")["input_ids"]
+                             + tiny_tokenizer(" brown fox jumps")["input_ids"]])
+    pair_types = (torch.arange(pair_ids.shape[1]) >= first).long()[None]
+    expected, _, _ = classifier_scores(model, pair_ids, 1, "logat", token_type_ids=pair_types)
+    torch.testing.assert_close(torch.tensor(out.scores), expected)

@@ -8,12 +8,15 @@ import pytest
 import torch
 from captum.attr import DeepLift
 
+from conftest import ARCHS, build_tiny
 from llmattr import methods
 from llmattr.api import prepare
 from llmattr.methods.deeplift import deeplift_attributions
 from llmattr.methods.gradient import baseline_embeds, score_fn
 from llmattr.targets import Target
 from llmattr.tasks import get_task
+
+EPS32 = torch.finfo(torch.float32).eps
 
 
 def silu(v: float) -> float:
@@ -94,6 +97,40 @@ def test_summation_to_delta_on_tiny_lms(tiny_lm, kind):
         assert torch.allclose(delta, fx - fx0, rtol=1e-5, atol=1e-7)
         gap = (attr.sum((1, 2)) - delta).abs().max()  # float32 secants of near-equal passes: ~1e-5 |F|
         assert gap <= 1e-4 * torch.maximum(fx.abs(), fx0.abs()).max() + 1e-7, (scope, gap, delta)
+
+
+def sharpened(arch: str, tokenizer, dtype=torch.float32, gain: float = 20.0):
+    """A tiny model whose query projections are scaled by ``gain``: attention scores spread over tens of
+    units, so in many softmax rows one pass's scores lie far below the shared shift (the other pass's
+    maximum) and its normaliser ``sum exp(z - c)`` is tiny."""
+    lm = build_tiny(arch, tokenizer)
+    with torch.no_grad():
+        for name, weight in lm.model.named_parameters():
+            if "q_proj" in name or "c_attn" in name:
+                weight.mul_(gain)
+    lm.model.to(dtype)
+    return lm
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("scope", ["unk", "all"])
+def test_summation_to_delta_under_sharp_attention_matches_float64(tiny_tokenizer, arch, scope):
+    """|convergence delta| / |F(x) - F(x0)| <= 1e-3, and the float32 attributions equal the same rules run
+    in float64 to float32 precision (relative to sum |attributions|, ~10^3 float32 epsilons for two layers).
+
+    Anchoring the scale product on one pass for every row (the input's ``1 / sum e``) gave GPT-2 multipliers
+    of order 1 / sum e where the reference dominated: exact in float64, but terms ~10^5 |delta| that cancel,
+    so float32 missed the delta by 4% (unk) and 15x (zero) on any CPU. Each row anchored on the pass with the
+    larger normaliser keeps every coefficient <= 1: no cancellation, whatever the CPU's summation order."""
+    runs = []
+    for dtype in (torch.float32, torch.float64):
+        lm = sharpened(arch, tokenizer=tiny_tokenizer, dtype=dtype)
+        tgt = prepare(lm, "A terrific film.", get_task("sentiment"), answer=" movie was")
+        x = lm.embed(tgt.input_ids).detach().to(dtype)
+        runs.append(deeplift_attributions(score_fn(lm, tgt, "logit"), x, baseline_embeds(lm, x, tgt, scope)))
+    (a32, d32), (a64, d64) = [(a.double(), d.double()) for a, d in runs]
+    assert ((a32.sum((1, 2)) - d32).abs() <= 1e-3 * d32.abs()).all()
+    assert ((a32 - a64).abs().sum((1, 2)) <= 1e3 * EPS32 * a64.abs().sum((1, 2))).all()
 
 
 def test_deeplift_method_shares_one_forward_across_steps(tiny_llama):

@@ -104,3 +104,30 @@ def test_explain_api_returns_scores_in_unit_interval(tiny_llama):
     assert scores.shape == (1, expl.span[1] - expl.span[0])
     assert float(scores.min()) >= 0 and float(scores.max()) <= 1
     assert expl.steps[0].token == "Positive" and expl.forced
+
+
+def test_cosine_is_per_head_and_cosine_full_spans_every_head():
+    """``cosine``: min-max over keys of cos(q_t^h, k_i^h) for each head h; ``cosine-full``: of the cosine of
+    the concatenated heads, cos([q^1..q^H], [k^1..k^H]), the same weights for every head (Grad-ECLIP code)."""
+    from types import SimpleNamespace
+
+    from llmattr.methods.grad_ellm import token_weights
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 3, 6, 4, generator=gen), torch.randn(1, 3, 6, 4, generator=gen)
+    record, t = SimpleNamespace(q=q, k=k), 5
+    positions = torch.tensor([t])
+
+    def minmax(v):
+        return (v - v.min()) / (v.max() - v.min())
+
+    per_head = token_weights(record, positions, "loosened", "cosine")[0]  # (H, S)
+    for h in range(3):
+        cos = torch.nn.functional.cosine_similarity(q[0, h, t][None], k[0, h], dim=-1)
+        torch.testing.assert_close(per_head[h], minmax(cos))
+    full = token_weights(record, positions, "loosened", "cosine-full")[0]
+    wide_q, wide_k = q[0, :, t].reshape(-1), k[0].transpose(0, 1).reshape(6, -1)
+    expected = minmax(torch.nn.functional.cosine_similarity(wide_q[None], wide_k, dim=-1))
+    for h in range(3):
+        torch.testing.assert_close(full[h], expected)
+    assert not torch.allclose(full, per_head, atol=1e-2)

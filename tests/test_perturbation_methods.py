@@ -174,7 +174,7 @@ class OneTokenLM(torch.nn.Module):
 def one_token_target(tokenizer, offset: int = 3):
     prompt = build_prompt(tokenizer, get_task("generate"), {"text": TEXT})
     j = prompt.span[0] + offset
-    lm = LoadedModel(model=OneTokenLM(len(tokenizer), j), tokenizer=tokenizer, model_id="toy")
+    lm = LoadedModel(model=OneTokenLM(tokenizer.vocab_size, j), tokenizer=tokenizer, model_id="toy")
     with torch.no_grad():
         y = lm.model(lm.embed(prompt.input_ids), torch.tensor([0])).logits[0, 0].argmax()
     return lm, Target(prompt=prompt, target_ids=torch.stack([y, y])), offset
@@ -213,7 +213,7 @@ def test_reagent_mlm_sampler_with_a_shared_vocabulary(tiny_tokenizer):
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(0)
-    mlm = BertForMaskedLM(BertConfig(vocab_size=len(tiny_tokenizer), hidden_size=16, num_hidden_layers=1,
+    mlm = BertForMaskedLM(BertConfig(vocab_size=tiny_tokenizer.vocab_size, hidden_size=16, num_hidden_layers=1,
                                      num_attention_heads=2, intermediate_size=32)).eval()
     lm, target, j = one_token_target(tiny_tokenizer)
     raw = methods.get("reagent", sampler="mlm", mlm_model=mlm, keep_top_n=1,

@@ -112,6 +112,10 @@ def test_log_odds_comp_suff_hand_computed(monkeypatch, toy):
     assert r.sufficiency_top_k == pytest.approx(0.0)  # the top token is kept
     assert r.deletion.flip[0] == pytest.approx(0.25) and r.deletion.flip[1:] == pytest.approx([0.625] * 20)
     assert r.deletion.auc == pytest.approx(0.625 - 0.05 * (0.625 - 0.25) / 2)
+    # paper 000 appendix E: the change from the clean flip probability 0.25
+    assert r.deletion.change == pytest.approx([0.0] + [0.375] * 20)
+    assert r.deletion.change_auc == pytest.approx(0.375 - 0.05 * 0.375 / 2)
+    assert r.insertion.change_auc == pytest.approx(r.insertion.auc - 0.25)
     assert r.comprehensiveness == pytest.approx([0.375] * 9) and r.comprehensiveness_pred == [1] * 9
     agg = aggregate([r, r], gold=[0, 0])
     assert agg["comprehensiveness_accuracy"] == [0.0] * 9 and agg["sufficiency_accuracy"] == [1.0] * 9

@@ -223,16 +223,17 @@ def test_ranking_adapters_rows(tiny_llama, monkeypatch):
     from llmattr.faithfulness.ranking import ranking_metrics
     from llmattr.tasks import TASKS, get_task
 
-    task = replace(get_task("sentiment"), name="toy-tf", label_words=("true", "false"), first_token=True)
+    task = replace(get_task("sentiment"), name="toy-pn")
     monkeypatch.setitem(TASKS, task.name, task)
     expl = explain("a good film", model=tiny_llama, method="random", task=task)
-    expl.example["label"] = "false"
+    expl.example["label"] = "Negative"
     cfg = EvalConfig()
     ref = ranking_metrics(expl, tiny_llama)
     di = METRICS["deletion-insertion"].compute(tiny_llama, expl, "none", cfg)
-    assert len(di) == 2 * (21 + 1)
-    assert {r.metric: r.value for r in di if r.pi is None} == {"deletion_auc": ref.deletion.auc,
-                                                               "insertion_auc": ref.insertion.auc}
+    assert len(di) == 2 * (21 + 2)
+    assert {r.metric: r.value for r in di if r.pi is None} == {
+        "deletion_auc": ref.deletion.auc, "insertion_auc": ref.insertion.auc,
+        "deletion_change_auc": ref.deletion.change_auc, "insertion_change_auc": ref.insertion.change_auc}
     cs = METRICS["comp-suff"].compute(tiny_llama, expl, "none", cfg)
     acc = [r for r in cs if r.metric == "comprehensiveness_acc"]
     assert [r.value for r in acc] == [float(p == 1) for p in ref.comprehensiveness_pred]

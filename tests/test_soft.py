@@ -322,7 +322,8 @@ def test_evaluate_result_dict(tiny_llama):
     m = target.span[1] - target.span[0]
     expl = explanation_for(tiny_llama, target, torch.rand(1, m))
     data = evaluate(expl, tiny_llama, samples=2, routing="fixed").to_dict()
-    assert set(data) == {"metrics", "routing", "samples", "seed", "mode", "coupling", "mc_se", "warnings"}
+    assert set(data) == {"metrics", "routing", "samples", "seed", "mode", "coupling", "d0", "scope", "mc_se",
+                         "warnings"}
     assert set(data["metrics"]) == {"pi_soft_ns", "pi_soft_nc", "soft_ns", "soft_nc", "expected_retained"}
     for name in ("pi_soft_ns", "pi_soft_nc"):
         curve = data["metrics"][name]
@@ -386,7 +387,9 @@ def test_reagent_mode_reproduces_original_code(tiny_tokenizer, coupling):
     s = torch.rand(1, m, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     expl = explanation_for(lm, target, s, method="m")
     s = expl.score_matrix()  # the retain probabilities (min-max of the raw scores)
-    result = evaluate(expl, lm, pis=(0.5,), mode="reagent", seed=3, samples=15, coupling=coupling)
+    with pytest.raises(LlmattrError, match="scope 'all' was asked"):  # the code's scope is the default
+        evaluate(expl, lm, pis=(0.5,), mode="reagent")
+    result = evaluate(expl, lm, pis=(0.5,), mode="reagent", seed=3, samples=15, scope="span", coupling=coupling)
     assert result.samples == 1
     # the original evaluator, transcribed: full-sequence forwards, uniform < keep ratio per dimension
     from llmattr.faithfulness import example_key

@@ -162,13 +162,15 @@ def _labels(*words, first_token=False):
 
 
 def test_label_words_must_be_single_tokens(tiny_tokenizer):
-    # in the tiny tokenizer "Positive" and "the" are one token, "Negative" is two (281, 285), "Neg" (281, 73)
+    # in the tiny tokenizer "Positive", "Negative" and "the" are one token, "Neg" two (281, 73), "Nega" three
     assert _labels("Positive", "the").label_ids(tiny_tokenizer).tolist() == [334, 375]
-    with pytest.raises(LlmattrError, match="'Negative' is 2 tokens for this tokenizer"):
-        get_task("sentiment").label_ids(tiny_tokenizer)
-    assert _labels("Positive", "Negative", first_token=True).label_ids(tiny_tokenizer).tolist() == [334, 281]
+    with pytest.raises(LlmattrError, match="'Neg' is 2 tokens for this tokenizer"):
+        _labels("Positive", "Neg").label_ids(tiny_tokenizer)
+    assert _labels("Positive", "Neg", first_token=True).label_ids(tiny_tokenizer).tolist() == [334, 281]
+    with pytest.raises(LlmattrError, match="'Neg' is 2 tokens for this tokenizer"):
+        _labels("Positive", "Neg", first_token=True).label_ids(tiny_tokenizer, first_token=False)
     with pytest.raises(LlmattrError, match="share their first token"):
-        _labels("Negative", "Neg", first_token=True).label_ids(tiny_tokenizer)
+        _labels("Nega", "Neg", first_token=True).label_ids(tiny_tokenizer)
 
 
 def test_every_task_is_registered_and_a_head_task_refuses_a_causal_lm(tiny_llama):

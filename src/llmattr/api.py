@@ -10,7 +10,7 @@ from .errors import LlmattrError
 from .explanation import Explanation
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt
-from .targets import Target, make_target
+from .targets import SCOPES, TARGET_MODES, Target, label_target, make_target, with_scope
 from .tasks import Task, few_shot, get_task
 
 
@@ -25,22 +25,36 @@ def resolve_model(model: str | LoadedModel, device: str = "auto", dtype: str | N
 
 
 def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int | None = None,
-            answer: str | None = None, demonstrations: str = "") -> Target:
-    """Prompt + target for one input: the shared first half of every explanation."""
+            answer: str | None = None, demonstrations: str = "", target: str = "label",
+            gold: str | None = None, scope: str = "span") -> Target:
+    """Prompt + target for one input: the shared first half of every explanation.
+
+    A task with label words explains the predicted label word by default (``target="label"``; or
+    ``"generated"``, ``"gold"``: :func:`llmattr.targets.label_target`); ``gold`` defaults to the
+    example's ``label``. A forced ``answer`` is explained as given. ``scope`` (``span``, ``prompt``,
+    ``all``): what is attributed and perturbed (:func:`llmattr.targets.with_scope`).
+    """
     if isinstance(text, str) and not text.strip():
         raise LlmattrError("empty text: give the text to explain")
+    if target not in TARGET_MODES:
+        raise LlmattrError(f"target must be one of {', '.join(TARGET_MODES)}; got {target!r}")
+    if scope not in SCOPES:
+        raise LlmattrError(f"scope must be one of {', '.join(SCOPES)}; got {scope!r}")
     example = task.example_from_text(text)
     task.check_model(lm)
     prompt: Prompt = build_prompt(lm.tokenizer, task, example, demonstrations)
     n_new = task.max_new_tokens if max_new_tokens is None else max_new_tokens
-    return make_target(lm, prompt, n_new, answer)
+    if answer is None and task.label_words and task.head == "lm" and task.kind != "lm":
+        gold = example.get("label") if gold is None else gold
+        return with_scope(label_target(lm, prompt, task, n_new, target, gold), scope)
+    return with_scope(make_target(lm, prompt, n_new, answer), scope)
 
 
 def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod, task: Task | None = None,
               example: dict | None = None, timings: dict | None = None) -> Explanation:
     """Run ``method`` on a prepared target and package the result."""
     start = time.perf_counter()
-    raw = method.attribute(lm, target)
+    raw, step_info = method.attribute_with_info(lm, target)
     seconds = time.perf_counter() - start
     if raw.shape != (target.n_steps, target.span[1] - target.span[0]):
         raise RuntimeError(f"{method.name} returned shape {tuple(raw.shape)}")
@@ -48,14 +62,15 @@ def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod
     ids = target.prompt.input_ids[0].tolist()
     step_ids = target.target_ids.tolist()
     return Explanation.from_raw(
-        raw, method.signed,
+        raw, method.signed, step_info=step_info,
         step_tokens=[tok.decode([i]) for i in step_ids], step_ids=step_ids,
         positions=target.positions.tolist(),
         model=lm.model_id, method=method.name, params=dict(method.params),
         tokens=[tok.decode([i]) for i in ids], token_ids=ids, span=target.span,
         timings={**(timings or {}), "attribution_s": seconds},
         task=task.name if task else None, text=target.prompt.text, offsets=target.prompt.offsets,
-        generated=tok.decode(step_ids), forced=target.forced, example=example or {},
+        generated=tok.decode(step_ids), forced=target.forced, example=example or {}, scope=target.scope,
+        classification=target.classification or {},
     )
 
 
@@ -70,7 +85,11 @@ def explain(
     shots: int = 0,
     shots_seed: int = 0,
     demonstrations: str = "",
-    **method_params,
+    target: str = "label",
+    gold: str | None = None,
+    scope: str = "span",
+    method_params: dict | None = None,
+    **params,
 ) -> Explanation:
     """Explain the model's answer to ``text`` with ``method``.
 
@@ -78,7 +97,20 @@ def explain(
     the explained tokens instead of greedy generation. ``shots`` few-shot demonstrations (drawn with
     ``shots_seed`` from the task's sample data, never ``text`` itself) or an explicit ``demonstrations``
     text are placed before the content span, so they are neither attributed nor perturbed.
+
+    ``target``: for a task with label words, which token is explained: ``"label"`` (the predicted
+    label word, default), ``"generated"`` (the free greedy answer) or ``"gold"`` (the gold label word:
+    ``gold``, or the ``label`` field of a dict ``text``). ``"probability"``/``"logit"`` are passed on to
+    the method as its explained quantity (the gradient methods' ``target`` parameter). Method parameters
+    come as keywords or as the dict ``method_params`` (which may hold ``target``).
+
+    ``scope``: what is attributed, and later perturbed and zeroed by the metrics: ``"span"`` (the content,
+    default), ``"prompt"`` (every prompt token, template included: paper 000's pipeline) or ``"all"``
+    (prompt and generated prefix: the ReAGent evaluator code).
     """
+    method_params = {**(method_params or {}), **params}
+    if target in ("probability", "logit"):
+        method_params["target"], target = target, "label"
     task = get_task(task)
     method_obj = methods.get(method, **method_params)
     start = time.perf_counter()
@@ -87,7 +119,8 @@ def explain(
     example = task.example_from_text(text)
     if shots:
         demonstrations += few_shot(task, shots, shots_seed, exclude=[{"id": None, **example}])
-    target = prepare(lm, text, task, max_new_tokens, answer, demonstrations)
+    prepared_target = prepare(lm, text, task, max_new_tokens, answer, demonstrations, target, gold,
+                              scope)
     prepared = time.perf_counter()
-    return attribute(lm, target, method_obj, task, example,
+    return attribute(lm, prepared_target, method_obj, task, example,
                      timings={"load_s": loaded - start, "generate_s": prepared - loaded})

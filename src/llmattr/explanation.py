@@ -27,6 +27,8 @@ class Step:
     scores: list[float]
     position: int  # index of the input position whose logits predict this token
     logit: float | None = None
+    target_delta: float | None = None  # path methods, DeepLIFT: F(x) - F(x0)
+    convergence_delta: float | None = None  # sum of raw attributions over every input - target_delta (Captum)
 
 
 @dataclass
@@ -47,17 +49,25 @@ class Explanation:
     forced: bool = False
     warnings: list[str] = field(default_factory=list)
     example: dict = field(default_factory=dict)
+    classification: dict = field(default_factory=dict)  # label-word target record (llmattr.targets.label_record)
+    scope: str = "span"  # what ``span`` covers: content span, whole prompt, or prompt + generated prefix
     version: int = SCHEMA_VERSION
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor, signed: bool, step_tokens: list[str], step_ids: list[int],
-                 positions: list[int], logits: list[float] | None = None, **kwargs) -> Explanation:
-        """Build from a ``(steps, span)`` raw score tensor, mapping it to retain probabilities."""
+                 positions: list[int], logits: list[float] | None = None, step_info: dict | None = None,
+                 **kwargs) -> Explanation:
+        """Build from a ``(steps, span)`` raw score tensor, mapping it to retain probabilities.
+
+        ``step_info``: per-step values of further :class:`Step` fields (``{"convergence_delta": [...]}``).
+        """
         probs, warnings = retain_probs(raw.detach().double().cpu(), signed)
         raw_rows = raw.detach().double().cpu().tolist()
+        info = step_info or {}
         steps = [
             Step(token=tok, token_id=int(tid), raw=r, scores=p, position=int(pos),
-                 logit=None if logits is None else float(logits[i]))
+                 logit=None if logits is None else float(logits[i]),
+                 **{name: float(values[i]) for name, values in info.items()})
             for i, (tok, tid, r, p, pos) in enumerate(zip(step_tokens, step_ids, raw_rows, probs.tolist(),
                                                           positions, strict=True))
         ]
@@ -66,11 +76,12 @@ class Explanation:
     # ------------------------------------------------------------------ views
     @property
     def span_tokens(self) -> list[str]:
-        return self.tokens[self.span[0]: self.span[1]]
+        """Tokens the scores cover (``scope="all"``: prompt tokens, then the generated prefix)."""
+        return (self.tokens + [s.token for s in self.steps[:-1]])[self.span[0]: self.span[1]]
 
     @property
     def span_ids(self) -> list[int]:
-        return self.token_ids[self.span[0]: self.span[1]]
+        return (self.token_ids + [s.token_id for s in self.steps[:-1]])[self.span[0]: self.span[1]]
 
     def score_matrix(self, raw: bool = False) -> torch.Tensor:
         """``(steps, span)`` tensor of retain probabilities (or raw scores)."""
@@ -89,6 +100,10 @@ class Explanation:
         visible = True  # does the last group hold any non-space text yet?
         prev_end = None
         for j, i in enumerate(range(a, b)):
+            if i >= len(self.offsets):  # a generated token (scope "all"): a word of its own
+                groups.append([j])
+                visible, prev_end = True, None
+                continue
             s, e = self.offsets[i]
             piece = self.text[s:e]
             glued = (prev_end is not None and s == prev_end and piece[:1].strip() != ""
@@ -106,7 +121,8 @@ class Explanation:
         """Words of the content span and word-level scores (sum of sub-word raw scores, paper 004 sec. 5.1)."""
         groups = self.word_groups()
         a = self.span[0]
-        words = [self.text[self.offsets[a + g[0]][0]: self.offsets[a + g[-1]][1]].strip() for g in groups]
+        words = [self.text[self.offsets[a + g[0]][0]: self.offsets[a + g[-1]][1]].strip()
+                 if a + g[-1] < len(self.offsets) else self.span_tokens[g[0]].strip() for g in groups]
         raw = self.score_matrix(raw=True)
         summed = torch.stack([raw[:, g].sum(-1) for g in groups], dim=-1)
         return words, summed

@@ -28,9 +28,11 @@ import torch
 from . import methods as method_registry
 from .errors import LlmattrError
 from .explanation import Explanation
+from .faithfulness.ranking import REMOVALS
 from .faithfulness.soft import COUPLINGS
 from .models.loading import LoadedModel
 from .store import MetricOutput, Row, Store, Unit, canonical
+from .targets import SCOPES, TARGET_MODES
 
 ROUTINGS = ("dynamic", "fixed")
 NO_ROUTING = "none"
@@ -53,6 +55,9 @@ class EvalConfig:
     layers: list[str] | None = None
     step_stride: int = 5
     max_new_tokens: int | None = None
+    target: str = "label"
+    scope: str = "span"
+    removal: str = "zero"
     out: str = "results.sqlite"
     shard: str | None = None
     device: str = "auto"
@@ -235,13 +240,13 @@ register_metric(MetricAdapter(
 _RANKING_CACHE: dict = {}
 
 
-def _ranking(lm: LoadedModel, expl: Explanation):
+def _ranking(lm: LoadedModel, expl: Explanation, removal: str = "zero"):
     """All ranking metrics of the explanation's first step in one batched call, shared by the three
     ranking adapters of one unit (the last result is kept for the same Explanation object)."""
     from .faithfulness.ranking import ranking_metrics
 
-    if _RANKING_CACHE.get("expl") is not expl:
-        _RANKING_CACHE.update(expl=expl, result=ranking_metrics(expl, lm))
+    if _RANKING_CACHE.get("expl") is not expl or _RANKING_CACHE.get("removal") != removal:
+        _RANKING_CACHE.update(expl=expl, removal=removal, result=ranking_metrics(expl, lm, removal=removal))
     return _RANKING_CACHE["result"]
 
 
@@ -256,19 +261,20 @@ def _gold_index(expl: Explanation) -> int | None:
 
 
 def _deletion_insertion_rows(lm, expl, routing, cfg) -> list[Row]:
-    """Deletion/insertion flip-probability curves and AUCs (paper 000 appendix E; Table 4)."""
-    r = _ranking(lm, expl)
+    """Deletion/insertion flip-probability curves, their AUCs and the AUCs of the change in flip probability
+    from the clean input (paper 000 appendix E's quantity; Table 4)."""
+    r = _ranking(lm, expl, cfg.removal)
     rows = []
     for name, curve in (("deletion", r.deletion), ("insertion", r.insertion)):
         rows += [Row(name, v, pi=f) for f, v in zip(curve.fractions, curve.flip, strict=True)]
-        rows.append(Row(f"{name}_auc", curve.auc))
+        rows += [Row(f"{name}_auc", curve.auc), Row(f"{name}_change_auc", curve.change_auc)]
     return rows
 
 
 def _comp_suff_rows(lm, expl, routing, cfg) -> list[Row]:
     """Comprehensiveness/sufficiency confidence drops per K and, with a gold label, whether the perturbed
     prediction is correct (paper 003 eqs. 5-8; averaged over K and examples in its Tables 1, 4-6)."""
-    r = _ranking(lm, expl)
+    r = _ranking(lm, expl, cfg.removal)
     gold = _gold_index(expl)
     rows = []
     for name, drops, preds in (("comprehensiveness", r.comprehensiveness, r.comprehensiveness_pred),
@@ -281,16 +287,16 @@ def _comp_suff_rows(lm, expl, routing, cfg) -> list[Row]:
 
 def _log_odds_rows(lm, expl, routing, cfg) -> list[Row]:
     """Paper 004 appendix A.4 at the top 20%: log-odds, comprehensiveness and sufficiency."""
-    r = _ranking(lm, expl)
+    r = _ranking(lm, expl, cfg.removal)
     return [Row("log_odds", r.log_odds), Row("comprehensiveness_top_k", r.comprehensiveness_top_k),
             Row("sufficiency_top_k", r.sufficiency_top_k)]
 
 
-register_metric(MetricAdapter("deletion-insertion", _deletion_insertion_rows,
+register_metric(MetricAdapter("deletion-insertion", _deletion_insertion_rows, options=("removal",),
                               summary="deletion/insertion flip-probability AUC (paper 000 app. E; Table 4)"))
-register_metric(MetricAdapter("comp-suff", _comp_suff_rows,
+register_metric(MetricAdapter("comp-suff", _comp_suff_rows, options=("removal",),
                               summary="comprehensiveness/sufficiency per K with accuracy (paper 003 Tables 1, 4-6)"))
-register_metric(MetricAdapter("log-odds", _log_odds_rows,
+register_metric(MetricAdapter("log-odds", _log_odds_rows, options=("removal",),
                               summary="log-odds, comprehensiveness, sufficiency at top 20% (paper 004 A.4)"))
 
 
@@ -305,7 +311,7 @@ def get_metrics(names: list[str]) -> list[MetricAdapter]:
 def run_settings(cfg: EvalConfig, metrics: list[MetricAdapter], lm: LoadedModel) -> dict:
     """The settings that change stored values (a store refuses a run whose settings differ), plus the
     model's number of layers (``layers=all`` in the Fig. 5 sweep)."""
-    keys = sorted({"seed", "max_new_tokens", *(k for m in metrics for k in m.options)})
+    keys = sorted({"seed", "max_new_tokens", "target", "scope", *(k for m in metrics for k in m.options)})
     text_config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
     n_layers = getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "n_layer", None)
     return {"n_layers": n_layers, **{key: getattr(cfg, key) for key in keys}}
@@ -425,7 +431,8 @@ def _explain(lm: LoadedModel, item: _Pending, target_cache: dict, cfg: EvalConfi
     if key not in target_cache:
         target_cache.clear()
         fields_ = {name: item.example[name] for name in task.fields}
-        target_cache[key] = prepare(lm, fields_, task, cfg.max_new_tokens)
+        target_cache[key] = prepare(lm, fields_, task, cfg.max_new_tokens, target=cfg.target,
+                                    gold=item.example.get("label"), scope=cfg.scope)
     torch.manual_seed(stable_seed(cfg.seed, *item.unit.as_tuple()[1:]))
     return attribute(lm, target_cache[key], item.spec.build(), task, dict(item.example))
 
@@ -447,6 +454,9 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
     """
     start = time.perf_counter()
     rank, world = shard_of(cfg)
+    for key, valid in (("target", TARGET_MODES), ("scope", SCOPES), ("removal", REMOVALS)):
+        if getattr(cfg, key) not in valid:
+            raise LlmattrError(f"{key} must be one of {', '.join(valid)}; got {getattr(cfg, key)!r}")
     routings = cfg.routings
     if cfg.coupling not in COUPLINGS:
         raise LlmattrError(f"unknown coupling {cfg.coupling!r}; valid: {', '.join(COUPLINGS)}")

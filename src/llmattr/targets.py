@@ -1,8 +1,15 @@
-"""What is explained: the generated tokens (greedy) or a forced answer, after a prompt."""
+"""What is explained: the predicted label word, the generated tokens (greedy) or a forced answer.
+
+For a task with label words the default target is the predicted label (paper 000 sec. 4.3: "the
+token-level faithfulness of the target label word"): the argmax of the next-token logits restricted to
+the task's label words at the first answer position. ``target="generated"`` explains the free greedy
+answer instead, ``target="gold"`` the gold label word; every mode records the free answer and the
+label-word probabilities (:func:`label_target`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,6 +29,8 @@ class Target:
     prompt: Prompt
     target_ids: torch.Tensor  # (T,)
     forced: bool = False
+    classification: dict | None = None  # record of :func:`label_target` (None without label words)
+    scope: str = "span"  # what ``span`` covers: see :func:`with_scope`
 
     @property
     def prompt_len(self) -> int:
@@ -53,28 +62,39 @@ def _stop_ids(lm: LoadedModel) -> set[int]:
 
 
 @torch.no_grad()
-def generate(lm: LoadedModel, prompt: Prompt, max_new_tokens: int) -> torch.Tensor:
-    """Greedy continuation, without the closing end-of-turn token (kept if it is the only one)."""
+def generate_with_logits(lm: LoadedModel, prompt: Prompt, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy continuation, without the closing end-of-turn token (kept if it is the only one), and the
+    raw next-token logits ``(V,)`` at the first answer position (from the same generation)."""
     ids = prompt.input_ids.to(lm.device)
     stops = _stop_ids(lm)
-    out = lm.model.generate(
+    result = lm.model.generate(
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
         num_beams=1, pad_token_id=next(iter(stops), 0), eos_token_id=sorted(stops) or None,
-        top_p=None, top_k=None, temperature=None,
-    )[0, ids.shape[1]:].cpu()
+        top_p=None, top_k=None, temperature=None, output_logits=True, return_dict_in_generate=True,
+    )
+    out = result.sequences[0, ids.shape[1]:].cpu()
     ends = [i for i, token in enumerate(out.tolist()) if token in stops]
     if ends:
         out = out[: max(ends[0], 1)]
-    return out
+    return out, result.logits[0][0].float().cpu()
 
 
-def make_target(lm: LoadedModel, prompt: Prompt, max_new_tokens: int, answer: str | None = None) -> Target:
-    """Greedy generation, or the tokens of ``answer`` when an answer is forced."""
+def generate(lm: LoadedModel, prompt: Prompt, max_new_tokens: int) -> torch.Tensor:
+    """Greedy continuation, without the closing end-of-turn token (kept if it is the only one)."""
+    return generate_with_logits(lm, prompt, max_new_tokens)[0]
+
+
+def check_context(lm: LoadedModel, prompt: Prompt, max_new_tokens: int) -> None:
     if prompt.length + max(max_new_tokens, 1) > lm.max_length:
         raise LlmattrError(
             f"text too long: {prompt.length} prompt tokens + {max_new_tokens} new tokens exceed the "
             f"model's context of {lm.max_length} tokens"
         )
+
+
+def make_target(lm: LoadedModel, prompt: Prompt, max_new_tokens: int, answer: str | None = None) -> Target:
+    """Greedy generation, or the tokens of ``answer`` when an answer is forced."""
+    check_context(lm, prompt, max_new_tokens)
     if answer is not None:
         ids = lm.tokenizer(answer, add_special_tokens=False)["input_ids"]
         if not ids:
@@ -83,3 +103,76 @@ def make_target(lm: LoadedModel, prompt: Prompt, max_new_tokens: int, answer: st
     if max_new_tokens < 1:
         raise LlmattrError("max_new_tokens must be at least 1")
     return Target(prompt=prompt, target_ids=generate(lm, prompt, max_new_tokens))
+
+
+TARGET_MODES = ("label", "generated", "gold")
+
+
+def label_record(task, tokenizer, label_ids: torch.Tensor, logits: torch.Tensor, free: torch.Tensor,
+                 gold, mode: str) -> dict:
+    """What a classification explanation records beside its scores.
+
+    ``free_answer``: the free greedy answer; ``began_with_label``: whether its first token is a label
+    word's token; ``label_probs``: full-vocabulary probability of every label word at the first answer
+    position; ``predicted``: the label word with the largest logit among the label words; ``gold`` and
+    ``correct`` (``predicted == gold``) when the gold label is known; ``target``: which token is explained.
+    """
+    probs = torch.softmax(logits.double(), -1)[label_ids]
+    predicted = task.label_words[int(logits[label_ids].argmax())]
+    gold = gold if gold in task.label_words else None
+    return {
+        "target": mode, "free_answer": tokenizer.decode(free.tolist()),
+        "began_with_label": bool(free.numel()) and int(free[0]) in label_ids.tolist(),
+        "label_probs": {w: float(p) for w, p in zip(task.label_words, probs, strict=True)},
+        "predicted": predicted, "gold": gold, "correct": None if gold is None else predicted == gold,
+    }
+
+
+def label_target(lm: LoadedModel, prompt: Prompt, task, max_new_tokens: int, mode: str = "label",
+                 gold=None) -> Target:
+    """The target of a task with label words (module docs): one greedy generation gives both the free
+    answer and the first answer position's logits.
+
+    ``mode``: ``"label"`` explains the predicted label word (argmax over the label words' logits),
+    ``"generated"`` the free greedy answer, ``"gold"`` the gold label word (``gold`` must be one).
+    """
+    if mode not in TARGET_MODES:
+        raise LlmattrError(f"target must be one of {', '.join(TARGET_MODES)}; got {mode!r}")
+    if mode == "gold" and gold not in task.label_words:
+        raise LlmattrError(f"target='gold' needs the gold label, one of {list(task.label_words)}; got {gold!r}")
+    label_ids = task.label_ids(lm.tokenizer, first_token=False)
+    check_context(lm, prompt, max_new_tokens)
+    if max_new_tokens < 1:
+        raise LlmattrError("max_new_tokens must be at least 1")
+    free, logits = generate_with_logits(lm, prompt, max_new_tokens)
+    record = label_record(task, lm.tokenizer, label_ids, logits, free, gold, mode)
+    word = {"label": record["predicted"], "gold": record["gold"]}.get(mode)
+    ids = free if word is None else label_ids[task.label_words.index(word)][None]
+    return Target(prompt=prompt, target_ids=ids, classification=record)
+
+
+SCOPES = ("span", "prompt", "all")
+
+
+def with_scope(target: Target, scope: str) -> Target:
+    """The target whose ``span`` (what is attributed, perturbed and zeroed) is ``scope``.
+
+    ``"span"``: the content span (the user's text, template excluded); ``"prompt"``: every prompt token,
+    template and special tokens included (paper 000's pipeline: Inseq attributes every token, the zero
+    baseline is "all zero inputs"); ``"all"``: the prompt and the generated prefix (what the ReAGent
+    evaluator code perturbs). Step ``t`` sees only the tokens before its position (causal), so under
+    ``"all"`` its scores on later generated tokens are what the method gives them (zero for gradients and
+    attention) and the metrics perturb only the tokens it sees (:func:`visible`).
+    """
+    if scope not in SCOPES:
+        raise LlmattrError(f"scope must be one of {', '.join(SCOPES)}; got {scope!r}")
+    if scope == "span":
+        return target
+    end = target.prompt_len if scope == "prompt" else target.input_ids.shape[1]
+    return replace(target, prompt=replace(target.prompt, span=(0, end)), scope=scope)
+
+
+def visible(target: Target, step: int) -> int:
+    """How many span tokens step ``step`` sees: those at positions up to the one predicting its token."""
+    a, b = target.span
+    return max(0, min(b, int(target.positions[step]) + 1) - a)

@@ -31,6 +31,12 @@ def evaluate(
                                           "'layers' parameter (Grad-ELLM), e.g. 1,4,8,16,all."),
     step_stride: int = typer.Option(None, help="Open generation: evaluate every k-th step (default 5)."),
     max_new_tokens: int = typer.Option(None, help="Tokens to generate and explain (task default if unset)."),
+    scope: str = typer.Option(None, help="What is attributed, perturbed and zeroed: span (default), prompt "
+                                         "(every prompt token: paper 000's pipeline) or all (+ generated prefix)."),
+    removal: str = typer.Option(None, help="Ranking metrics (deletion-insertion, comp-suff, log-odds): zero the "
+                                           "embeddings (default) or delete the tokens (paper 003 sec. 4.2.1)."),
+    target: str = typer.Option(None, help="Tasks with label words: explain the predicted label word (label, "
+                                          "default), the free greedy answer (generated) or the gold label (gold)."),
     out: Path = typer.Option(None, help="Results store (default results.sqlite; shard i writes "
                                         "results.rank{i}.sqlite)."),
     config: Path = typer.Option(None, help="TOML file with the same keys; command-line options "
@@ -50,7 +56,8 @@ def evaluate(
 
     cli = {"model": model, "datasets": datasets, "methods": methods, "metrics": metrics, "routing": routing,
            "n": n, "samples": samples, "coupling": coupling, "seed": seed, "layers": layers, "step_stride": step_stride,
-           "max_new_tokens": max_new_tokens, "out": None if out is None else str(out), "shard": shard,
+           "max_new_tokens": max_new_tokens, "target": target, "scope": scope,
+           "removal": removal, "out": None if out is None else str(out), "shard": shard,
            "device": device, "dtype": dtype, "device_map": device_map, "load_in_4bit": load_in_4bit}
     base = EvalConfig.from_toml(config) if config is not None else None
     cfg = EvalConfig.from_mapping(cli, base)

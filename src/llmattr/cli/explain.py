@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from ..errors import LlmattrError
+from ..targets import SCOPES, TARGET_MODES
 from .app import app
 
 
@@ -55,7 +56,8 @@ def run_evaluation(expl, lm, console: Console, routing: str, samples: int, seed:
     console.print(f"AUC pi-Soft-NS {metrics['pi_soft_ns']['auc']:.4f}   "
                   f"AUC pi-Soft-NC {metrics['pi_soft_nc']['auc']:.4f}   "
                   f"(Soft-NS {metrics['soft_ns']:.4f}, Soft-NC {metrics['soft_nc']:.4f}, "
-                  f"E[R] {metrics['expected_retained']:.2f}; {routing} routing)")
+                  f"E[R] {metrics['expected_retained']:.2f}; D0 {result['d0']:.4f}; {routing} routing, "
+                  f"scope {result['scope']})")
     for warning in result["warnings"]:
         console.print(f"[yellow]warning:[/] {warning}")
     if eval_json is not None:
@@ -67,6 +69,26 @@ def run_evaluation(expl, lm, console: Console, routing: str, samples: int, seed:
     return result
 
 
+def print_classification(record: dict, console: Console) -> None:
+    """One line for a label-word target: explained token, free answer, label-word probabilities, gold."""
+    if not record:
+        return
+    probs = "  ".join(f"p({word})={p:.3f}" for word, p in record["label_probs"].items())
+    gold = "" if record["gold"] is None else (
+        f"  gold {record['gold']} ({'correct' if record['correct'] else 'wrong'})")
+    console.print(f"explained: {record['target']} ({record['predicted']} predicted)  free answer "
+                  f"{record['free_answer']!r}{'' if record['began_with_label'] else ' (not a label word)'}  "
+                  f"{probs}{gold}", highlight=False, soft_wrap=True)
+
+
+def print_convergence(expl, console: Console) -> None:
+    """``--verbose``: completeness of path methods and DeepLIFT per step (Captum's convergence delta)."""
+    for i, step in enumerate(expl.steps):
+        if step.convergence_delta is not None:
+            console.print(f"step {i} {step.token!r}: target_delta F(x)-F(x0) = {step.target_delta:.6g}  "
+                          f"convergence_delta = {step.convergence_delta:.3g}", highlight=False)
+
+
 @app.command()
 def explain(
     text: str = typer.Argument(..., help="The text to explain (the content span of the prompt)."),
@@ -76,6 +98,12 @@ def explain(
     method: str = typer.Option("grad-ellm", help="Attribution method (see `llmattr methods`)."),
     max_new_tokens: int = typer.Option(None, help="Tokens to generate and explain (task default if unset)."),
     answer: str = typer.Option(None, help="Force this answer text instead of greedy generation."),
+    scope: str = typer.Option("span", help="What is attributed, and perturbed/zeroed by --evaluate: span "
+                                           "(the content), prompt (every prompt token, template included: "
+                                           "paper 000's pipeline) or all (prompt + generated prefix)."),
+    target: str = typer.Option("label", help="Tasks with label words: explain the predicted label word "
+                                             "(label), the free greedy answer (generated) or the gold label "
+                                             "word (gold; give it as --field label=WORD)."),
     field: list[str] = typer.Option([], help="Extra task field NAME=VALUE (e.g. question=... for boolq)."),
     shots: int = typer.Option(0, help="Few-shot demonstrations (from the task sample data) before the text."),
     param: list[str] = typer.Option([], help="Method parameter NAME=VALUE (e.g. layers=4)."),
@@ -84,7 +112,8 @@ def explain(
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
     html: Path = typer.Option(None, help="Write a self-contained HTML heatmap here."),
     json: Path = typer.Option(None, help="Write the Explanation JSON here."),
-    verbose: bool = typer.Option(False, "--verbose", help="Say where the model folder is."),
+    verbose: bool = typer.Option(False, "--verbose", help="Say where the model folder is; print each step's "
+                                                       "convergence delta (path methods, DeepLIFT)."),
     evaluate: bool = typer.Option(False, "--evaluate", help="Score the explanation: pi-Soft-NC/NS AUCs."),
     routing: str = typer.Option("dynamic", help="--evaluate protocol: dynamic or fixed (clean attention)."),
     samples: int = typer.Option(15, help="--evaluate: Monte-Carlo samples per pi."),
@@ -102,6 +131,10 @@ def explain(
     if not text.strip():
         raise LlmattrError("empty text: give the text to explain")
     task_obj = get_task(task)
+    if target not in TARGET_MODES:
+        raise LlmattrError(f"--target must be one of {', '.join(TARGET_MODES)}; got {target!r}")
+    if scope not in SCOPES:
+        raise LlmattrError(f"--scope must be one of {', '.join(SCOPES)}; got {scope!r}")
     params = parse_params(param)
     if attention is not None:
         params["attention"] = attention
@@ -117,8 +150,11 @@ def explain(
         lm = load_model(model, device=device, verbose=verbose)
     with console.status(f"explaining with {method} ..."):
         expl = run_explain(content, model=lm, method=method, task=task_obj, max_new_tokens=max_new_tokens,
-                           answer=answer, shots=shots, **params)
+                           answer=answer, shots=shots, target=target, scope=scope, method_params=params)
     print_explanation(expl, console)
+    print_classification(expl.classification, console)
+    if verbose:
+        print_convergence(expl, console)
     result = run_evaluation(expl, lm, console, routing, samples, seed, eval_json, plot) if evaluate else None
     if html is not None:
         html.write_text(to_html(expl))
@@ -126,7 +162,7 @@ def explain(
     if json is not None:
         data = expl.to_dict()
         if result is not None:  # the evaluation's keys at the top level (metrics.pi_soft_ns, ...) and in full
-            data.update({key: result[key] for key in ("metrics", "routing", "samples", "seed", "mode")})
+            data.update({key: result[key] for key in ("metrics", "routing", "samples", "seed", "mode", "d0")})
             data["evaluation"] = result
         json.write_text(dumps(data, indent=1, ensure_ascii=False))
         console.print(f"wrote {json}")

@@ -20,7 +20,7 @@ def report(
     bootstrap: int = typer.Option(2000, "--bootstrap", help="Bootstrap resamples per 95% confidence interval "
                                                              "(seeded)."),
 ) -> None:
-    """Write the paper-shaped tables, figures and HTML report; print Table 1."""
+    """Write the paper-shaped tables, figures and HTML report; print the task accuracy and Table 1."""
     from ..report import build_report, parse_formats
     from ..report.tables import paper_tables, to_markdown
 
@@ -29,8 +29,8 @@ def report(
                                     formats, bootstrap)
     console = Console()
     for model in results.models():
-        table1 = [t for t in paper_tables(results, model, bootstrap) if t.name == "table1_pi_soft_auc"]
-        if table1:
-            console.print(to_markdown(table1[0]), markup=False, highlight=False, soft_wrap=True)
+        for table in paper_tables(results, model, bootstrap):
+            if table.name in ("table_accuracy", "table1_pi_soft_auc"):
+                console.print(to_markdown(table), markup=False, highlight=False, soft_wrap=True)
     folders = sorted({str(p.parent) for p in written})
     console.print(f"wrote {len(written)} files to {', '.join(folders)}", highlight=False)

@@ -17,7 +17,7 @@ from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
 from ..prompting import Prompt
-from ..targets import Target
+from ..targets import SCOPES, Target
 from ..tasks import TASKS
 from .engine import PerturbationEngine
 from .soft import PI_GRID, SoftResult, evaluate_target
@@ -26,13 +26,28 @@ from .soft import PI_GRID, SoftResult, evaluate_target
 def target_from_explanation(expl: Explanation) -> Target:
     """The :class:`Target` an Explanation was computed on (prompt ids, content span, explained tokens)."""
     a, b = expl.span
-    if not expl.token_ids or not 0 <= a < b <= len(expl.token_ids) or not expl.steps:
+    if not expl.token_ids or not 0 <= a < b <= len(expl.token_ids) + len(expl.steps) - 1 or not expl.steps:
         raise LlmattrError("the explanation has no prompt tokens, an empty content span or no steps")
     offsets = [tuple(o) for o in expl.offsets]
-    char_span = (offsets[a][0], offsets[b - 1][1]) if len(offsets) == len(expl.token_ids) else (0, 0)
+    n = len(expl.token_ids)
+    char_span = (offsets[a][0], offsets[min(b, n) - 1][1]) if len(offsets) == n else (0, 0)
     prompt = Prompt(text=expl.text, input_ids=torch.tensor([expl.token_ids]), offsets=offsets,
                     span=(a, b), char_span=char_span)
-    return Target(prompt=prompt, target_ids=torch.tensor([s.token_id for s in expl.steps]), forced=expl.forced)
+    return Target(prompt=prompt, target_ids=torch.tensor([s.token_id for s in expl.steps]), forced=expl.forced,
+                  scope=expl.scope)
+
+
+def check_scope(expl: Explanation, scope: str | None, mode: str = "paper") -> None:
+    """Refuse metrics under a scope the explanation does not attribute (``prompt`` and ``all`` are the same
+    tokens for a one-step explanation)."""
+    wanted = scope or ("all" if mode == "reagent" else expl.scope)
+    if wanted not in SCOPES:
+        raise LlmattrError(f"scope must be one of {', '.join(SCOPES)}; got {wanted!r}")
+    if wanted != expl.scope and not (len(expl.steps) == 1 and {wanted, expl.scope} == {"prompt", "all"}):
+        why = " (mode='reagent' perturbs what the ReAGent evaluator code does)" if scope is None else ""
+        raise LlmattrError(f"the metrics perturb what was attributed: the explanation has scope "
+                           f"{expl.scope!r}, scope {wanted!r} was asked{why}; explain with scope={wanted!r} "
+                           f"or pass scope={expl.scope!r}")
 
 
 def evaluated_steps(expl: Explanation, step_stride: int) -> list[int]:
@@ -54,7 +69,7 @@ def example_key(expl: Explanation) -> str:
 def evaluate(explanation: Explanation, model: str | LoadedModel = "default",
              metrics=("pi-soft-nc", "pi-soft-ns"), routing: str = "dynamic", samples: int = 15, seed: int = 0,
              pis=None, step_stride: int = 5, mode: str = "paper", batch_size: int | None = None,
-             coupling: str = "coupled") -> SoftResult:
+             coupling: str = "coupled", scope: str | None = None) -> SoftResult:
     """pi-Soft-NC/NS curves and AUCs, Soft-NC/NS (alpha = 1) and E[R] of an Explanation (paper 000 sec. 3.1).
 
     Args:
@@ -69,7 +84,11 @@ def evaluate(explanation: Explanation, model: str | LoadedModel = "default",
         mode: "paper" (token masks, Hellinger, MC average) or "reagent" (the original code's reading).
         coupling: "coupled" (every method perturbed with the same uniforms: common random numbers) or
             "independent" (a stream per method, the earlier behaviour).
+        scope: what is perturbed and zeroed: always what the explanation attributes (its ``scope``);
+            given, it must agree. Default: the explanation's scope, but ``"all"`` with ``mode="reagent"``
+            (the ReAGent evaluator perturbs the prompt and the generated prefix).
     """
+    check_scope(explanation, scope, mode)
     lm = resolve_model(model)
     target = target_from_explanation(explanation)
     vocab = lm.model.get_input_embeddings().num_embeddings

@@ -21,7 +21,7 @@ from ..errors import LlmattrError
 from ..models.forward import logits_and_prefix
 from ..models.loading import LoadedModel
 from ..models.probe import Probe
-from ..targets import Target
+from ..targets import Target, visible
 
 ROUTINGS = ("dynamic", "fixed")
 TOKEN_BUDGET = 8192  # perturbed suffix tokens per forward pass when no batch size is given
@@ -55,7 +55,7 @@ class PerturbationEngine:
             raise LlmattrError(f"step {step} is outside the {target.n_steps} explained step(s)")
         self.lm, self.target, self.step, self.routing = lm, target, step, routing
         self.span = target.span
-        self.n_span = self.span[1] - self.span[0]
+        self.n_span = visible(target, step)  # scope "all": the generated tokens this step sees
         ids = target.input_ids[0, : int(target.positions[step]) + 1].to(lm.device)
         self.prefix_len = self.span[0]
         self.suffix_embeds = lm.embed(ids[self.prefix_len:])[None]  # (1, T, d)

@@ -7,7 +7,8 @@ first, ties broken by position) and reads the model's next-token distribution at
   tokens; at each step the *flip probability* = the probability mass on the label words other than
   the original prediction, renormalised over the label words; AUC = trapezoid over the fraction
   removed (deletion: top tokens removed, higher is better) or inserted (insertion: only the top tokens
-  kept, lower is better);
+  kept, lower is better). Both the flip probability (``auc``) and paper 000's quantity, its change
+  from the clean input (``change_auc``), are reported;
 - comprehensiveness / sufficiency (paper 003 sec. 4.2, eqs. 5-8, after DeYoung et al. 2020): confidence
   drop ``p(y^|X) - p(y^|X \\ K)`` (top K% removed) and ``p(y^|X) - p(y^|X^K)`` (only the top K% kept), and
   the perturbed prediction for the dataset accuracy, at K in {10, ..., 90}%; their means over K are the
@@ -35,7 +36,7 @@ from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
 from ..scores import check_finite
-from ..targets import Target
+from ..targets import Target, visible
 from .engine import PerturbationEngine
 
 REMOVALS = ("zero", "delete")
@@ -89,9 +90,9 @@ def deleted_probs(lm: LoadedModel, target: Target, step: int, keep: torch.Tensor
     first), so one padded batch runs them all.
     """
     ids = target.input_ids[0, : int(target.positions[step]) + 1]
-    a, b = target.span
+    a = target.span[0]
     full = torch.ones(keep.shape[0], ids.numel(), dtype=torch.long)
-    full[:, a:b] = keep.round().long()
+    full[:, a: a + keep.shape[1]] = keep.round().long()
     order = torch.sort(full, dim=1, stable=True).indices
     return padded_last_probs(lm, ids[order], full.gather(1, order), batch_size)
 
@@ -120,11 +121,18 @@ class Perturbed:
 # ----------------------------------------------------------------------------- results
 @dataclass
 class Curve:
-    """One perturbation curve: ``fractions`` of content tokens removed/inserted and the flip probability."""
+    """One perturbation curve: ``fractions`` of content tokens removed/inserted and the flip probability.
+
+    ``flip``/``auc``: the flip probability itself; ``change``/``change_auc``: paper 000 appendix E's
+    quantity, the change in flip probability from the clean input (``flip - (1 - p(y^|x))``), which
+    differs from ``flip`` by a per-example offset (same ranking of methods on one example).
+    """
 
     fractions: list[float]
     flip: list[float]
     auc: float
+    change: list[float] = field(default_factory=list)
+    change_auc: float | None = None
 
 
 @dataclass
@@ -161,6 +169,12 @@ def _auc(fractions: torch.Tensor, y: torch.Tensor) -> float:
     return float(torch.trapezoid(y, fractions))
 
 
+def _curve(fractions: torch.Tensor, flip: torch.Tensor, clean_flip: torch.Tensor) -> Curve:
+    """The flip-probability curve and its change from the clean input's flip probability."""
+    change = flip - clean_flip
+    return Curve(fractions.tolist(), flip.tolist(), _auc(fractions, flip), change.tolist(), _auc(fractions, change))
+
+
 # ----------------------------------------------------------------------------- entry point
 def ranking_metrics(scores: Explanation | torch.Tensor, lm: LoadedModel, target: Target | None = None,
                     label_ids=None, step: int = 0, removal: str = "zero", routing: str = "dynamic",
@@ -180,6 +194,7 @@ def ranking_metrics(scores: Explanation | torch.Tensor, lm: LoadedModel, target:
             the predicted value ``sum_l value_l p_l`` is reported clean and at each K.
     """
     raw, target, label_ids = _inputs(scores, lm, target, label_ids, step)
+    raw = raw[: visible(target, step)]  # scope "all": the tokens this step sees
     m = raw.numel()
     fractions = torch.linspace(0, 1, steps + 1, dtype=torch.float64)
     di_top = top_masks(raw, counts(fractions.tolist(), m))
@@ -206,8 +221,7 @@ def ranking_metrics(scores: Explanation | torch.Tensor, lm: LoadedModel, target:
     return RankingMetrics(
         step=step, removal=removal, n_tokens=m, label_ids=None if label_ids is None else label_ids.tolist(),
         predicted=pred, p_original=float(p0),
-        deletion=Curve(fractions.tolist(), del_flip.tolist(), _auc(fractions, del_flip)),
-        insertion=Curve(fractions.tolist(), ins_flip.tolist(), _auc(fractions, ins_flip)),
+        deletion=_curve(fractions, del_flip, 1 - p0), insertion=_curve(fractions, ins_flip, 1 - p0),
         k_grid=list(k_grid), comprehensiveness=comp.tolist(), sufficiency=suff.tolist(),
         comprehensiveness_pred=pred_k[:k].tolist(), sufficiency_pred=pred_k[k:].tolist(),
         comprehensiveness_aopc=float(comp.mean()), sufficiency_aopc=float(suff.mean()),

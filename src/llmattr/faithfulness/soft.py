@@ -32,7 +32,7 @@ from ..errors import LlmattrError
 from ..models.loading import LoadedModel
 from ..scores import check_finite, clip_for_search
 from ..stats import mc_standard_error
-from ..targets import Target
+from ..targets import Target, visible
 from .engine import PerturbationEngine
 
 PI_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05, 0.10, ..., 0.95 (paper 000 sec. 4.3)
@@ -192,6 +192,8 @@ class SoftResult:
     warnings: list[str] = field(default_factory=list)
     coupling: str = "coupled"
     mc_se: dict = field(default_factory=dict)  # Monte-Carlo standard error of each value (None: 1 sample)
+    d0: float | None = None  # mean zero-baseline distance D0 over the evaluated steps
+    scope: str = "span"  # what was perturbed and zeroed (the explanation's scope)
 
     @property
     def auc_ns(self) -> float | None:
@@ -212,7 +214,8 @@ class SoftResult:
                 "soft_ns": self.soft_ns, "soft_nc": self.soft_nc, "expected_retained": self.expected_retained,
             },
             "routing": self.routing, "samples": self.samples, "seed": self.seed, "mode": self.mode,
-            "coupling": self.coupling, "mc_se": dict(self.mc_se), "warnings": list(self.warnings),
+            "coupling": self.coupling, "d0": self.d0, "scope": self.scope, "mc_se": dict(self.mc_se),
+            "warnings": list(self.warnings),
         }
 
 
@@ -263,9 +266,9 @@ def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps
     samples = 1 if mode == "reagent" else samples
     warnings, kept, per_step = [], [], []
     for step in steps:
-        s = scores[step]
-        s_tilde = torch.cat([transform(s, grid), s[None]])  # K pi rows, then alpha = 1
         engine = PerturbationEngine(lm, target, step=step, routing=routing, batch_size=batch_size)
+        s = scores[step, : engine.n_span]  # scope "all": the tokens this step sees
+        s_tilde = torch.cat([transform(s, grid), s[None]])  # K pi rows, then alpha = 1
         generator = torch.Generator().manual_seed(
             mc_seed(seed, example, step, method if coupling == "independent" else None))
         result = soft_samples(engine, s_tilde, samples, generator, families, mode, coupling)
@@ -288,9 +291,10 @@ def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps
         pis=grid.tolist(),
         pi_soft_ns=None if ns is None else ns[:-1].tolist(), pi_soft_nc=None if nc is None else nc[:-1].tolist(),
         soft_ns=None if ns is None else float(ns[-1]), soft_nc=None if nc is None else float(nc[-1]),
-        expected_retained=float(scores[kept].sum(-1).mean()),
+        expected_retained=float(sum(float(scores[k, : visible(target, k)].sum()) for k in kept) / len(kept)),
         routing=routing, samples=samples, seed=seed, mode=mode, steps=kept, warnings=warnings,
         coupling=coupling, mc_se=mc_errors(per_step, grid.tolist()),
+        d0=float(sum(r.d0 for r in per_step) / len(per_step)), scope=target.scope,
     )
 
 

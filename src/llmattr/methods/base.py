@@ -38,6 +38,12 @@ class AttributionMethod:
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         raise NotImplementedError
 
+    def attribute_with_info(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, dict]:
+        """:meth:`attribute` plus per-step diagnostics ``{name: (n_steps,) values}`` recorded on each
+        :class:`~llmattr.explanation.Step` (path methods and DeepLIFT: ``target_delta`` and
+        ``convergence_delta``)."""
+        return self.attribute(lm, target), {}
+
 
 def register(cls: type[AttributionMethod]) -> type[AttributionMethod]:
     """Class decorator: make a method available by its kebab-case name."""

@@ -31,7 +31,7 @@ from ..models.loading import LoadedModel
 from ..targets import Target
 from .base import register
 from .grad_ellm import step_gradients
-from .gradient import EmbeddingGradientMethod, ScoreFn, baseline_embeds, score_fn, span_scores
+from .gradient import EmbeddingGradientMethod, ScoreFn, baseline_embeds, convergence, score_fn, span_scores
 
 T = torch.Tensor
 UNARY = {
@@ -39,7 +39,8 @@ UNARY = {
     torch.exp, T.exp, torch.rsqrt, T.rsqrt, torch.sqrt, T.sqrt, torch.pow, T.pow, T.__pow__,
     torch.reciprocal, T.reciprocal, torch.erf, T.erf,
 }
-PRODUCT = {T.__mul__, T.__rmul__, torch.mul, T.mul, torch.matmul, T.__matmul__, T.matmul, torch.bmm, T.bmm}
+ELEMENTWISE = {T.__mul__, T.__rmul__, torch.mul, T.mul}
+PRODUCT = ELEMENTWISE | {torch.matmul, T.__matmul__, T.matmul, torch.bmm, T.bmm}
 DIVIDE = {T.__truediv__, torch.div, T.div, torch.true_divide}
 SOFTMAX = {torch.softmax, T.softmax, F.softmax}
 NORMALISERS = {torch.rsqrt, T.rsqrt, torch.reciprocal, T.reciprocal}
@@ -113,16 +114,23 @@ class DeepLiftMode(TorchFunctionMode):
     def product(func, args, ref, kwargs) -> T:
         """``a (*) b`` with ``ab - a0 b0 = B (a - a0) + A (b - b0)`` exactly.
 
-        Two input-dependent factors: ``B = (b + b0)/2``, ``A = (a + a0)/2`` (Shapley). A normaliser's scale
-        ``r`` (``x * rsqrt(.)``, softmax's ``e / sum e``): ``x`` gets the input's scale ``r`` and ``r`` the
-        reference ``x0`` (``xr - x0 r0 = r (x - x0) + x0 (r - r0)``), so the huge ``rsqrt(eps)`` of an
-        all-zero reference row never enters a multiplier.
+        Two input-dependent factors: ``B = (b + b0)/2``, ``A = (a + a0)/2`` (Shapley). An element-wise
+        product with a normaliser's scale ``r`` (``x * rsqrt(.)``, softmax's ``e * (1 / sum e)``) is
+        anchored, row by row, on the pass with the smaller scale (the larger normaliser):
+        ``xr - x0 r0 = r (x - x0) + x0 (r - r0)`` where ``r <= r0``, ``r0 (x - x0) + x (r - r0)`` elsewhere.
+        Every coefficient then stays on the scale of the normalised output (softmax: ``<= 1``), so the two
+        terms never cancel in float32: the other orientation multiplies by the large scale of a small
+        row (``rsqrt(eps)`` of an all-zero reference row; ``1 / sum e`` of the pass whose scores lie far
+        below the shared shift), and the terms cancel to a delta orders of magnitude smaller than each.
         """
         a, b = args[0], args[1]
-        if getattr(b, SCALE, False):
-            coef_b, coef_a = b.detach(), ref[0]
-        elif getattr(a, SCALE, False):
-            coef_b, coef_a = ref[1], a.detach()
+        scaled = func in ELEMENTWISE and (getattr(b, SCALE, False) or getattr(a, SCALE, False))
+        if scaled and getattr(b, SCALE, False):
+            anchor = b.detach() <= ref[1]
+            coef_b, coef_a = torch.where(anchor, b.detach(), ref[1]), torch.where(anchor, ref[0], a.detach())
+        elif scaled:
+            anchor = a.detach() <= ref[0]
+            coef_b, coef_a = torch.where(anchor, ref[1], b.detach()), torch.where(anchor, a.detach(), ref[0])
         else:
             coef_b, coef_a = (b.detach() + ref[1]) / 2, (a.detach() + ref[0]) / 2
         return _linearised(func(a.detach(), b.detach(), **kwargs), [a, b], [coef_a, coef_b],
@@ -145,7 +153,8 @@ class DeepLiftMode(TorchFunctionMode):
             z, z0 = z.to(dtype), z0.to(dtype)
         c = torch.maximum(z.detach().amax(dim, keepdim=True), z0.amax(dim, keepdim=True))
         c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
-        e = self.unary(torch.exp, [z - c], [z0 - c], {})
+        low = torch.finfo(z.dtype).min  # masked scores may be -inf (a float64 mask cast to float32): exp(low) = 0
+        e = self.unary(torch.exp, [(z - c).clamp_min(low)], [(z0 - c).clamp_min(low)], {})
         e0 = torch.exp(z0 - c)
         s, s0 = e.sum(dim, keepdim=True), e0.sum(dim, keepdim=True)
         r = self.unary(torch.reciprocal, [s], [s0], {})
@@ -195,11 +204,15 @@ class DeepLift(EmbeddingGradientMethod):
     cost = "2 forwards (reference + input) + 1 backward (all steps share them)"
     defaults = {"baseline": "all", "target": "probability", "reduction": "sum"}
 
-    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+    def attribute_with_info(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, dict]:
+        """Span scores and the summation-to-delta check per step (Captum's convergence delta)."""
         x = lm.embed(target.input_ids).detach()
         x0 = baseline_embeds(lm, x, target, self.params["baseline"])
-        attr, _ = deeplift_attributions(score_fn(lm, target, self.params["target"]), x, x0)
-        return span_scores(attr, target, self.params["reduction"])
+        attr, delta = deeplift_attributions(score_fn(lm, target, self.params["target"]), x, x0)
+        return span_scores(attr, target, self.params["reduction"]), convergence(attr, delta)
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        return self.attribute_with_info(lm, target)[0]
 
 
 @register

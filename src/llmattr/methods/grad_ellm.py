@@ -30,7 +30,8 @@ def token_weights(record: LayerRecord, positions: torch.Tensor, attention: str, 
     """lambda_i^h for each step: ``(T, H, S)``; keys after the query position get 0.
 
     ``loosened``: min-max over visible keys of q_t . k_i (paper 000 eq. 11's Phi); ``softmax``: the
-    model's attention probabilities (the paper's "w/o"). ``cosine`` is the Grad-ECLIP code's similarity.
+    model's attention probabilities (the paper's "w/o"). ``cosine``: the cosine of q and k per head;
+    ``cosine-full``: one cosine over the full concatenated width (all heads), as the Grad-ECLIP code.
     """
     n_keys = record.k.shape[2]
     visible = torch.arange(n_keys, device=positions.device)[None, :] <= positions[:, None]  # (T, S)
@@ -40,7 +41,12 @@ def token_weights(record: LayerRecord, positions: torch.Tensor, attention: str, 
     k = record.k[0]  # (H, S, D)
     if similarity == "cosine":
         q, k = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
-    sim = torch.einsum("htd,hsd->ths", q, k)
+    if similarity == "cosine-full":  # one cosine over the concatenated heads (the Grad-ECLIP code's width)
+        q = q / q.norm(dim=(0, 2), keepdim=True).clamp_min(1e-12)
+        k = k / k.norm(dim=(0, 2), keepdim=True).clamp_min(1e-12)
+        sim = torch.einsum("htd,hsd->ts", q, k)[:, None, :].expand(-1, q.shape[0], -1)
+    else:
+        sim = torch.einsum("htd,hsd->ths", q, k)
     mask = visible[:, None, :]
     lo = torch.where(mask, sim, torch.inf).amin(-1, keepdim=True)
     hi = torch.where(mask, sim, -torch.inf).amax(-1, keepdim=True)
@@ -73,8 +79,8 @@ class GradELLM(AttributionMethod):
         p = self.params
         if p["attention"] not in ("loosened", "softmax"):
             raise LlmattrError("grad-ellm attention must be 'loosened' or 'softmax'")
-        if p["similarity"] not in ("dot", "cosine"):
-            raise LlmattrError("grad-ellm similarity must be 'dot' or 'cosine'")
+        if p["similarity"] not in ("dot", "cosine", "cosine-full"):
+            raise LlmattrError("grad-ellm similarity must be 'dot', 'cosine' or 'cosine-full'")
         if p["relu"] not in ("per-layer", "after-sum"):
             raise LlmattrError("grad-ellm relu must be 'per-layer' or 'after-sum'")
         if p["layers"] != "all" and (not str(p["layers"]).isdigit() or int(p["layers"]) < 1):

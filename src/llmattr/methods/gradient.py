@@ -121,6 +121,22 @@ def baseline_embeds(lm: LoadedModel, embeds: torch.Tensor, target: Target, scope
     return torch.where(mask, torch.zeros_like(embeds), embeds)
 
 
+def convergence(attr: torch.Tensor, target_delta: torch.Tensor) -> dict:
+    """Completeness per step (Captum's ``convergence_delta``): ``target_delta = F(x) - F(x0)`` and
+    ``convergence_delta = sum_i sum_d attr_tid - target_delta`` over every input token, from embedding-level
+    attributions ``(T, S, D)``; float64 lists, one value per step."""
+    target_delta = target_delta.detach().double().cpu()
+    total = attr.detach().double().sum((1, 2)).cpu()
+    return {"target_delta": target_delta.tolist(), "convergence_delta": (total - target_delta).tolist()}
+
+
+def endpoint_delta(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """``F(x) - F(x0)`` per step ``(T,)``: one forward of the two endpoints as batch rows."""
+    with torch.no_grad():
+        ends = f(torch.cat([x, x0]))
+    return ends[0] - ends[1]
+
+
 def span_scores(attr: torch.Tensor, target: Target, reduction: str) -> torch.Tensor:
     """Reduce ``(T, S, D)`` attributions to tokens and keep the content span: ``(T, n_span)`` float32."""
     a, b = target.span

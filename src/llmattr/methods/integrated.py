@@ -22,7 +22,9 @@ from .gradient import (
     ScoreFn,
     baseline_embeds,
     check_choice,
+    convergence,
     embedding_gradients,
+    endpoint_delta,
     reduce_tokens,
     score_fn,
     span_scores,
@@ -111,20 +113,32 @@ class PathMethod(EmbeddingGradientMethod):
     def clip(self) -> float | None:
         return None
 
+    def gradient_integral(self, f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        alphas, weights = self.path()
+        return integrate(f, x, x0, alphas, weights, self.params["internal_batch_size"], clip=self.clip())
+
     def attributions(self, lm: LoadedModel, target: Target, prefix: int = 0) -> torch.Tensor:
         """Embedding-level attributions ``(T, S, D)`` for every input token (completeness holds over all).
 
-        ``prefix``: tokens before this index get no backward pass (and zero attribution); ``attribute``
-        passes the content span's start, since only the span's scores are reported.
+        ``prefix``: tokens before this index get no backward pass (and zero attribution).
         """
         f, x, x0 = self.inputs(lm, target, prefix)
-        alphas, weights = self.path()
-        grads = integrate(f, x, x0, alphas, weights, self.params["internal_batch_size"], clip=self.clip())
-        return (x - x0) * grads
+        return (x - x0) * self.gradient_integral(f, x, x0)
+
+    def attribute_with_info(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, dict]:
+        """Span scores and Captum's convergence delta per step (:func:`~.gradient.convergence`).
+
+        Completeness sums over every token whose baseline differs from the input, so the backward pass
+        skips the tokens before the content span only where the baseline keeps them (``baseline="span"``:
+        their attributions are exactly zero).
+        """
+        prefix = target.span[0] if self.params["baseline"] == "span" else 0
+        f, x, x0 = self.inputs(lm, target, prefix)
+        attr = (x - x0) * self.gradient_integral(f, x, x0)
+        return span_scores(attr, target, self.params["reduction"]), convergence(attr, endpoint_delta(f, x, x0))
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
-        attr = self.attributions(lm, target, prefix=target.span[0])
-        return span_scores(attr, target, self.params["reduction"])
+        return self.attribute_with_info(lm, target)[0]
 
 
 @register
@@ -177,16 +191,18 @@ class AIEG(PathMethod):
         alphas = torch.arange(1, n + 1, dtype=torch.float64) / n
         return alphas, torch.full((n,), 1.0 / n, dtype=torch.float64)
 
-    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+    def attribute_with_info(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, dict]:
+        """Scores and the convergence delta of the emphasis-weighted integral before PosNorm and NetAttention."""
         f, x, x0 = self.inputs(lm, target)
         alphas, weights = self.path()
         with torch.no_grad():
             f_start = f(x0)
         grads = integrate(f, x, x0, alphas, weights, self.params["internal_batch_size"], f_start=f_start)
-        ig = reduce_tokens(((x - x0) * grads).float(), "sum")  # (T, S)
+        attr = (x - x0) * grads
+        ig = reduce_tokens(attr.float(), "sum")  # (T, S)
         scores = pos_norm(ig) * net_attention(lm, x, target.positions.to(lm.device))
         a, b = target.span
-        return scores[:, a:b].detach()
+        return scores[:, a:b].detach(), convergence(attr, endpoint_delta(f, x, x0))
 
 
 @register

@@ -97,7 +97,7 @@ class _LogitFamily(AttributionMethod):
             with torch.no_grad():
                 scores = lm_head_logits(lm.model, states, target.target_ids).float().cpu()
         if self.use_norm:
-            scores = scores * embedding_norms(lm, target.prompt.input_ids)[a:b].cpu()
+            scores = scores * embedding_norms(lm, target.input_ids)[a:b].cpu()
         return scores
 
 
@@ -170,22 +170,34 @@ def classification_head(model: torch.nn.Module):
     return hot, 0
 
 
+EMBEDDINGS = ("hidden", "word")
+
+
 def classifier_scores(model: torch.nn.Module, input_ids: torch.Tensor, label: int | None = None,
-                      method: str = "normxlogit", layer: int | None = None) -> tuple[torch.Tensor, int | None,
-                                                                                      torch.Tensor]:
+                      method: str = "normxlogit", layer: int | None = None, embedding: str = "hidden",
+                      token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, int | None, torch.Tensor]:
     """Scores ``(S,)`` of every token for ``label`` (default: the predicted class), the label, the output.
 
     LogAt: HoT(x_i^L)[label] (eq. 2); regression heads (one output): |HoT(x_i^L) - HoT(cls^L)| (eq. 3).
-    NormXLogit multiplies by ||x_i^0|| (eq. 4); l2-norm is ||x_i^0|| alone.
+    NormXLogit multiplies by ||x_i^0|| (eq. 4); l2-norm is ||x_i^0|| alone. ``embedding`` says what
+    x_i^0 is: ``"hidden"`` (default) the embedding layer's output ``hidden_states[0]``, as the authors'
+    code reads it (BERT: word + position + token-type embeddings, then LayerNorm; a decoder: its input
+    embeddings), or ``"word"`` the raw word-embedding row. ``token_type_ids`` (sentence pairs) reach
+    every forward.
     """
     if method not in ("l2-norm", "logat", "normxlogit"):
         raise LlmattrError(f"classifier method must be l2-norm, logat or normxlogit; got {method!r}")
+    if embedding not in EMBEDDINGS:
+        raise LlmattrError(f"embedding must be one of {', '.join(EMBEDDINGS)}; got {embedding!r}")
+    inputs = {"input_ids": input_ids, **({} if token_type_ids is None else {"token_type_ids": token_type_ids})}
     hot, cls_index = classification_head(model)
-    states = layer_states(model, layer, input_ids=input_ids)
+    states = layer_states(model, layer, **inputs)
     with torch.no_grad():
         per_token = hot(states).float()  # (S, C)
-        output = model(input_ids=input_ids).logits[0].float()
-        norms = model.get_input_embeddings()(input_ids)[0].float().norm(dim=-1)
+        out = model(**inputs, output_hidden_states=embedding == "hidden")
+        output = out.logits[0].float()
+        x0 = out.hidden_states[0] if embedding == "hidden" else model.get_input_embeddings()(input_ids)
+        norms = x0[0].float().norm(dim=-1)
     if per_token.shape[-1] == 1:
         label = None
         logat = (per_token[:, 0] - per_token[cls_index, 0]).abs()
@@ -199,16 +211,21 @@ def classifier_scores(model: torch.nn.Module, input_ids: torch.Tensor, label: in
 
 
 def classifier_attributions(model: torch.nn.Module, tokenizer, text: str, label: int | None = None,
-                            method: str = "normxlogit", layer: int | None = None) -> ClassifierAttribution:
+                            method: str = "normxlogit", layer: int | None = None, text_pair: str | None = None,
+                            embedding: str = "hidden") -> ClassifierAttribution:
     """Paper 003's attributions for an ``AutoModelForSequenceClassification`` model on ``text``.
 
     ``label`` defaults to the predicted class; a regression head (``num_labels=1``) uses eq. 3.
+    ``text_pair``: the second sentence of a pair task (MNLI, QNLI, STS-B), encoded with the tokenizer's
+    pair template and its ``token_type_ids``. ``embedding``: see :func:`classifier_scores`.
     """
     if not text or not text.strip():
         raise LlmattrError("empty text: give the text to explain")
     device = model.get_input_embeddings().weight.device
-    ids = tokenizer(text, return_tensors="pt")["input_ids"].to(device)
-    scores, label, output = classifier_scores(model.eval(), ids, label, method, layer)
+    enc = tokenizer(text, text_pair, return_tensors="pt")
+    ids, types = enc["input_ids"].to(device), enc.get("token_type_ids")
+    types = None if types is None or not getattr(model.config, "type_vocab_size", 0) else types.to(device)
+    scores, label, output = classifier_scores(model.eval(), ids, label, method, layer, embedding, types)
     return ClassifierAttribution(
         tokens=[tokenizer.decode([i]) for i in ids[0].tolist()], scores=scores.tolist(), label=label,
         prediction=output.tolist(), method=method,

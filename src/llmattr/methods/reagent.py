@@ -74,7 +74,8 @@ def clean_pass(lm: LoadedModel, input_ids: torch.Tensor, span: tuple[int, int], 
     the causal sampler reads: ``(prefix, clean (T, V), sampler (n, V) or None)``."""
     a, b = span
     if causal and a == 0:
-        raise LlmattrError("the causal sampler needs at least one token before the content span")
+        raise LlmattrError("the causal sampler needs at least one token before the content span; with "
+                           "scope 'prompt' or 'all' use sampler='uniform'")
     before = torch.arange(a - 1, b - 1) if causal else torch.zeros(0, dtype=torch.long)
     logits, prefix = logits_and_prefix(lm, lm.embed(input_ids), torch.cat([positions.cpu(), before]), a)
     t = positions.numel()

@@ -364,6 +364,27 @@ def timing_table(results: Results, model: str, cfg: Stats = Stats()) -> Table | 
                  deterministic=False, control=tuple(filter(is_control, labels)))
 
 
+def accuracy_table(results: Results, model: str, cfg: Stats = Stats()) -> Table | None:
+    """Task accuracy per dataset: share of examples whose predicted label (label-word argmax at the first
+    answer position) equals the gold label, from the stored explanations' classification records (one
+    vote per example: every method explains the same target), with its bootstrap interval."""
+    votes: dict = defaultdict(dict)
+    for dataset, _method, _params, example, text, _seconds in results.explanations(model):
+        record = json.loads(text).get("classification") or {}
+        if record.get("correct") is not None:
+            votes[dataset][example] = float(record["correct"])
+    if not votes:
+        return None
+    datasets = sorted(votes, key=dataset_key)
+    estimates = [stats.estimate({d: votes[d]}, cfg.resamples, cfg.seed) for d in datasets]
+    rows = [("Accuracy", [Cell(e.mean, cell_text(e, ".3f"), estimate=e) for e in estimates]),
+            ("Examples", [Cell(e.n, str(e.n)) for e in estimates])]
+    return Table("table_accuracy", "Task accuracy of the model",
+                 "Share of examples whose predicted label word (argmax over the label words at the first "
+                 "answer position) equals the gold label: whether the model does the task at all.",
+                 "", [*map(dataset_name, datasets)], [Section("Label-word prediction", rows)])
+
+
 # ---------------------------------------------------------------------------------------- the tables
 def paper_tables(results: Results, model: str, resamples: int = stats.RESAMPLES) -> list[Table]:
     """Every table whose metrics are in the store, in paper order (timings last); ``resamples``
@@ -373,6 +394,7 @@ def paper_tables(results: Results, model: str, resamples: int = stats.RESAMPLES)
            MetricRow("pi_soft_nc_auc", "AUC π-Soft-NC", True)]
     best = "Ranks on the Avg row."
     tables = [
+        accuracy_table(results, model, cfg),
         datasets_by_methods(results, model, "table1_pi_soft_auc",
                             "Table 1: AUC of π-Soft-NC/NS curves (dynamic routing)",
                             "Mean over examples of the per-example AUC (trapezoid / span of the π grid). "
@@ -390,9 +412,12 @@ def paper_tables(results: Results, model: str, resamples: int = stats.RESAMPLES)
                             auc, "fixed", mark_all_rows=False, cfg=cfg),
         datasets_by_methods(results, model, "table4_deletion_insertion",
                             "Table 4: deletion and insertion AUC",
-                            "Flip probability along 5% steps by rank; ranks on every row.",
+                            "Flip probability along 5% steps by rank, and its change from the clean input "
+                            "(Δ, paper 000 appendix E's quantity); ranks on every row.",
                             [MetricRow("deletion_auc", "Deletion", True, ".4f"),
-                             MetricRow("insertion_auc", "Insertion", False, ".4f")], "none",
+                             MetricRow("insertion_auc", "Insertion", False, ".4f"),
+                             MetricRow("deletion_change_auc", "Deletion Δ", True, ".4f"),
+                             MetricRow("insertion_change_auc", "Insertion Δ", False, ".4f")], "none",
                             mark_all_rows=True, cfg=cfg),
         methods_by_datasets(results, model, "table_comprehensiveness",
                             "Comprehensiveness (paper 003 Tables 1 and 4)",

@@ -80,16 +80,19 @@ class Task:
         """How an answer word follows the prompt: right after the assistant header, or after a space."""
         return word if self.uses_chat(tokenizer) else " " + word
 
-    def word_ids(self, tokenizer, words: tuple[str, ...] | list[str]) -> torch.Tensor:
+    def word_ids(self, tokenizer, words: tuple[str, ...] | list[str], first_token: bool | None = None) -> torch.Tensor:
         """Token id scored for each answer word (its only token, or its first with ``first_token``).
 
         Raises :class:`LlmattrError` when a word is several tokens and the task does not score first
         tokens, or when two words share the scored token (they could not be told apart).
+        ``first_token=False`` overrides the task's setting (the label-word target explains the label
+        word's own token, never its first piece).
         """
+        first_token = self.first_token if first_token is None else first_token
         ids = []
         for word in words:
             pieces = tokenizer(self.answer_text(word, tokenizer), add_special_tokens=False)["input_ids"]
-            if not pieces or (len(pieces) > 1 and not self.first_token):
+            if not pieces or (len(pieces) > 1 and not first_token):
                 raise LlmattrError(
                     f"task {self.name}: label word {word!r} is {len(pieces)} tokens for this tokenizer; "
                     "use single-token label words or a task with first_token=True"
@@ -99,11 +102,11 @@ class Task:
             raise LlmattrError(f"task {self.name}: label words {list(words)} share their first token")
         return torch.tensor(ids)
 
-    def label_ids(self, tokenizer) -> torch.Tensor:
+    def label_ids(self, tokenizer, first_token: bool | None = None) -> torch.Tensor:
         """``(n_labels,)`` token ids of the task's label words, in ``label_words`` order."""
         if not self.label_words:
             raise LlmattrError(f"task {self.name} has no label words (kind {self.kind})")
-        return self.word_ids(tokenizer, self.label_words)
+        return self.word_ids(tokenizer, self.label_words, first_token)
 
     def check_model(self, lm) -> None:
         """Refuse a model that lacks the output head this task needs, naming the task to use instead."""

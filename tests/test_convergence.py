@@ -1,0 +1,104 @@
+"""Completeness of path methods and DeepLIFT: Captum's convergence delta per step in the Explanation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from captum.attr import IntegratedGradients
+
+from llmattr import methods
+from llmattr.api import attribute, prepare
+from llmattr.explanation import Explanation
+from llmattr.methods import integrated
+from llmattr.methods.deeplift import deeplift_attributions
+from llmattr.methods.gradient import baseline_embeds, score_fn
+from llmattr.tasks import get_task
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+@pytest.fixture
+def gen_target(tiny_llama):
+    return prepare(tiny_llama, "A terrific film.", get_task("sentiment"), answer=" movie was")
+
+
+def endpoints(lm, target, baseline="all", kind="probability"):
+    """``f``, ``x``, ``x0``, ``F(x) - F(x0)`` and the float32 rounding scale of those values (64 eps |F|)."""
+    f, x = score_fn(lm, target, kind), lm.embed(target.input_ids).detach()
+    x0 = baseline_embeds(lm, x, target, baseline)
+    with torch.no_grad():
+        fx, fx0 = f(x)[0].double(), f(x0)[0].double()
+    return f, x, x0, fx - fx0, 64 * EPS32 * torch.maximum(fx.abs(), fx0.abs()).max().item()
+
+
+@pytest.mark.parametrize("baseline", ["all", "span", "unk"])
+def test_ig_convergence_delta_is_captums(tiny_llama, gen_target, baseline):
+    """Captum's IntegratedGradients(return_convergence_delta=True) on each step gives the same delta (the
+    span baseline skips the template's backward pass: its attributions are exactly zero)."""
+    _, info = methods.get("integrated-gradients", baseline=baseline).attribute_with_info(tiny_llama, gen_target)
+    f, x, x0, target_delta, tol = endpoints(tiny_llama, gen_target, baseline)
+    assert info["target_delta"] == pytest.approx(target_delta.tolist(), abs=tol)
+    for t in range(gen_target.n_steps):
+        attr, delta = IntegratedGradients(lambda e, t=t: f(e)[:, t]).attribute(
+            x, baselines=x0, n_steps=16, method="gausslegendre", return_convergence_delta=True)
+        scale = attr.abs().sum().item()  # float32 sums of these terms
+        assert abs(info["convergence_delta"][t] - float(delta)) <= 1e-5 * scale + tol
+
+
+def full_sum(attr):
+    return attr.double().sum((1, 2))
+
+
+@pytest.mark.parametrize("name", ["igcg", "gradient-shap"])
+def test_path_methods_report_sum_of_every_token_minus_target_delta(tiny_llama, gen_target, name):
+    method = methods.get(name, **({"n_steps": 6} if name == "igcg" else {"n_samples": 3}))
+    expl = attribute(tiny_llama, gen_target, method)
+    _, _, _, target_delta, tol = endpoints(tiny_llama, gen_target)
+    attr = method.attributions(tiny_llama, gen_target)  # every token, prefix included
+    expected = full_sum(attr) - target_delta
+    got = torch.tensor([s.convergence_delta for s in expl.steps], dtype=torch.float64)
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-6 * attr.abs().sum().item() + tol)
+    assert [s.target_delta for s in expl.steps] == pytest.approx(target_delta.tolist(), abs=tol)
+
+
+def test_aieg_delta_is_that_of_its_integral_before_reweighting(tiny_llama, gen_target, monkeypatch):
+    """With every emphasis factor 1, AIEG's integral is right-Riemann IG: the same convergence delta."""
+    monkeypatch.setattr(integrated, "emphasis_factor", lambda now, prev: torch.ones_like(now))
+    _, info = methods.get("aieg", n_steps=6).attribute_with_info(tiny_llama, gen_target)
+    ig = methods.get("integrated-gradients", n_steps=6, method="riemann_right")
+    _, ref = ig.attribute_with_info(tiny_llama, gen_target)
+    assert info["convergence_delta"] == pytest.approx(ref["convergence_delta"], rel=1e-4, abs=1e-9)
+
+
+@pytest.mark.parametrize("baseline", ["all", "unk"])
+def test_deeplift_records_summation_to_delta(tiny_llama, gen_target, baseline):
+    expl = attribute(tiny_llama, gen_target, methods.get("deeplift", baseline=baseline, target="logit"))
+    f, x, x0, target_delta, tol = endpoints(tiny_llama, gen_target, baseline, "logit")
+    attr, _ = deeplift_attributions(f, x, x0)
+    for step, td, total in zip(expl.steps, target_delta.tolist(), full_sum(attr).tolist(), strict=True):
+        assert step.target_delta == pytest.approx(td, abs=tol)
+        assert step.convergence_delta == pytest.approx(total - td, abs=tol)
+        assert abs(step.convergence_delta) <= 1e-3 * abs(step.target_delta)
+
+
+def test_json_round_trip_and_cli_verbose(tiny_llama, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from llmattr.cli import app
+
+    monkeypatch.setattr("llmattr.models.loading.load_model", lambda *args, **kwargs: tiny_llama)
+    out = tmp_path / "e.json"
+    args = ["explain", "A terrific film.", "--task", "generate", "--answer", " movie was", "--method",
+            "integrated-gradients", "--param", "n_steps=4", "--json", str(out)]
+    quiet = CliRunner().invoke(app, args)
+    loud = CliRunner().invoke(app, [*args, "--verbose"])
+    assert quiet.exit_code == loud.exit_code == 0, loud.output
+    steps = json.loads(out.read_text())["steps"]
+    assert all(isinstance(s["convergence_delta"], float) and isinstance(s["target_delta"], float) for s in steps)
+    assert Explanation.from_json(out).steps[0].convergence_delta == steps[0]["convergence_delta"]
+    assert "convergence_delta" in loud.output and "convergence_delta" not in quiet.output
+    plain = attribute(tiny_llama, prepare(tiny_llama, "A terrific film.", get_task("generate"), answer=" movie"),
+                      methods.get("saliency"))
+    assert plain.steps[0].convergence_delta is None
