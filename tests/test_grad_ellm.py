@@ -104,3 +104,21 @@ def test_explain_api_returns_scores_in_unit_interval(tiny_llama):
     assert scores.shape == (1, expl.span[1] - expl.span[0])
     assert float(scores.min()) >= 0 and float(scores.max()) <= 1
     assert expl.steps[0].token == "Positive" and expl.forced
+
+
+@pytest.mark.parametrize("attention", ["loosened", "softmax"])
+def test_grad_ellm_gives_zero_outside_every_sliding_window(tiny_tokenizer, attention):
+    """Tiny Gemma-3, window 16 in both layers: a query at position t sees keys t-15..t only, so every span token
+    before that scores exactly 0 (loosened weights are min-max over the keys the layer's mask lets it see)."""
+    lm = build_tiny("gemma3", tiny_tokenizer, sliding_window=16)
+    assert set(lm.config.layer_types) == {"sliding_attention"}
+    target = prepare(lm, "An engrossing film that is never boring, with a terrific cast.", get_task("generate"),
+                     answer=" the quick")
+    a, b = target.span
+    got = methods.get("grad-ellm", attention=attention).attribute(lm, target)
+    for step in range(target.n_steps):
+        first_seen = int(target.positions[step]) - lm.config.sliding_window + 1
+        assert a + 2 < first_seen < b - 1  # part of the span lies outside the window, part inside
+        outside = got[step, : first_seen - a]
+        assert torch.all(outside == 0), outside
+        assert got[step, first_seen - a:].max() == 1.0

@@ -10,7 +10,10 @@ only.
 
 Routing protocols (paper 000 appendix K): ``"dynamic"`` is a plain forward pass on the perturbed
 embeddings; ``"fixed"`` replaces every layer's attention probabilities by those of the clean forward
-pass through the internals probe (:class:`llmattr.models.probe.Probe` with ``replay_probs``).
+pass through the internals probe (:class:`llmattr.models.probe.Probe` with ``replay``): the clean pass
+records every layer's queries of the perturbed rows and its keys, and each perturbed layer mixes its own
+values with ``softmax(q_clean k_clean^T)``. Both run in the memory-efficient sdpa kernel; nothing grows
+with the square of the length.
 """
 
 from __future__ import annotations
@@ -65,11 +68,12 @@ class PerturbationEngine:
 
     @torch.no_grad()
     def _clean_pass(self, ids: torch.Tensor) -> None:
-        """One clean forward: clean distribution, prefix key/values, (fixed routing) every layer's probs."""
-        with Probe(record=self.routing == "fixed") as probe:
+        """One clean forward: clean distribution, prefix key/values, (fixed routing) every layer's q and k."""
+        rows = torch.arange(self.prefix_len, ids.numel(), device=ids.device)  # the perturbed rows
+        with Probe(record=("q", "k") if self.routing == "fixed" else False, rows=rows) as probe:
             logits, self.prefix = logits_and_prefix(self.lm, self.lm.embed(ids)[None], self.last, self.prefix_len)
         self.clean_probs = torch.softmax(logits[0, -1].float(), dim=-1)
-        self.replay = {i: rec.probs for i, rec in probe.layers.items()} if self.routing == "fixed" else None
+        self.replay = probe.layers if self.routing == "fixed" else None
 
     def _masked_embeds(self, keep: torch.Tensor) -> torch.Tensor:
         """``(N, T, d)`` suffix embeddings with the span's rows multiplied by ``keep``."""
@@ -82,7 +86,7 @@ class PerturbationEngine:
 
     @torch.no_grad()
     def _forward(self, keep: torch.Tensor) -> torch.Tensor:
-        with Probe(replay_probs=self.replay):
+        with Probe(replay=self.replay):
             logits = self.prefix.logits_at(self.lm, self._masked_embeds(keep), self.last)
         return torch.softmax(logits[:, -1].float(), dim=-1)
 

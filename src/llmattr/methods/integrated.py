@@ -77,11 +77,10 @@ def integrate(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor, alphas: torch.Tenso
 
 def net_attention(lm: LoadedModel, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Paper 004 eq. 9: attention probability from each step's query position to every token, averaged
-    over all layers and heads (recorded by the probe on the clean input): ``(T, S)``."""
-    with torch.no_grad(), Probe(record=True) as probe:
+    over all layers and heads (recorded by the probe on the clean input, explained rows only): ``(T, S)``."""
+    with torch.no_grad(), Probe(record=("probs",), rows=positions) as probe:
         lm.model(inputs_embeds=x, logits_to_keep=1, use_cache=False)
-        rows = [probe.layers[i].probs[0][:, positions, :].float().mean(0) for i in sorted(probe.layers)]
-    return torch.stack(rows).mean(0)
+    return probe.stacked("probs")[:, 0].float().mean(dim=(0, 1))
 
 
 class PathMethod(EmbeddingGradientMethod):
