@@ -23,16 +23,12 @@ import torch
 from ..errors import LlmattrError
 from ..models.forward import logits_and_prefix
 from ..models.loading import LoadedModel
+from ..models.memory import is_oom
 from ..models.probe import Probe
 from ..targets import Target
 
 ROUTINGS = ("dynamic", "fixed")
 TOKEN_BUDGET = 8192  # perturbed suffix tokens per forward pass when no batch size is given
-
-
-def is_oom(err: BaseException) -> bool:
-    """Out of memory on a GPU (``torch.OutOfMemoryError``) or on the CPU allocator."""
-    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
 
 
 class PerturbationEngine:

@@ -195,6 +195,7 @@ class DeepLift(EmbeddingGradientMethod):
     summary = "DeepLIFT: rescale rule for SiLU/GELU/norms, exact product rule, softmax decomposed; sums to F(x)-F(0)"
     signed = True
     cost = "2 forwards (reference + input) + 1 backward (all steps share them)"
+    memory_kind = "deeplift"
     defaults = {"baseline": "all", "target": "probability", "reduction": "sum"}
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:

@@ -63,6 +63,7 @@ class GradELLM(AttributionMethod):
     family = "gradient x attention"
     summary = "Grad-ELLM: ReLU(sum_h lambda_i (dl/do^h . v_i)) over the last K layers, min-max per step"
     needs_gradients = True
+    memory_kind = "backward"
     signed = False
     cost = "1 forward + 1 backward (all steps share them)"
     defaults = {"layers": "all", "attention": "loosened", "similarity": "dot", "relu": "per-layer"}

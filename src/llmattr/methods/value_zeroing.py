@@ -28,22 +28,13 @@ from contextlib import contextmanager
 import torch
 
 from ..errors import LlmattrError
-from ..models.forward import logits_and_prefix
+from ..models.forward import decoder_blocks, logits_and_prefix
 from ..models.loading import LoadedModel
 from ..models.probe import Probe
 from ..targets import Target
 from .base import AttributionMethod, register
 
 NOISE_FLOOR = 1e-6  # float32 cosine distances of identical states reach ~6e-8: below this they are 0
-
-
-def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The stack of transformer blocks (the ModuleList with one entry per hidden layer)."""
-    n_layers = model.config.get_text_config().num_hidden_layers
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
-            return module
-    raise LlmattrError(f"cannot find the {n_layers} transformer blocks of {type(model).__name__}")
 
 
 class BlockTap:
