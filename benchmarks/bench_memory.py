@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import subprocess
 import sys
 import time
@@ -112,7 +113,7 @@ def worker(name: str, length: int, steps: int, device: str, sequences: int) -> d
     seconds = time.perf_counter() - start
     gpu = torch.cuda.max_memory_allocated() / 2**20 if device != "cpu" else None
     return {"peak_mb": rss_mb(), "base_mb": base, "gpu_mb": gpu, "tokens": int(target.input_ids.shape[1]),
-            "seconds": seconds}
+            "seconds": seconds, "process_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def measure(name: str, length: int, args) -> dict | str:
