@@ -27,12 +27,10 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import read_jsonl, table  # noqa: E402
+from _common import read_jsonl, table
 
 FORWARD_ONLY = ("attention", "normxlogit", "logat", "l2-norm", "value-zeroing")
 PATH = ("integrated-gradients", "igcg", "aieg", "gradient-shap")

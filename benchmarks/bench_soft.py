@@ -17,24 +17,16 @@ Usage: ``python benchmarks/bench_soft.py [--examples 10] [--long 2] [--sequences
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 
+from _common import read_jsonl
 from llmattr.api import prepare
 from llmattr.faithfulness.engine import TOKEN_BUDGET, PerturbationEngine
 from llmattr.faithfulness.soft import evaluate_target
 from llmattr.models.loading import load_model
 from llmattr.tasks import get_task
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-def texts(name: str, n: int) -> list[str]:
-    lines = (DATA / f"{name}.jsonl").read_text().splitlines()[:n]
-    return [json.loads(line)["text"] for line in lines]
 
 
 @torch.no_grad()
@@ -84,8 +76,8 @@ def main() -> None:
     task = get_task("sentiment")
     print(f"{torch.get_num_threads()} threads, {args.sequences} perturbed sequences per example, "
           f"batch {args.batch_size or f'from {TOKEN_BUDGET} suffix tokens per pass'}")
-    sets = {"SST-2": [prepare(lm, text, task) for text in texts("sst2", args.examples)],
-            "IMDb": [prepare(lm, text, task) for text in texts("imdb", args.long)]}
+    sets = {"SST-2": [prepare(lm, text, task) for text in read_jsonl("sst2", args.examples)],
+            "IMDb": [prepare(lm, text, task) for text in read_jsonl("imdb", args.long)]}
     for name, targets in sets.items():
         if not targets:
             continue
