@@ -149,3 +149,16 @@ def test_cli_refuses_an_oversize_text_with_one_line():
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "needs about" in lines[0] and LIMIT_ENV in lines[0], result.stderr
+
+
+def test_evaluator_chunk_from_token_budget_and_memory(tiny_llama, monkeypatch):
+    """8192 suffix tokens per pass, or fewer rows when half the limit holds fewer (forward estimate per row)."""
+    from llmattr.faithfulness.engine import TOKEN_BUDGET, forward_batch
+
+    monkeypatch.setenv(LIMIT_ENV, "1GB")
+    assert forward_batch(tiny_llama, 50) == TOKEN_BUDGET // 50
+    per_row = activation_bytes(Shapes.of(tiny_llama), "forward", 50)
+    monkeypatch.setenv(LIMIT_ENV, str(2 * 3 * per_row))
+    assert forward_batch(tiny_llama, 50) == 3
+    monkeypatch.setenv(LIMIT_ENV, "1KB")
+    assert forward_batch(tiny_llama, 50) == 1

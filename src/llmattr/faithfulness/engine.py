@@ -23,12 +23,19 @@ import torch
 from ..errors import LlmattrError
 from ..models.forward import logits_and_prefix
 from ..models.loading import LoadedModel
-from ..models.memory import is_oom
+from ..models.memory import Shapes, activation_bytes, is_oom, memory_limit
 from ..models.probe import Probe
 from ..targets import Target
 
 ROUTINGS = ("dynamic", "fixed")
 TOKEN_BUDGET = 8192  # perturbed suffix tokens per forward pass when no batch size is given
+
+
+def forward_batch(lm: LoadedModel, suffix: int) -> int:
+    """Perturbed rows per pass: ``TOKEN_BUDGET`` suffix tokens, fewer if the memory guard's forward estimate of
+    the rows (:func:`llmattr.models.memory.activation_bytes`) would pass half the memory limit; at least 1."""
+    per_row = activation_bytes(Shapes.of(lm), "forward", suffix)
+    return max(1, min(TOKEN_BUDGET // suffix, memory_limit(lm.device)[0] // 2 // per_row))
 
 
 class PerturbationEngine:
@@ -39,8 +46,8 @@ class PerturbationEngine:
         target: prompt + explained tokens; its ``span`` is what gets perturbed.
         step: which generation step's next-token distribution is read.
         routing: ``"dynamic"`` or ``"fixed"`` (clean attention probabilities replayed in every layer).
-        batch_size: sequences per forward pass (default: about 8192 suffix tokens per pass); halved on
-            out-of-memory.
+        batch_size: sequences per forward pass (default: about 8192 suffix tokens per pass, fewer when memory is
+            short: :func:`forward_batch`); halved on out-of-memory.
 
     Attributes:
         clean_probs: ``(V,)`` next-token distribution at step ``step`` on the clean input.
@@ -58,7 +65,7 @@ class PerturbationEngine:
         ids = target.input_ids[0, : int(target.positions[step]) + 1].to(lm.device)
         self.prefix_len = self.span[0]
         self.suffix_embeds = lm.embed(ids[self.prefix_len:])[None]  # (1, T, d)
-        self.batch_size = batch_size or max(1, TOKEN_BUDGET // self.suffix_embeds.shape[1])
+        self.batch_size = batch_size or forward_batch(lm, self.suffix_embeds.shape[1])
         self.last = torch.tensor([ids.numel() - 1])  # the step's predicting position
         self._clean_pass(ids)
 
