@@ -1,36 +1,32 @@
-"""Throughput of the soft-metric evaluator (prefix KV reuse, last-position logits) vs a plain batched forward.
+"""Throughput of the soft-metric evaluator (prefix KV reuse, last-position logits) vs plain batched forwards.
 
-On the embedded model and SST-2 examples, for the same perturbed sequences and the same batch size:
+On the embedded model, for the same perturbed sequences of SST-2 examples (short suffix) and IMDb examples
+(long suffix, ``--long``):
 
-* evaluator: ``PerturbationEngine.probs`` (pre-span prefix cached once, logits at the last position);
+* evaluator: ``PerturbationEngine.probs`` (pre-span prefix cached once, logits at the last position, chunks
+  from its token budget; dynamic routing, so every pass runs in the sdpa kernel);
 * plain: ``model(inputs_embeds=full perturbed sequences)`` with full logits, no cache (what naive code does);
-* plain-last: the same but with logits at the last position only (isolates the gain of prefix reuse).
+* sdpa floor: the same with logits at the last position only, chunked to the same token budget (a plain
+  chunked forward of the same sequences through the model's sdpa attention).
 
-Then the full per-example evaluation time of pi-Soft-NC/NS (19 pi x 15 samples x NC+NS + zero baseline,
-dynamic routing). Usage: ``python benchmarks/bench_soft.py [--examples 10] [--sequences 64] [--full 2]``.
+Printed per dataset: sequences/s and the ratio evaluator / sdpa floor (target <= 1.1x, issue 15). Then the
+full per-example evaluation time of pi-Soft-NC/NS (19 pi x 15 samples x NC+NS + zero baseline, dynamic).
+Usage: ``python benchmarks/bench_soft.py [--examples 10] [--long 2] [--sequences 64] [--full 2]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 
+from _common import read_jsonl
 from llmattr.api import prepare
-from llmattr.faithfulness.engine import PerturbationEngine
+from llmattr.faithfulness.engine import TOKEN_BUDGET, PerturbationEngine
 from llmattr.faithfulness.soft import evaluate_target
 from llmattr.models.loading import load_model
 from llmattr.tasks import get_task
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-def sst2(n: int) -> list[str]:
-    lines = (DATA / "sst2.jsonl").read_text().splitlines()[:n]
-    return [json.loads(line)["text"] for line in lines]
 
 
 @torch.no_grad()
@@ -53,36 +49,47 @@ def timed(fn, *args, **kwargs) -> float:
     return time.perf_counter() - start
 
 
+def compare(lm, targets: list, sequences: int, batch_size: int | None) -> dict[str, float]:
+    """Seconds of evaluator, plain and sdpa floor over ``targets`` (``sequences`` random masks each)."""
+    totals = {"evaluator": 0.0, "plain": 0.0, "sdpa floor": 0.0}
+    for target in targets:
+        m = target.span[1] - target.span[0]
+        keep = torch.bernoulli(torch.full((sequences, m), 0.5))
+        engine = PerturbationEngine(lm, target, batch_size=batch_size)  # clean pass not timed
+        rows = batch_size or max(1, TOKEN_BUDGET // (int(target.positions[0]) + 1))
+        totals["evaluator"] += timed(engine.probs, keep)
+        totals["plain"] += timed(plain_forward, lm, target, keep, rows, last_only=False)
+        totals["sdpa floor"] += timed(plain_forward, lm, target, keep, rows, last_only=True)
+    return totals
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=10)
+    parser.add_argument("--examples", type=int, default=10, help="SST-2 examples")
+    parser.add_argument("--long", type=int, default=2, help="IMDb examples (long suffix)")
     parser.add_argument("--sequences", type=int, default=64, help="perturbed sequences per example")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--full", type=int, default=2, help="examples timed with the full evaluation")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: the evaluator's token budget")
+    parser.add_argument("--full", type=int, default=2, help="SST-2 examples timed with the full evaluation")
     args = parser.parse_args()
     torch.manual_seed(0)
     lm = load_model("default", device="cpu")
     task = get_task("sentiment")
-    targets = [prepare(lm, text, task) for text in sst2(args.examples)]
-    totals = {"evaluator": 0.0, "plain": 0.0, "plain-last": 0.0}
-    n_seq, prefix, length = 0, 0, 0
-    for target in targets:
-        m = target.span[1] - target.span[0]
-        keep = torch.bernoulli(torch.full((args.sequences, m), 0.5))
-        engine = PerturbationEngine(lm, target, batch_size=args.batch_size)  # clean pass not timed
-        totals["evaluator"] += timed(engine.probs, keep)
-        totals["plain"] += timed(plain_forward, lm, target, keep, args.batch_size, last_only=False)
-        totals["plain-last"] += timed(plain_forward, lm, target, keep, args.batch_size, last_only=True)
-        n_seq += args.sequences
-        prefix += target.span[0]
-        length += target.prompt_len
-    print(f"{args.examples} SST-2 examples, {n_seq} perturbed sequences, batch size {args.batch_size}, "
-          f"pre-span prefix {prefix / length:.0%} of the prompt tokens, {torch.get_num_threads()} threads")
-    for name, seconds in totals.items():
-        print(f"  {name:10s} {n_seq / seconds:8.1f} sequences/s")
-    print(f"  ratio evaluator / plain      {totals['plain'] / totals['evaluator']:.2f}x")
-    print(f"  ratio evaluator / plain-last {totals['plain-last'] / totals['evaluator']:.2f}x")
-    for target in targets[: args.full]:
+    print(f"{torch.get_num_threads()} threads, {args.sequences} perturbed sequences per example, "
+          f"batch {args.batch_size or f'from {TOKEN_BUDGET} suffix tokens per pass'}")
+    sets = {"SST-2": [prepare(lm, text, task) for text in read_jsonl("sst2", args.examples)],
+            "IMDb": [prepare(lm, text, task) for text in read_jsonl("imdb", args.long)]}
+    for name, targets in sets.items():
+        if not targets:
+            continue
+        suffix = sum(t.prompt_len - t.span[0] for t in targets) / len(targets)
+        totals = compare(lm, targets, args.sequences, args.batch_size)
+        n_seq = args.sequences * len(targets)
+        print(f"{name}: {len(targets)} examples, mean suffix {suffix:.0f} tokens")
+        for key, seconds in totals.items():
+            print(f"  {key:10s} {n_seq / seconds:8.1f} sequences/s")
+        print(f"  evaluator / sdpa floor {totals['evaluator'] / totals['sdpa floor']:.2f}x (time)")
+        print(f"  evaluator / plain      {totals['evaluator'] / totals['plain']:.2f}x (time)")
+    for target in sets["SST-2"][: args.full]:
         scores = torch.rand(1, target.span[1] - target.span[0])
         seconds = timed(evaluate_target, lm, target, scores, [0])
         print(f"full evaluation (19 pi x 15 samples x NC+NS + zero baseline = 601 sequences of "

@@ -10,6 +10,7 @@ from llmattr import methods
 from llmattr.api import prepare
 from llmattr.errors import LlmattrError
 from llmattr.methods.logit import classifier_attributions
+from llmattr.models.probe import eager_attention
 from llmattr.tasks import get_task
 
 TEXT = "An engrossing film that is never boring."
@@ -80,7 +81,7 @@ def test_bad_layer_is_a_clear_error(tiny_llama):
 def test_attention_is_the_recorded_probabilities_averaged(tiny_lm, layers):
     target = gen_target(tiny_lm)
     a, b = target.span
-    with torch.no_grad():
+    with torch.no_grad(), eager_attention():
         att = tiny_lm.model(target.input_ids, output_attentions=True).attentions  # L x (1, H, S, S)
     chosen = att if layers == "all" else att[-1:]
     expected = torch.stack([x[0][:, target.positions, a:b] for x in chosen]).mean(dim=(0, 1))
@@ -97,7 +98,7 @@ def test_attention_hand_check(tiny_tokenizer):
         lm.model(target.input_ids)
     rec = probe.layers[0]
     t = int(target.positions[0])
-    scores = torch.einsum("hd,hsd->hs", rec.q[0, :, t], rec.k[0, :, : t + 1]) / rec.q.shape[-1] ** 0.5
+    scores = torch.einsum("hd,hsd->hs", rec.q[0, :, t], rec.keys()[0, :, : t + 1]) / rec.q.shape[-1] ** 0.5
     expected = torch.softmax(scores, -1).mean(0)[target.span[0]:target.span[1]]
     torch.testing.assert_close(methods.get("attention").attribute(lm, target)[0], expected)
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AttentionInterface
 
 from llmattr.errors import LlmattrError
 from llmattr.faithfulness.engine import PerturbationEngine
 from llmattr.models.forward import SharedPrefix, logits_at
-from llmattr.models.probe import PROBE_NAME, Probe
+from llmattr.models.probe import Probe, eager_attention
 from llmattr.prompting import build_prompt
 from llmattr.targets import Target
 from llmattr.tasks import get_task
@@ -25,19 +24,20 @@ def make_target(lm, n_steps: int = 3) -> Target:
 
 @torch.no_grad()
 def reference_probs(lm, target: Target, step: int, keep: torch.Tensor, routing: str) -> torch.Tensor:
-    """Plain full-sequence forward, no cache, no batching tricks."""
+    """Plain full-sequence forward with full eager attention, no cache, no batching tricks."""
     ids = target.input_ids[0, : int(target.positions[step]) + 1]
     a, b = target.span
     replay = None
-    if routing == "fixed":
-        with Probe(record=True) as probe:
-            lm.model(input_ids=ids[None])
-        replay = {i: r.probs for i, r in probe.layers.items()}
-    embeds = lm.embed(ids)[None].repeat(keep.shape[0], 1, 1)
-    factor = keep if keep.dim() == 3 else keep[..., None]
-    embeds[:, a:b] = embeds[:, a:b] * factor
-    with Probe(replay_probs=replay):
-        logits = lm.model(inputs_embeds=embeds, use_cache=False).logits[:, -1]
+    with eager_attention():
+        if routing == "fixed":
+            with Probe(record=("q", "k")) as probe:
+                lm.model(input_ids=ids[None])
+            replay = probe.layers
+        embeds = lm.embed(ids)[None].repeat(keep.shape[0], 1, 1)
+        factor = keep if keep.dim() == 3 else keep[..., None]
+        embeds[:, a:b] = embeds[:, a:b] * factor
+        with Probe(replay=replay):
+            logits = lm.model(inputs_embeds=embeds, use_cache=False).logits[:, -1]
     return torch.softmax(logits.float(), -1)
 
 
@@ -85,27 +85,18 @@ def test_engine_per_dimension_masks(tiny_llama):
                                atol=1e-5, rtol=0)
 
 
-def test_fixed_routing_replays_clean_attention(tiny_llama, monkeypatch):
-    """Every perturbed pass's attention rows equal the clean pass's rows for the same queries."""
+def test_fixed_routing_replays_clean_attention(tiny_llama):
+    """The clean pass keeps every layer's queries of the perturbed rows (span start to the step's position) and
+    its keys; the replayed probabilities are those of the clean eager attention (tests/test_probe.py) and the
+    perturbed output differs from dynamic routing."""
     target = make_target(tiny_llama)
     engine = PerturbationEngine(tiny_llama, target, step=2, routing="fixed")
-    seen: list[tuple[int, torch.Tensor]] = []
-    inner = AttentionInterface._global_mapping[PROBE_NAME]
-
-    def spy(module, *args, **kwargs):
-        out, probs = inner(module, *args, **kwargs)
-        seen.append((module.layer_idx, probs))
-        return out, probs
-
-    monkeypatch.setitem(AttentionInterface._global_mapping, PROBE_NAME, spy)
+    last = int(target.positions[2])
+    assert sorted(engine.replay) == list(range(tiny_llama.config.num_hidden_layers))
+    for record in engine.replay.values():
+        assert record.rows.tolist() == list(range(target.span[0], last + 1))
+        assert record.k.shape[2] == last + 1 and record.probs is None
     keep = torch.zeros(5, target.span[1] - target.span[0])
-    engine.probs(keep)
-    assert len(seen) == tiny_llama.config.num_hidden_layers
-    for layer, probs in seen:
-        clean = engine.replay[layer][0]
-        s = probs.shape[-1]
-        assert s == clean.shape[-1]
-        torch.testing.assert_close(probs, clean[:, s - probs.shape[2]:].expand_as(probs), atol=0, rtol=0)
     dynamic = PerturbationEngine(tiny_llama, target, step=2).probs(keep)
     assert not torch.equal(dynamic, engine.probs(keep))  # replaying changed the output
 

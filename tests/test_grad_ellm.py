@@ -115,19 +115,35 @@ def test_cosine_is_per_head_and_cosine_full_spans_every_head():
 
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 3, 6, 4, generator=gen), torch.randn(1, 3, 6, 4, generator=gen)
-    record, t = SimpleNamespace(q=q, k=k), 5
-    positions = torch.tensor([t])
+    t = 5
+    record = SimpleNamespace(q=q[:, :, [t]], keys=lambda: k, visible=torch.ones(1, 1, 6, dtype=torch.bool))
 
     def minmax(v):
         return (v - v.min()) / (v.max() - v.min())
 
-    per_head = token_weights(record, positions, "loosened", "cosine")[0]  # (H, S)
+    per_head = token_weights(record, "loosened", "cosine")[0]  # (H, S)
     for h in range(3):
         cos = torch.nn.functional.cosine_similarity(q[0, h, t][None], k[0, h], dim=-1)
         torch.testing.assert_close(per_head[h], minmax(cos))
-    full = token_weights(record, positions, "loosened", "cosine-full")[0]
+    full = token_weights(record, "loosened", "cosine-full")[0]
     wide_q, wide_k = q[0, :, t].reshape(-1), k[0].transpose(0, 1).reshape(6, -1)
     expected = minmax(torch.nn.functional.cosine_similarity(wide_q[None], wide_k, dim=-1))
     for h in range(3):
         torch.testing.assert_close(full[h], expected)
     assert not torch.allclose(full, per_head, atol=1e-2)
+@pytest.mark.parametrize("attention", ["loosened", "softmax"])
+def test_grad_ellm_gives_zero_outside_every_sliding_window(tiny_tokenizer, attention):
+    """Tiny Gemma-3, window 16 in both layers: a query at position t sees keys t-15..t only, so every span token
+    before that scores exactly 0 (loosened weights are min-max over the keys the layer's mask lets it see)."""
+    lm = build_tiny("gemma3", tiny_tokenizer, sliding_window=16)
+    assert set(lm.config.layer_types) == {"sliding_attention"}
+    target = prepare(lm, "An engrossing film that is never boring, with a terrific cast.", get_task("generate"),
+                     answer=" the quick")
+    a, b = target.span
+    got = methods.get("grad-ellm", attention=attention).attribute(lm, target)
+    for step in range(target.n_steps):
+        first_seen = int(target.positions[step]) - lm.config.sliding_window + 1
+        assert a + 2 < first_seen < b - 1  # part of the span lies outside the window, part inside
+        outside = got[step, : first_seen - a]
+        assert torch.all(outside == 0), outside
+        assert got[step, first_seen - a:].max() == 1.0

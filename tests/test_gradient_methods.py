@@ -15,6 +15,7 @@ from llmattr.errors import LlmattrError
 from llmattr.methods import integrated
 from llmattr.methods.gradient import baseline_embeds, embedding_gradients, reduce_tokens, score_fn
 from llmattr.methods.integrated import emphasis_factor, integrate, net_attention, path_alphas, pos_norm
+from llmattr.models.probe import eager_attention
 from llmattr.targets import Target
 from llmattr.tasks import get_task
 
@@ -174,7 +175,7 @@ def test_aieg_is_posnorm_ig_times_net_attention_when_ef_is_one(tiny_llama, gen_t
     aieg = methods.get("aieg", n_steps=6, internal_batch_size=4).attribute(lm, tgt)
     ig = methods.get("integrated-gradients", n_steps=6, method="riemann_right").attributions(lm, tgt)
     x = lm.embed(tgt.input_ids)
-    with torch.no_grad():
+    with torch.no_grad(), eager_attention():
         att = lm.model(inputs_embeds=x, output_attentions=True).attentions  # L x (1, H, S, S)
     net = torch.stack(att)[:, 0][:, :, tgt.positions].mean((0, 1))  # (T, S)
     a, b = tgt.span

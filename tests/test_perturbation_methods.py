@@ -15,7 +15,7 @@ from llmattr.errors import LlmattrError
 from llmattr.methods.lime import WeightedRidge, span_forward
 from llmattr.methods.value_zeroing import BlockTap, decoder_blocks
 from llmattr.models.loading import LoadedModel
-from llmattr.models.probe import Probe
+from llmattr.models.probe import Probe, eager_attention
 from llmattr.prompting import build_prompt
 from llmattr.targets import Target
 from llmattr.tasks import get_task
@@ -87,13 +87,16 @@ def reference_value_zeroing(lm, target, layers):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_value_zeroing_batched_matches_one_forward_per_token_and_layer(tiny_tokenizer, arch):
+    """Batching, prefix cache and replayed blocks change nothing (both under the same eager attention: the
+    distances are ~1e-5, so normalising them magnifies kernel-order noise; sdpa = eager is in test_long_inputs)."""
     lm = build_tiny(arch, tiny_tokenizer, num_hidden_layers=3)
     target = gen_target(lm)
-    expected = reference_value_zeroing(lm, target, [0, 1, 2])
-    got = methods.get("value-zeroing", layers="all", batch_size=5).attribute(lm, target)
-    torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-5)
-    torch.testing.assert_close(methods.get("value-zeroing", layers=1).attribute(lm, target),
-                               reference_value_zeroing(lm, target, [1]), rtol=1e-3, atol=1e-5)
+    with eager_attention():
+        expected = reference_value_zeroing(lm, target, [0, 1, 2])
+        got = methods.get("value-zeroing", layers="all", batch_size=5).attribute(lm, target)
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-5)
+        torch.testing.assert_close(methods.get("value-zeroing", layers=1).attribute(lm, target),
+                                   reference_value_zeroing(lm, target, [1]), rtol=1e-3, atol=1e-5)
 
 
 @pytest.mark.parametrize("layers, rerun", [("last", {2}), (1, {1}), ("all", {0, 1, 2})])

@@ -8,6 +8,7 @@ from functools import lru_cache
 from . import methods
 from .errors import LlmattrError
 from .explanation import Explanation
+from .models import memory
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt
 from .targets import SCOPES, TARGET_MODES, Target, label_target, make_target, with_scope
@@ -26,13 +27,15 @@ def resolve_model(model: str | LoadedModel, device: str = "auto", dtype: str | N
 
 def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int | None = None,
             answer: str | None = None, demonstrations: str = "", target: str = "label",
-            gold: str | None = None, scope: str = "span") -> Target:
+            gold: str | None = None, scope: str = "span", method: methods.AttributionMethod | None = None,
+            checkpointing: str = "auto") -> Target:
     """Prompt + target for one input: the shared first half of every explanation.
 
     A task with label words explains the predicted label word by default (``target="label"``; or
     ``"generated"``, ``"gold"``: :func:`llmattr.targets.label_target`); ``gold`` defaults to the
     example's ``label``. A forced ``answer`` is explained as given. ``scope`` (``span``, ``prompt``,
     ``all``): what is attributed and perturbed (:func:`llmattr.targets.with_scope`).
+    With ``method``, the memory guard runs before the model does (:func:`llmattr.models.memory.plan`).
     """
     if isinstance(text, str) and not text.strip():
         raise LlmattrError("empty text: give the text to explain")
@@ -44,6 +47,9 @@ def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int |
     task.check_model(lm)
     prompt: Prompt = build_prompt(lm.tokenizer, task, example, demonstrations)
     n_new = task.max_new_tokens if max_new_tokens is None else max_new_tokens
+    tokens = prompt.length + max(n_new, 1) - 1
+    if method is not None and tokens < lm.max_length:  # longer than the context: make_target says so
+        memory.plan(lm, method, tokens, checkpointing)
     if answer is None and task.label_words and task.head == "lm" and task.kind != "lm":
         gold = example.get("label") if gold is None else gold
         return with_scope(label_target(lm, prompt, task, n_new, target, gold), scope)
@@ -51,10 +57,16 @@ def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int |
 
 
 def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod, task: Task | None = None,
-              example: dict | None = None, timings: dict | None = None) -> Explanation:
-    """Run ``method`` on a prepared target and package the result."""
+              example: dict | None = None, timings: dict | None = None, checkpointing: str = "auto") -> Explanation:
+    """Run ``method`` on a prepared target and package the result.
+
+    The memory guard refuses a run that cannot fit (one line); ``checkpointing`` (``auto``/``on``/``off``)
+    recomputes the blocks in the backward pass instead of keeping their activations.
+    """
+    use_checkpointing = memory.plan(lm, method, int(target.input_ids.shape[1]), checkpointing)
     start = time.perf_counter()
-    raw, step_info = method.attribute_with_info(lm, target)
+    with memory.checkpointed(lm, use_checkpointing):
+        raw, step_info = method.attribute_with_info(lm, target)
     seconds = time.perf_counter() - start
     if raw.shape != (target.n_steps, target.span[1] - target.span[0]):
         raise RuntimeError(f"{method.name} returned shape {tuple(raw.shape)}")
@@ -88,6 +100,7 @@ def explain(
     target: str = "label",
     gold: str | None = None,
     scope: str = "span",
+    checkpointing: str = "auto",
     method_params: dict | None = None,
     **params,
 ) -> Explanation:
@@ -96,7 +109,9 @@ def explain(
     ``text`` is the content (for multi-field tasks such as BoolQ, a dict of fields); ``answer`` forces
     the explained tokens instead of greedy generation. ``shots`` few-shot demonstrations (drawn with
     ``shots_seed`` from the task's sample data, never ``text`` itself) or an explicit ``demonstrations``
-    text are placed before the content span, so they are neither attributed nor perturbed.
+    text are placed before the content span, so they are neither attributed nor perturbed. A run that would
+    not fit in memory is refused before the model runs; ``checkpointing`` is ``auto``, ``on`` or ``off``
+    (see :mod:`llmattr.models.memory`).
 
     ``target``: for a task with label words, which token is explained: ``"label"`` (the predicted
     label word, default), ``"generated"`` (the free greedy answer) or ``"gold"`` (the gold label word:
@@ -120,7 +135,8 @@ def explain(
     if shots:
         demonstrations += few_shot(task, shots, shots_seed, exclude=[{"id": None, **example}])
     prepared_target = prepare(lm, text, task, max_new_tokens, answer, demonstrations, target, gold,
-                              scope)
+                              scope, method_obj, checkpointing)
     prepared = time.perf_counter()
     return attribute(lm, prepared_target, method_obj, task, example,
-                     timings={"load_s": loaded - start, "generate_s": prepared - loaded})
+                     timings={"load_s": loaded - start, "generate_s": prepared - loaded},
+                     checkpointing=checkpointing)

@@ -120,10 +120,13 @@ def explain(
     seed: int = typer.Option(0, help="--evaluate: seed of the Monte-Carlo masks."),
     eval_json: Path = typer.Option(None, help="--evaluate: write the evaluation result JSON here."),
     plot: Path = typer.Option(None, help="--evaluate: draw pi-Soft-NC/NS vs pi to this image (.png)."),
+    checkpointing: str = typer.Option("auto", help="Recompute blocks in the backward pass to save memory: "
+                                      "auto (only when needed), on, off."),
 ) -> None:
     """Explain the model's answer to TEXT: answer, token heatmap, optional HTML and JSON."""
     from ..api import explain as run_explain
     from ..models.loading import load_model
+    from ..models.memory import check_checkpointing
     from ..render import print_explanation, to_html
     from ..tasks import get_task
 
@@ -146,11 +149,13 @@ def explain(
     from .. import methods
 
     methods.get(method, **params)  # fail fast on a bad method before loading the model
+    check_checkpointing(checkpointing)
     with console.status(f"loading model {model} ..."):
         lm = load_model(model, device=device, verbose=verbose)
     with console.status(f"explaining with {method} ..."):
         expl = run_explain(content, model=lm, method=method, task=task_obj, max_new_tokens=max_new_tokens,
-                           answer=answer, shots=shots, target=target, scope=scope, method_params=params)
+                           answer=answer, shots=shots, target=target, scope=scope, checkpointing=checkpointing,
+                           method_params=params)
     print_explanation(expl, console)
     print_classification(expl.classification, console)
     if verbose:

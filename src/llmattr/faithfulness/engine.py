@@ -10,7 +10,10 @@ only.
 
 Routing protocols (paper 000 appendix K): ``"dynamic"`` is a plain forward pass on the perturbed
 embeddings; ``"fixed"`` replaces every layer's attention probabilities by those of the clean forward
-pass through the internals probe (:class:`llmattr.models.probe.Probe` with ``replay_probs``).
+pass through the internals probe (:class:`llmattr.models.probe.Probe` with ``replay``): the clean pass
+records every layer's queries of the perturbed rows and its keys, and each perturbed layer mixes its own
+values with ``softmax(q_clean k_clean^T)``. Both run in the memory-efficient sdpa kernel; nothing grows
+with the square of the length.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from ..errors import LlmattrError
 from ..models.forward import logits_and_prefix
 from ..models.loading import LoadedModel
+from ..models.memory import Shapes, activation_bytes, is_oom, memory_limit
 from ..models.probe import Probe
 from ..targets import Target, visible
 
@@ -27,9 +31,11 @@ ROUTINGS = ("dynamic", "fixed")
 TOKEN_BUDGET = 8192  # perturbed suffix tokens per forward pass when no batch size is given
 
 
-def is_oom(err: BaseException) -> bool:
-    """Out of memory on a GPU (``torch.OutOfMemoryError``) or on the CPU allocator."""
-    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
+def forward_batch(lm: LoadedModel, suffix: int) -> int:
+    """Perturbed rows per pass: ``TOKEN_BUDGET`` suffix tokens, fewer if the memory guard's forward estimate of
+    the rows (:func:`llmattr.models.memory.activation_bytes`) would pass half the memory limit; at least 1."""
+    per_row = activation_bytes(Shapes.of(lm), "forward", suffix)
+    return max(1, min(TOKEN_BUDGET // suffix, memory_limit(lm.device)[0] // 2 // per_row))
 
 
 class PerturbationEngine:
@@ -40,8 +46,8 @@ class PerturbationEngine:
         target: prompt + explained tokens; its ``span`` is what gets perturbed.
         step: which generation step's next-token distribution is read.
         routing: ``"dynamic"`` or ``"fixed"`` (clean attention probabilities replayed in every layer).
-        batch_size: sequences per forward pass (default: about 8192 suffix tokens per pass); halved on
-            out-of-memory.
+        batch_size: sequences per forward pass (default: about 8192 suffix tokens per pass, fewer when memory is
+            short: :func:`forward_batch`); halved on out-of-memory.
 
     Attributes:
         clean_probs: ``(V,)`` next-token distribution at step ``step`` on the clean input.
@@ -59,17 +65,18 @@ class PerturbationEngine:
         ids = target.input_ids[0, : int(target.positions[step]) + 1].to(lm.device)
         self.prefix_len = self.span[0]
         self.suffix_embeds = lm.embed(ids[self.prefix_len:])[None]  # (1, T, d)
-        self.batch_size = batch_size or max(1, TOKEN_BUDGET // self.suffix_embeds.shape[1])
+        self.batch_size = batch_size or forward_batch(lm, self.suffix_embeds.shape[1])
         self.last = torch.tensor([ids.numel() - 1])  # the step's predicting position
         self._clean_pass(ids)
 
     @torch.no_grad()
     def _clean_pass(self, ids: torch.Tensor) -> None:
-        """One clean forward: clean distribution, prefix key/values, (fixed routing) every layer's probs."""
-        with Probe(record=self.routing == "fixed") as probe:
+        """One clean forward: clean distribution, prefix key/values, (fixed routing) every layer's q and k."""
+        rows = torch.arange(self.prefix_len, ids.numel(), device=ids.device)  # the perturbed rows
+        with Probe(record=("q", "k") if self.routing == "fixed" else False, rows=rows) as probe:
             logits, self.prefix = logits_and_prefix(self.lm, self.lm.embed(ids)[None], self.last, self.prefix_len)
         self.clean_probs = torch.softmax(logits[0, -1].float(), dim=-1)
-        self.replay = {i: rec.probs for i, rec in probe.layers.items()} if self.routing == "fixed" else None
+        self.replay = probe.layers if self.routing == "fixed" else None
 
     def _masked_embeds(self, keep: torch.Tensor) -> torch.Tensor:
         """``(N, T, d)`` suffix embeddings with the span's rows multiplied by ``keep``."""
@@ -82,7 +89,7 @@ class PerturbationEngine:
 
     @torch.no_grad()
     def _forward(self, keep: torch.Tensor) -> torch.Tensor:
-        with Probe(replay_probs=self.replay):
+        with Probe(replay=self.replay):
             logits = self.prefix.logits_at(self.lm, self._masked_embeds(keep), self.last)
         return torch.softmax(logits[:, -1].float(), dim=-1)
 

@@ -17,13 +17,15 @@ def mean_attention(lm: LoadedModel, input_ids: torch.Tensor, positions: torch.Te
     """Attention probabilities from each query position to every key, averaged over heads: ``(T, S)``.
 
     ``layers="last"`` reads the last layer (Inseq's default for ``attention``); ``"all"`` also averages
-    over every layer (paper 004's NetAttention / "Attn.-Only"). One forward pass, no backward.
+    over every layer (paper 004's NetAttention / "Attn.-Only"). One forward pass, no backward; the probe
+    keeps the probabilities of the explained rows only (``(H, T, S)`` per chosen layer).
     """
     positions = positions.to(lm.device)
-    with torch.no_grad(), Probe(record=True) as probe:
+    n_layers = lm.config.get_text_config().num_hidden_layers
+    chosen = range(n_layers) if layers == "all" else [n_layers - 1]
+    with torch.no_grad(), Probe(record=("probs",), rows=positions, layers=chosen) as probe:
         logits_at(lm, lm.embed(input_ids), positions[-1:])
-    chosen = sorted(probe.layers) if layers == "all" else [max(probe.layers)]
-    probs = torch.stack([probe.layers[k].probs[0][:, positions, :] for k in chosen])  # (L, H, T, S)
+    probs = probe.stacked("probs")[:, 0]  # (L, H, T, S)
     return probs.float().mean(dim=(0, 1))
 
 

@@ -27,6 +27,7 @@ class AttributionMethod:
     signed: ClassVar[bool]
     cost: ClassVar[str]  # forward/backward passes, in words
     defaults: ClassVar[dict] = {}
+    memory_kind: ClassVar[str] = "forward"  # forward | backward | deeplift: see llmattr.models.memory
 
     def __init__(self, **params):
         unknown = sorted(set(params) - set(self.defaults))
@@ -43,6 +44,10 @@ class AttributionMethod:
         :class:`~llmattr.explanation.Step` (path methods and DeepLIFT: ``target_delta`` and
         ``convergence_delta``)."""
         return self.attribute(lm, target), {}
+
+    def memory_rows(self, lm: LoadedModel, tokens: int) -> int:
+        """Sequences of ``tokens`` one pass holds at once (the memory guard's ``R``)."""
+        return 1
 
 
 def register(cls: type[AttributionMethod]) -> type[AttributionMethod]:

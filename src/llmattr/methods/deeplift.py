@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..models.loading import LoadedModel
+from ..models.probe import eager_attention
 from ..targets import Target
 from .base import register
 from .grad_ellm import step_gradients
@@ -181,12 +182,13 @@ def deeplift_attributions(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> tupl
     """DeepLIFT attributions ``(x - x0) * m`` ``(T, *x.shape[1:])`` and ``F(x) - F(x0)`` ``(T,)``.
 
     ``f`` maps a batch ``(1, ...)`` to ``(1, T)``; one reference forward, one input forward, one backward
-    (the T steps' multipliers are batched vector-Jacobian products).
+    (the T steps' multipliers are batched vector-Jacobian products). Attention runs eagerly (its softmax
+    needs the rule above; sdpa's fused kernel would be linearised), so memory grows with the square of the length.
     """
-    with torch.enable_grad(), DeepLiftMode() as ref_mode:
+    with torch.enable_grad(), eager_attention(), DeepLiftMode() as ref_mode:
         f0 = f(x0.detach().requires_grad_(True)).detach()
     xg = x.detach().requires_grad_(True)
-    with torch.enable_grad():
+    with torch.enable_grad(), eager_attention():
         with DeepLiftMode(ref_mode.operands):
             out = f(xg)
         (multipliers,) = step_gradients(out.sum(0), [xg])  # (T, 1, ...)
@@ -202,6 +204,7 @@ class DeepLift(EmbeddingGradientMethod):
     summary = "DeepLIFT: rescale rule for SiLU/GELU/norms, exact product rule, softmax decomposed; sums to F(x)-F(0)"
     signed = True
     cost = "2 forwards (reference + input) + 1 backward (all steps share them)"
+    memory_kind = "deeplift"
     defaults = {"baseline": "all", "target": "probability", "reduction": "sum"}
 
     def attribute_with_info(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, dict]:

@@ -26,19 +26,20 @@ def step_gradients(outputs: torch.Tensor, inputs: list[torch.Tensor]) -> list[to
     return list(torch.autograd.grad(flat, inputs, grad_outputs=eye, is_grads_batched=True))
 
 
-def token_weights(record: LayerRecord, positions: torch.Tensor, attention: str, similarity: str) -> torch.Tensor:
-    """lambda_i^h for each step: ``(T, H, S)``; keys after the query position get 0.
+def token_weights(record: LayerRecord, attention: str, similarity: str) -> torch.Tensor:
+    """lambda_i^h for each step (the record's rows): ``(T, H, S)``; keys the layer does not attend to get 0.
 
     ``loosened``: min-max over visible keys of q_t . k_i (paper 000 eq. 11's Phi); ``softmax``: the
     model's attention probabilities (the paper's "w/o"). ``cosine``: the cosine of q and k per head;
     ``cosine-full``: one cosine over the full concatenated width (all heads), as the Grad-ECLIP code.
+    Visible means what the layer's own attention mask lets the query see: causal keys, within the window on
+    sliding-window layers (Gemma-3), not padding.
     """
-    n_keys = record.k.shape[2]
-    visible = torch.arange(n_keys, device=positions.device)[None, :] <= positions[:, None]  # (T, S)
+    mask = record.visible[0][:, None, :]  # (T, 1, S)
     if attention == "softmax":
-        return record.probs[0][:, positions, :].transpose(0, 1) * visible[:, None, :]
-    q = record.q[0][:, positions, :]  # (H, T, D)
-    k = record.k[0]  # (H, S, D)
+        return record.probs[0].transpose(0, 1) * mask
+    q = record.q[0]  # (H, T, D)
+    k = record.keys()[0]  # (H, S, D)
     if similarity == "cosine":
         q, k = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
     if similarity == "cosine-full":  # one cosine over the concatenated heads (the Grad-ECLIP code's width)
@@ -47,18 +48,16 @@ def token_weights(record: LayerRecord, positions: torch.Tensor, attention: str, 
         sim = torch.einsum("htd,hsd->ts", q, k)[:, None, :].expand(-1, q.shape[0], -1)
     else:
         sim = torch.einsum("htd,hsd->ths", q, k)
-    mask = visible[:, None, :]
     lo = torch.where(mask, sim, torch.inf).amin(-1, keepdim=True)
     hi = torch.where(mask, sim, -torch.inf).amax(-1, keepdim=True)
     lam = (sim - lo) / (hi - lo).clamp_min(torch.finfo(sim.dtype).tiny)
     return torch.where(mask, lam, torch.zeros_like(lam))
 
 
-def layer_map(record: LayerRecord, w: torch.Tensor, positions: torch.Tensor, attention: str,
-              similarity: str) -> torch.Tensor:
+def layer_map(record: LayerRecord, w: torch.Tensor, attention: str, similarity: str) -> torch.Tensor:
     """sum_h lambda_i^h (w^h . v_i^h) for one layer, before the ReLU: ``(T, S)`` (eq. 11 per head)."""
-    lam = token_weights(record, positions, attention, similarity)
-    wv = torch.einsum("thd,hsd->ths", w, record.v[0])
+    lam = token_weights(record, attention, similarity)
+    wv = torch.einsum("thd,hsd->ths", w, record.values()[0])
     return (lam * wv).sum(1)
 
 
@@ -70,6 +69,7 @@ class GradELLM(AttributionMethod):
     family = "gradient x attention"
     summary = "Grad-ELLM: ReLU(sum_h lambda_i (dl/do^h . v_i)) over the last K layers, min-max per step"
     needs_gradients = True
+    memory_kind = "backward"
     signed = False
     cost = "1 forward + 1 backward (all steps share them)"
     defaults = {"layers": "all", "attention": "loosened", "similarity": "dot", "relu": "per-layer"}
@@ -93,16 +93,17 @@ class GradELLM(AttributionMethod):
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         embeds = lm.embed(target.input_ids).detach().requires_grad_(True)
         positions = target.positions.to(lm.device)
-        with torch.enable_grad(), Probe(record=True) as probe:
+        layers = self._layers(lm.config.get_text_config().num_hidden_layers)
+        fields = ("q", "k", "v", "out", "probs" if self.params["attention"] == "softmax" else "q")
+        with torch.enable_grad(), Probe(record=fields, rows=positions, layers=layers) as probe:
             logits = target_logits(lm, embeds, positions, target.target_ids)[0]  # (T,)
-        layers = self._layers(len(probe.layers))
         records = [probe.layers[k] for k in layers]
-        grads = step_gradients(logits, [r.out for r in records])  # each (T, 1, H, S, D)
+        grads = step_gradients(logits, [r.out for r in records])  # each (T, 1, S, H, D)
         steps = torch.arange(target.n_steps, device=lm.device)
         total = None
         for record, grad in zip(records, grads, strict=True):
-            w = grad[:, 0][steps, :, positions, :]  # (T, H, D): w^h at step t's query position
-            h = layer_map(record, w.detach(), positions, self.params["attention"], self.params["similarity"])
+            w = grad[:, 0][steps, positions]  # (T, H, D): w^h at step t's query position
+            h = layer_map(record, w.detach(), self.params["attention"], self.params["similarity"])
             h = h.detach().float()
             if self.params["relu"] == "per-layer":
                 h = h.clamp_min(0)

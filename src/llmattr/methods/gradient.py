@@ -148,6 +148,7 @@ class EmbeddingGradientMethod(AttributionMethod):
 
     needs_gradients = True
     defaults = {"target": "probability", "reduction": "sum"}
+    memory_kind = "backward"
 
     def __init__(self, **params):
         super().__init__(**params)

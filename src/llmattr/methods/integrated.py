@@ -1,7 +1,8 @@
 """Path methods on the input embeddings: Integrated Gradients, IGCG, AIEG (paper 004) and GradientSHAP.
 
 All share :func:`integrate`: the path points ``x0 + alpha_k (x - x0)`` are batch rows, chunked by
-``internal_batch_size`` so memory is bounded; each chunk is one forward and one backward whose T
+``internal_batch_size`` (``"auto"``: from the memory budget, :func:`llmattr.models.memory.path_batch`) so memory
+is bounded; each chunk is one forward and one backward whose T
 vector-Jacobian products (one per generation step) are batched. The baseline ``x0`` is zero for every
 input embedding (``baseline="all"``: Inseq's reading, through which paper 000 ran IG, and paper 004's
 algorithm A.3) or for the content span only (``baseline="span"``: template and generated prefix kept).
@@ -14,6 +15,7 @@ from captum.attr._utils.approximation_methods import SUPPORTED_METHODS, approxim
 
 from ..errors import LlmattrError
 from ..models.loading import LoadedModel
+from ..models.memory import is_oom, path_batch
 from ..models.probe import Probe
 from ..targets import Target
 from .base import register
@@ -62,10 +64,16 @@ def integrate(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor, alphas: torch.Tenso
     app. A.2). ``f_start``: ``F`` at the point before ``alphas[0]`` ``(1, T)``; when given, each step's
     gradient is weighted by the emphasis factor of ``F`` between consecutive points (eq. 12, alg. A.3).
     """
-    total, prev = None, f_start
-    for start in range(0, len(alphas), batch_size):
+    total, prev, start = None, f_start, 0
+    while start < len(alphas):
         a = alphas[start:start + batch_size].to(x.device, x.dtype)[:, None, None]
-        scores, grads = embedding_gradients(f, x0 + a * (x - x0))  # (n, T), (T, n, S, D)
+        try:
+            scores, grads = embedding_gradients(f, x0 + a * (x - x0))  # (n, T), (T, n, S, D)
+        except RuntimeError as err:  # out of memory after all (a GPU's allocator): halve the chunk
+            if not is_oom(err) or batch_size == 1:
+                raise
+            batch_size //= 2
+            continue
         if clip is not None:
             grads = grads.clamp(-clip, clip)
         w = weights[start:start + batch_size].to(scores)[:, None].expand_as(scores)  # (n, T)
@@ -74,31 +82,32 @@ def integrate(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor, alphas: torch.Tenso
             prev = scores[-1:]
         part = torch.einsum("nt,tnsd->tsd", w.to(grads.dtype), grads)
         total = part if total is None else total + part
+        start += batch_size
     return total
 
 
 def net_attention(lm: LoadedModel, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Paper 004 eq. 9: attention probability from each step's query position to every token, averaged
-    over all layers and heads (recorded by the probe on the clean input): ``(T, S)``."""
-    with torch.no_grad(), Probe(record=True) as probe:
+    over all layers and heads (recorded by the probe on the clean input, explained rows only): ``(T, S)``."""
+    with torch.no_grad(), Probe(record=("probs",), rows=positions) as probe:
         lm.model(inputs_embeds=x, logits_to_keep=1, use_cache=False)
-        rows = [probe.layers[i].probs[0][:, positions, :].float().mean(0) for i in sorted(probe.layers)]
-    return torch.stack(rows).mean(0)
+    return probe.stacked("probs")[:, 0].float().mean(dim=(0, 1))
 
 
 class PathMethod(EmbeddingGradientMethod):
     """IG-style methods: ``(x - x0) * integral``, reduced over the embedding dim."""
 
     signed = True
-    defaults = {"n_steps": 16, "method": "gausslegendre", "internal_batch_size": 16, "baseline": "all",
+    defaults = {"n_steps": 16, "method": "gausslegendre", "internal_batch_size": "auto", "baseline": "all",
                 "target": "probability", "reduction": "sum"}
 
     def __init__(self, **params):
         super().__init__(**params)
         p = self.params
         for key in ("n_steps", "internal_batch_size"):
-            if not isinstance(p.get(key, 1), int) or p.get(key, 1) < 1:
-                raise LlmattrError(f"{self.name} {key} must be a positive integer")
+            value = p.get(key, 1)
+            if not (key == "internal_batch_size" and value == "auto") and (not isinstance(value, int) or value < 1):
+                raise LlmattrError(f"{self.name} {key} must be a positive integer" + " or 'auto'" * (key != "n_steps"))
         if "method" in p:
             check_choice(self.name, "method", p["method"], tuple(SUPPORTED_METHODS))
 
@@ -110,12 +119,19 @@ class PathMethod(EmbeddingGradientMethod):
     def path(self) -> tuple[torch.Tensor, torch.Tensor]:
         return path_alphas(self.params["method"], self.params["n_steps"])
 
+    def memory_rows(self, lm: LoadedModel, tokens: int) -> int:
+        """Path points per chunk: ``internal_batch_size``, or with ``"auto"`` as many as the memory budget
+        allows (:func:`llmattr.models.memory.path_batch`)."""
+        batch, points = self.params["internal_batch_size"], len(self.path()[0])
+        return path_batch(lm, tokens, points) if batch == "auto" else batch
+
     def clip(self) -> float | None:
         return None
 
-    def gradient_integral(self, f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    def gradient_integral(self, lm: LoadedModel, f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        """The weighted path integral of the gradient, ``memory_rows`` path points per chunk."""
         alphas, weights = self.path()
-        return integrate(f, x, x0, alphas, weights, self.params["internal_batch_size"], clip=self.clip())
+        return integrate(f, x, x0, alphas, weights, self.memory_rows(lm, x.shape[1]), clip=self.clip())
 
     def attributions(self, lm: LoadedModel, target: Target, prefix: int = 0) -> torch.Tensor:
         """Embedding-level attributions ``(T, S, D)`` for every input token (completeness holds over all).
@@ -123,7 +139,7 @@ class PathMethod(EmbeddingGradientMethod):
         ``prefix``: tokens before this index get no backward pass (and zero attribution).
         """
         f, x, x0 = self.inputs(lm, target, prefix)
-        return (x - x0) * self.gradient_integral(f, x, x0)
+        return (x - x0) * self.gradient_integral(lm, f, x, x0)
 
     def attribute_with_info(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, dict]:
         """Span scores and Captum's convergence delta per step (:func:`~.gradient.convergence`).
@@ -134,7 +150,7 @@ class PathMethod(EmbeddingGradientMethod):
         """
         prefix = target.span[0] if self.params["baseline"] == "span" else 0
         f, x, x0 = self.inputs(lm, target, prefix)
-        attr = (x - x0) * self.gradient_integral(f, x, x0)
+        attr = (x - x0) * self.gradient_integral(lm, f, x, x0)
         return span_scores(attr, target, self.params["reduction"]), convergence(attr, endpoint_delta(f, x, x0))
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
@@ -184,7 +200,7 @@ class AIEG(PathMethod):
     summary = "AIEG: emphasis-weighted IG, PosNorm, times attention averaged over layers and heads (paper 004)"
     signed = False
     cost = "n_steps + 1 forwards, n_steps backwards as batch rows, 1 forward for attention"
-    defaults = {"n_steps": 16, "internal_batch_size": 16, "baseline": "all", "target": "probability"}
+    defaults = {"n_steps": 16, "internal_batch_size": "auto", "baseline": "all", "target": "probability"}
 
     def path(self) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.params["n_steps"]
@@ -197,7 +213,7 @@ class AIEG(PathMethod):
         alphas, weights = self.path()
         with torch.no_grad():
             f_start = f(x0)
-        grads = integrate(f, x, x0, alphas, weights, self.params["internal_batch_size"], f_start=f_start)
+        grads = integrate(f, x, x0, alphas, weights, self.memory_rows(lm, x.shape[1]), f_start=f_start)
         attr = (x - x0) * grads
         ig = reduce_tokens(attr.float(), "sum")  # (T, S)
         scores = pos_norm(ig) * net_attention(lm, x, target.positions.to(lm.device))
@@ -214,7 +230,7 @@ class GradientShap(PathMethod):
     family = "gradient (path, sampled)"
     summary = "GradientSHAP: (x - 0) * gradient at n_samples random points of the path (seeded)"
     cost = "n_samples forwards + backwards as batch rows (all steps share them)"
-    defaults = {"n_samples": 5, "seed": 0, "internal_batch_size": 16, "baseline": "all",
+    defaults = {"n_samples": 5, "seed": 0, "internal_batch_size": "auto", "baseline": "all",
                 "target": "probability", "reduction": "sum"}
 
     def __init__(self, **params):

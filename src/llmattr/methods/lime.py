@@ -118,6 +118,9 @@ class LimeMethod(AttributionMethod):
     cost = "n_samples rows after a cached template prefix (batch_size per pass; all steps share them)"
     defaults = {"n_samples": 50, "batch_size": 16, "alpha": 1.0, "seed": 0}
 
+    def memory_rows(self, lm: LoadedModel, tokens: int) -> int:
+        return self.params["batch_size"]
+
     def __init__(self, **params):
         super().__init__(**params)
         for key in ("n_samples", "batch_size"):

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 import torch
 
 from ..errors import LlmattrError
-from ..models.forward import logits_and_prefix
+from ..models.forward import decoder_blocks, logits_and_prefix
 from ..models.loading import LoadedModel
 from ..models.probe import Probe
 from ..targets import Target
@@ -37,36 +37,30 @@ from .base import AttributionMethod, register
 NOISE_FLOOR = 1e-6  # float32 cosine distances of identical states reach ~6e-8: below this they are 0
 
 
-def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The stack of transformer blocks (the ModuleList with one entry per hidden layer)."""
-    n_layers = model.config.get_text_config().num_hidden_layers
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
-            return module
-    raise LlmattrError(f"cannot find the {n_layers} transformer blocks of {type(model).__name__}")
-
-
 class BlockTap:
     """Forward hooks on chosen blocks: keep their output at ``positions``; optionally patch it.
 
     ``patch`` maps a block index to the clean output ``(1, S, d)`` that replaces the block's output
-    (so the next block sees clean inputs); without it the outputs pass unchanged.
+    (so the next block sees clean inputs); without it the outputs pass unchanged. ``keep_from``: keep the
+    outputs from that position on instead (and the blocks' own output objects, sliced the same way, in ``raw``).
     """
 
     def __init__(self, blocks: torch.nn.ModuleList, layers: list[int], positions: torch.Tensor,
-                 patch: dict[int, torch.Tensor] | None = None, keep_full: bool = False):
+                 patch: dict[int, torch.Tensor] | None = None, keep_from: int | None = None):
         self.blocks, self.layers, self.positions = blocks, layers, positions
-        self.patch, self.keep_full = patch, keep_full
+        self.patch, self.keep_from = patch, keep_from
         self.outputs: dict[int, torch.Tensor] = {}
-        self.raw: dict[int, object] = {}  # the blocks' own output objects (keep_full only)
+        self.raw: dict[int, object] = {}  # the blocks' own output objects (keep_from only)
         self._handles: list = []
 
     def _hook(self, layer: int):
         def hook(module, args, output):
             hidden = output[0] if isinstance(output, tuple) else output
-            self.outputs[layer] = hidden if self.keep_full else hidden[:, self.positions]
-            if self.keep_full:
-                self.raw[layer] = output
+            if self.keep_from is None:
+                self.outputs[layer] = hidden[:, self.positions]
+            else:  # a slice copied out, so the full sequence's output is not kept alive
+                self.raw[layer] = map_hidden(output, lambda h: h[:, self.keep_from:].clone())
+                self.outputs[layer] = self.raw[layer][0] if isinstance(output, tuple) else self.raw[layer]
             if self.patch is None or layer not in self.patch:
                 return None
             clean = self.patch[layer].expand_as(hidden)
@@ -133,11 +127,11 @@ def value_zeroing_distances(lm: LoadedModel, input_ids: torch.Tensor, positions:
     # blocks before the first zeroed layer see the same input in every row, blocks after the last feed nothing read
     replay_at = [k for k in range(len(blocks)) if k < min(layers) or k > max(layers)]
     with torch.no_grad():
-        with BlockTap(blocks, sorted(set(layers) | set(replay_at)), positions, keep_full=True) as clean_tap:
+        with BlockTap(blocks, sorted(set(layers) | set(replay_at)), positions, keep_from=suffix) as clean_tap:
             _, prefix = logits_and_prefix(lm, embeds, positions[-1:], suffix)
-        clean = clean_tap.outputs
-        patch = {k: clean[k][:, suffix:] for k in layers[:-1]}  # the last chosen block's output feeds nothing read
-        skip = {k: map_hidden(clean_tap.raw[k], lambda h: h[:, suffix:]) for k in replay_at}
+        clean = clean_tap.outputs  # (1, S - suffix, d): from the first explained position on
+        patch = {k: clean[k] for k in layers[:-1]}  # the last chosen block's output feeds nothing read
+        skip = {k: clean_tap.raw[k] for k in replay_at}
         a, b = span
         parts = []
         for start in range(a, b, batch_size):
@@ -148,8 +142,9 @@ def value_zeroing_distances(lm: LoadedModel, input_ids: torch.Tensor, positions:
                     Probe(value_scale=scale, value_layers=set(layers)):
                 prefix.logits_at(lm, embeds[:, suffix:].expand(len(tokens), -1, -1), positions[-1:])
             cos = torch.stack([
-                torch.nn.functional.cosine_similarity(tap.outputs[k].float(), clean[k][:, positions].float(),
-                                                      dim=-1) for k in layers
+                torch.nn.functional.cosine_similarity(tap.outputs[k].float(),
+                                                      clean[k][:, positions - suffix].float(), dim=-1)
+                for k in layers
             ])  # (L, rows, T)
             dist = 1.0 - cos
             parts.append(torch.where(dist > NOISE_FLOOR, dist, torch.zeros_like(dist)))

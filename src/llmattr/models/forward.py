@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
+from ..errors import LlmattrError
 from .loading import LoadedModel
 
 
@@ -25,12 +26,15 @@ def logits_at(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch.Ten
     return out.logits
 
 
-def prefix_cache(lm: LoadedModel, prefix_embeds: torch.Tensor):
-    """Key/value cache of ``prefix_embeds`` ``(B, P, D)``, computed without gradients (one row per batch row)."""
-    cache = DynamicCache(config=lm.model.config)
+def prefix_cache(lm: LoadedModel, prefix_embeds: torch.Tensor) -> Cache:
+    """Key/value cache of ``prefix_embeds`` ``(B, P, D)``, computed without gradients (one row per batch row).
+
+    Its layers are :class:`PrefixLayer`: a forward through it stores nothing, so rerunning a block (activation
+    checkpointing) sees the same prefix."""
+    cache = DynamicCache()
     with torch.no_grad():
         lm.model(inputs_embeds=prefix_embeds.detach(), past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return cache
+    return Cache(layers=[PrefixLayer(layer.keys, layer.values) for layer in cache.layers])
 
 
 def target_logits(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch.Tensor,
@@ -42,7 +46,7 @@ def target_logits(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch
 
 
 class PrefixLayer(DynamicLayer):
-    """Cache layer with a fixed ``(1, kv_heads, P, D)`` prefix: ``update`` prepends it and stores nothing."""
+    """Cache layer with a fixed ``(1 or B, kv_heads, P, D)`` prefix: ``update`` prepends it and stores nothing."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor):
         super().__init__()
@@ -98,3 +102,12 @@ def logits_and_prefix(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: t
     logits = logits_at(lm, inputs_embeds, positions, past_key_values=cache, use_cache=True)
     return logits, SharedPrefix.from_cache(cache, length)
 
+
+
+def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The stack of transformer blocks (the ModuleList with one entry per hidden layer)."""
+    n_layers = model.config.get_text_config().num_hidden_layers
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
+            return module
+    raise LlmattrError(f"cannot find the {n_layers} transformer blocks of {type(model).__name__}")

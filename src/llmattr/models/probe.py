@@ -1,56 +1,92 @@
 """The internals probe: one attention function for every architecture (see docs/architecture.md).
 
 ``install_probe(model)`` registers :func:`probe_attention` with ``transformers.AttentionInterface``
-(and the eager mask builder with ``AttentionMaskInterface``) and switches the model to it. Without an
-active :class:`Probe` it computes plain eager attention. Inside ``with Probe(...)`` it can
+(and the sdpa mask builder with ``AttentionMaskInterface``) and switches the model to it. The attention
+itself runs in PyTorch's memory-efficient ``scaled_dot_product_attention`` (through transformers' sdpa
+function): no tensor grows with the square of the input length. Inside ``with Probe(...)`` it can
 
-* record, per layer, q and k (after RoPE), v (after GQA head sharing), the attention probabilities and
-  the per-head output before ``o_proj`` (Grad-ELLM, attention baselines, AIEG's NetAttention);
-* replay attention probabilities cached from a clean pass (the fixed-routing protocol, paper 000 app. K);
+* record, per layer, q at the asked query rows, k and v, the attention probabilities of those rows only
+  (recomputed from the recorded q and k: ``softmax(q_r k^T * scaling + mask_r)``), which keys the layer's
+  mask let each row see, and the attention output before ``o_proj`` (Grad-ELLM, attention baselines,
+  AIEG's NetAttention);
+* replay the routing of a clean pass (fixed routing, paper 000 app. K): the clean pass's q and k give the
+  probabilities, the current pass's values are mixed by them, ``softmax(q_c k_c^T * scaling + mask) v`` —
+  again one sdpa call;
 * scale value vectors per key position (Value Zeroing, Mohebbi et al. 2023).
+
+Models with logit softcapping (Gemma-2), which sdpa cannot run, and code inside :func:`eager_attention`
+take the full eager path: every row's ``(S, S)`` probabilities, the computation of transformers' eager
+attention (the reference the tests compare the sdpa path with).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 PROBE_NAME = "llmattr_probe"
+FIELDS = ("q", "k", "v", "probs", "out")
 _ACTIVE: list[Probe] = []
+_EAGER: list[bool] = []
 
 
 @dataclass
 class LayerRecord:
-    """One layer's attention internals for a forward pass. Shapes: (batch, heads, rows, ...)."""
+    """One layer's attention internals for a forward pass, kept for the recorded query rows only.
 
-    q: torch.Tensor  # (B, H, T, D) queries after RoPE
-    k: torch.Tensor  # (B, H, S, D) keys after RoPE, repeated to the query heads
-    v: torch.Tensor  # (B, H, S, D) values, repeated to the query heads
-    probs: torch.Tensor  # (B, H, T, S) attention probabilities
-    out: torch.Tensor  # (B, H, T, D) per-head output before o_proj (part of the autograd graph)
+    ``rows`` are absolute positions in the sequence (a cached prefix counts); fields not asked for are ``None``.
+    """
+
+    rows: torch.Tensor  # (R,) absolute positions of the recorded query rows
+    visible: torch.Tensor  # (B, R, S) bool: the keys the layer's mask let each recorded row attend to
+    q: torch.Tensor | None = None  # (B, H, R, D) queries after RoPE
+    k: torch.Tensor | None = None  # (B, H_kv, S, D) keys after RoPE, as the layer holds them (GQA: H_kv heads)
+    v: torch.Tensor | None = None  # (B, H_kv, S, D) values (after any value scaling)
+    probs: torch.Tensor | None = None  # (B, H, R, S) attention probabilities
+    out: torch.Tensor | None = None  # (B, Q, H, D) attention output of every query before o_proj (autograd graph)
+
+    def keys(self) -> torch.Tensor:
+        """``k`` repeated to the query heads: ``(B, H, S, D)``."""
+        return repeat_heads(self.k, self.q.shape[1])
+
+    def values(self) -> torch.Tensor:
+        """``v`` repeated to the query heads: ``(B, H, S, D)``."""
+        return repeat_heads(self.v, self.q.shape[1])
 
 
 class Probe:
     """Context manager that tells the attention function what to record or change.
 
     Args:
-        record: keep a :class:`LayerRecord` per layer in ``self.layers``.
-        replay_probs: layer index -> clean attention probabilities ``(1 or B, H, S, S)``; the rows for
-            the current queries replace the computed probabilities (fixed routing).
+        record: ``True`` (every field) or the names of the fields to keep (``FIELDS``); ``False`` keeps none.
+        rows: absolute query positions whose q and probabilities are recorded (``None``: every query row).
+        layers: layers to record (``None``: all).
+        replay: layer index -> :class:`LayerRecord` of a clean pass with ``q`` (at least the current query
+            rows) and ``k``; that layer's attention uses the clean probabilities (fixed routing).
         value_scale: ``(B, S)`` factor applied to each key position's value vector (0 zeroes it).
         value_layers: layers where ``value_scale`` applies (``None``: all layers).
     """
 
     def __init__(
         self,
-        record: bool = False,
-        replay_probs: dict[int, torch.Tensor] | None = None,
+        record: bool | Iterable[str] = False,
+        rows: torch.Tensor | None = None,
+        layers: Iterable[int] | None = None,
+        replay: dict[int, LayerRecord] | None = None,
         value_scale: torch.Tensor | None = None,
         value_layers: set[int] | None = None,
     ):
-        self.record = record
-        self.replay_probs = replay_probs
+        self.fields = set(FIELDS if record is True else record or ())
+        unknown = self.fields - set(FIELDS)
+        if unknown:
+            raise ValueError(f"unknown probe fields {sorted(unknown)}; valid: {FIELDS}")
+        self.rows = rows
+        self.record_layers = None if layers is None else set(layers)
+        self.replay = replay
         self.value_scale = value_scale
         self.value_layers = value_layers
         self.layers: dict[int, LayerRecord] = {}
@@ -62,14 +98,59 @@ class Probe:
     def __exit__(self, *exc) -> None:
         _ACTIVE.remove(self)
 
+    def records(self, layer: int | None) -> bool:
+        return bool(self.fields) and (self.record_layers is None or layer in self.record_layers)
+
     def stacked(self, name: str) -> torch.Tensor:
         """One recorded field for all layers, stacked on a new first axis (layer order)."""
         return torch.stack([getattr(self.layers[i], name) for i in sorted(self.layers)])
 
 
-def _repeat_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+@contextmanager
+def eager_attention() -> Iterator[None]:
+    """Inside, every layer computes full eager attention (all ``(S, S)`` probabilities): the reference path."""
+    _EAGER.append(True)
+    try:
+        yield
+    finally:
+        _EAGER.pop()
+
+
+def repeat_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Key/value heads repeated to ``n_heads`` query heads (GQA): ``(B, H_kv, S, D) -> (B, H, S, D)``."""
     groups = n_heads // x.shape[1]
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def visible_keys(attention_mask: torch.Tensor | None, rows: torch.Tensor, n_queries: int, n_keys: int,
+                 batch: int) -> torch.Tensor:
+    """Which keys the layer attends to from each absolute query position in ``rows``: ``(B, R, S)`` bool.
+
+    ``attention_mask`` is the mask the layer got: ``None`` (plain causal: key j visible from position p
+    iff j <= p), boolean ``(B, 1, Q, S)`` (sdpa: True = attend; sliding windows and padding included) or
+    additive float (eager: 0 = attend).
+    """
+    if attention_mask is None:
+        keys = torch.arange(n_keys, device=rows.device)
+        return (keys[None, :] <= rows[:, None])[None].expand(batch, -1, -1)
+    index = (rows - (n_keys - n_queries)).to(attention_mask.device)
+    mask = attention_mask[:, 0, index, :n_keys]
+    mask = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
+    return mask.expand(batch, -1, -1)
+
+
+def attention_probs(query: torch.Tensor, key: torch.Tensor, visible: torch.Tensor, scaling: float,
+                    softcap: float | None = None) -> torch.Tensor:
+    """Eager attention probabilities ``softmax(q k^T * scaling (softcapped) + mask)``: ``(B, H, R, S)``.
+
+    ``query`` ``(B, H, R, D)``, ``key`` ``(B, H, S, D)``, ``visible`` ``(B, R, S)``; hidden keys get the
+    dtype's minimum, as in transformers' eager mask. Softmax in float32.
+    """
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = torch.where(visible[:, None].to(scores.device), scores, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
 
 
 def probe_attention(
@@ -82,39 +163,68 @@ def probe_attention(
     dropout: float = 0.0,
     softcap: float | None = None,
     **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager scaled dot-product attention with llmattr's hooks (AttentionInterface signature)."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention with llmattr's hooks (AttentionInterface signature): sdpa unless eager is needed.
+
+    Returns the output ``(B, Q, H, D)`` (transformers' layout) and, on the eager path only, the probabilities
+    ``(B, H, Q, S)`` (``output_attentions``).
+    """
     probe = _ACTIVE[-1] if _ACTIVE else None
     layer = getattr(module, "layer_idx", None)
-    n_heads = query.shape[1]
-    key = _repeat_heads(key, n_heads)
-    value = _repeat_heads(value, n_heads)
-    if probe is not None and probe.value_scale is not None:
-        if probe.value_layers is None or layer in probe.value_layers:
-            value = value * probe.value_scale[:, None, -value.shape[2]:, None].to(value.dtype)
+    batch, n_heads, n_queries = query.shape[:3]
+    n_keys = key.shape[2]
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is not None:
-        scores = scores + attention_mask[..., : key.shape[2]]
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    if probe is not None and probe.replay_probs is not None and layer in probe.replay_probs:
-        clean = probe.replay_probs[layer]
-        s_len, t_len = key.shape[2], query.shape[2]
-        probs = clean[..., s_len - t_len : s_len, :s_len].to(probs.dtype).expand_as(probs)
-    out = torch.matmul(probs, value)
-    if probe is not None and probe.record:
-        probe.layers[layer] = LayerRecord(q=query, k=key, v=value, probs=probs, out=out)
-    return out.transpose(1, 2).contiguous(), probs
+    if probe is not None and probe.value_scale is not None:
+        if probe.value_layers is None or layer in probe.value_layers:
+            value = value * probe.value_scale[:, None, -n_keys:, None].to(value.dtype)
+    query_rows = torch.arange(n_keys - n_queries, n_keys, device=query.device)  # absolute positions
+    replay = probe.replay.get(layer) if probe is not None and probe.replay else None
+    if replay is not None:  # fixed routing: the clean pass's q and k set the probabilities
+        query = replay.q[:, :, torch.searchsorted(replay.rows.to(query.device), query_rows)].expand(batch, -1, -1, -1)
+        key = replay.k[:, :, :n_keys].expand(batch, -1, -1, -1)
+    if softcap is not None or _EAGER:
+        visible = visible_keys(attention_mask, query_rows, n_queries, n_keys, batch)
+        weights = attention_probs(query, repeat_heads(key, n_heads), visible, scaling, softcap)
+        out = torch.matmul(weights, repeat_heads(value, n_heads)).transpose(1, 2).contiguous()
+    else:
+        out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                              scaling=scaling, **kwargs)
+    if probe is not None and probe.records(layer):
+        probe.layers[layer] = _record(probe, query, key, value, attention_mask, out, scaling, softcap)
+    return out, weights
+
+
+@torch.no_grad()
+def _record(probe: Probe, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+            attention_mask: torch.Tensor | None, out: torch.Tensor, scaling: float,
+            softcap: float | None) -> LayerRecord:
+    """The probe's asked fields at its rows; probabilities recomputed from q and k for those rows only."""
+    batch, n_heads, n_queries = query.shape[:3]
+    n_keys = key.shape[2]
+    rows = probe.rows
+    if rows is None:
+        rows = torch.arange(n_keys - n_queries, n_keys, device=query.device)
+    rows = rows.to(query.device)
+    visible = visible_keys(attention_mask, rows, n_queries, n_keys, batch)
+    q = query[:, :, rows - (n_keys - n_queries)]
+    fields = probe.fields
+    return LayerRecord(
+        rows=rows,
+        visible=visible,
+        q=q if "q" in fields else None,
+        k=key if "k" in fields else None,
+        v=value if "v" in fields else None,
+        probs=attention_probs(q, repeat_heads(key, n_heads), visible, scaling, softcap) if "probs" in fields else None,
+        out=out if "out" in fields else None,
+    )
 
 
 def install_probe(model: torch.nn.Module) -> None:
     """Register the probe attention function and switch ``model`` (and its sub-configs) to it."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(PROBE_NAME, probe_attention)
-    AttentionMaskInterface.register(PROBE_NAME, eager_mask)
+    AttentionMaskInterface.register(PROBE_NAME, sdpa_mask)
     model.set_attn_implementation(PROBE_NAME)

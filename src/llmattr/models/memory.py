@@ -1,0 +1,173 @@
+"""Memory guard: estimate a run's peak memory from the model's shapes before it starts, refuse what cannot fit.
+
+The estimate counts the activations a method keeps on top of the resident model (bytes, ``e`` = bytes per
+element of the model's dtype, ``S`` tokens, ``R`` rows per pass, ``L`` layers, ``d`` hidden size, ``f`` MLP
+width, ``H``/``H_kv`` query/key-value heads of width ``D``)::
+
+    forward   (no gradients; one layer's transients alive):   R S e (4 d + 4 f)
+    cache     (a key/value cache of the sequence):             S e 2 L H_kv D
+    backward  (every layer's saved activations):               R S e (L (4 d + 2 f) + 4 d + 4 f)
+    checkpointed backward (block inputs kept, one block redone): R S e (L d + 5 d + 6 f)
+    eager attention (DeepLIFT only; (S, S) per head and layer): R S e 3 L H S
+
+(the per-layer ``4 d + 2 f`` was measured on SmolLM2: 0.62 MB per token over its 30 layers in float32).
+Forward-only methods use ``forward + cache``, gradient methods ``backward`` (or the checkpointed one),
+DeepLIFT two backward graphs plus the eager attention. The estimate is compared with the memory the device
+has free: CPU available RAM (``psutil``), GPU free memory (``torch.cuda.mem_get_info``), or the
+``LLMATTR_MEMORY_LIMIT`` environment variable (e.g. ``2GB``), which lowers the budget for tests and shared
+machines.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+
+import psutil
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ..errors import LlmattrError
+from .forward import decoder_blocks
+from .loading import LoadedModel
+
+LIMIT_ENV = "LLMATTR_MEMORY_LIMIT"
+CHECKPOINTING = ("auto", "on", "off")
+PATH_BUDGET = 2 * 2**30  # bytes of activations one path-method chunk may hold (at most half the limit)
+UNITS = {"": 1, "B": 1, "KB": 2**10, "K": 2**10, "MB": 2**20, "M": 2**20, "GB": 2**30, "G": 2**30,
+         "TB": 2**40, "T": 2**40}
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What the estimate reads from a model's config."""
+
+    layers: int
+    hidden: int
+    mlp: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    element: int  # bytes per element
+
+    @classmethod
+    def of(cls, lm: LoadedModel) -> Shapes:
+        cfg = lm.config.get_text_config()
+        hidden = cfg.hidden_size
+        heads = cfg.num_attention_heads
+        return cls(
+            layers=cfg.num_hidden_layers,
+            hidden=hidden,
+            mlp=getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * hidden,
+            heads=heads,
+            kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or hidden // heads,
+            element=lm.model.get_input_embeddings().weight.element_size(),
+        )
+
+
+def parse_bytes(text: str) -> int:
+    """``"2GB"``, ``"512 MB"``, ``"1.5G"`` or a plain number of bytes."""
+    value = text.strip().upper().replace(" ", "")
+    number = value.rstrip("KMGTB")
+    try:
+        return int(float(number) * UNITS[value[len(number):]])
+    except (ValueError, KeyError):
+        raise LlmattrError(f"{LIMIT_ENV}={text!r} is not a size; use e.g. 2GB or 512MB") from None
+
+
+def memory_limit(device: torch.device) -> tuple[int, str]:
+    """Bytes the run may use and where that number comes from."""
+    if os.environ.get(LIMIT_ENV):
+        return parse_bytes(os.environ[LIMIT_ENV]), LIMIT_ENV
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], "free GPU memory"
+    return psutil.virtual_memory().available, "available RAM"
+
+
+def activation_bytes(shapes: Shapes, kind: str, tokens: int, rows: int = 1, checkpointing: bool = False) -> int:
+    """The module docstring's formula for one method kind: ``forward``, ``backward`` or ``deeplift``."""
+    s = shapes
+    forward = s.element * (4 * s.hidden + 4 * s.mlp)
+    cache = s.element * 2 * s.layers * s.kv_heads * s.head_dim
+    if kind == "forward":
+        return rows * tokens * forward + tokens * cache
+    if checkpointing:
+        per_token = s.element * (s.layers * s.hidden + 5 * s.hidden + 6 * s.mlp)
+    else:
+        per_token = s.element * s.layers * (4 * s.hidden + 2 * s.mlp) + forward
+    if kind == "deeplift":
+        return 2 * rows * tokens * per_token + rows * tokens * s.element * 3 * s.layers * s.heads * tokens
+    return rows * tokens * per_token
+
+
+def path_batch(lm: LoadedModel, tokens: int, points: int, checkpointing: bool = False) -> int:
+    """Path points per forward+backward chunk: as many as fit ``min(PATH_BUDGET, limit / 2)``, at least 1."""
+    budget = min(PATH_BUDGET, memory_limit(lm.device)[0] // 2)
+    per_row = activation_bytes(Shapes.of(lm), "backward", tokens, 1, checkpointing)
+    return int(max(1, min(points, budget // max(per_row, 1))))
+
+
+def check_checkpointing(value: str) -> None:
+    if value not in CHECKPOINTING:
+        raise LlmattrError(f"checkpointing must be one of {', '.join(CHECKPOINTING)}; got {value!r}")
+
+
+def is_oom(err: BaseException) -> bool:
+    """Out of memory on a GPU (``torch.OutOfMemoryError``) or on the CPU allocator."""
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 2**30:.2f} GB"
+
+
+def plan(lm: LoadedModel, method, tokens: int, checkpointing: str = "auto") -> bool:
+    """Whether to checkpoint; raises a one-line :class:`LlmattrError` when the run cannot fit.
+
+    ``method`` gives ``memory_kind`` (``forward``, ``backward``, ``deeplift``) and ``memory_rows(lm, tokens)``.
+    ``checkpointing``: ``on``, ``off``, or ``auto`` (on only when the plain backward does not fit).
+    """
+    check_checkpointing(checkpointing)
+    shapes, kind = Shapes.of(lm), method.memory_kind
+    limit, source = memory_limit(lm.device)
+    rows = method.memory_rows(lm, tokens)
+    use = kind == "backward" and checkpointing == "on"
+    need = activation_bytes(shapes, kind, tokens, rows, use)
+    if need > limit and kind == "backward" and checkpointing == "auto":
+        use = True
+        need = activation_bytes(shapes, kind, tokens, rows, use)
+    if need <= limit:
+        return use
+    fits = tokens
+    while fits > 1 and activation_bytes(shapes, kind, fits, rows, use) > limit:
+        fits = fits * 9 // 10
+    hints = [f"at most about {fits:,} tokens"]
+    if rows > 1:
+        hints.append("a smaller batch (internal_batch_size / batch_size)")
+    if kind == "backward" and checkpointing == "off":
+        hints.append("--checkpointing on")
+    raise LlmattrError(
+        f"{method.name} on {tokens:,} tokens needs about {_gb(need)} (estimate, see llmattr.models.memory) "
+        f"but the limit is {_gb(limit)} ({source}); what fits: {', or '.join(hints)}"
+    )
+
+
+@contextmanager
+def checkpointed(lm: LoadedModel, enable: bool = True) -> Iterator[None]:
+    """Activation checkpointing of every decoder block for the duration (``torch.utils.checkpoint``, non-reentrant):
+    the backward pass keeps each block's input and recomputes the block. Not transformers' own
+    ``gradient_checkpointing_enable``: that drops ``past_key_values``, which the shared template prefix needs
+    (our prefix cache stores nothing, so recomputing a block with it is exact)."""
+    blocks = decoder_blocks(lm.model) if enable else []
+    try:
+        for block in blocks:
+            block.forward = partial(checkpoint, block.forward, use_reentrant=False)
+        yield
+    finally:
+        for block in blocks:
+            del block.forward
+

@@ -1,0 +1,164 @@
+"""Long inputs in bounded memory: every method through the sdpa probe equals the full eager computation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import llmattr
+from llmattr import methods
+from llmattr.api import prepare
+from llmattr.errors import LlmattrError
+from llmattr.methods import integrated
+from llmattr.methods.value_zeroing import value_zeroing_distances
+from llmattr.models.forward import decoder_blocks, logits_at
+from llmattr.models.memory import LIMIT_ENV, Shapes, activation_bytes, checkpointed, path_batch, plan
+from llmattr.models.probe import eager_attention
+from llmattr.tasks import get_task
+
+TEXT = "An engrossing film that is never boring, with a terrific cast."
+CHEAP = {"integrated-gradients": {"n_steps": 4}, "igcg": {"n_steps": 4}, "aieg": {"n_steps": 4},
+         "gradient-shap": {"n_samples": 2}, "lime": {"n_samples": 16},
+         "reagent": {"max_probe_steps": 3, "num_probes": 2}}
+
+
+def test_every_method_equals_the_eager_computation(tiny_lm):
+    """sdpa attention and rows-only probe records give every method's scores of the full eager attention (the
+    computation before the sdpa probe), on all five architectures (Gemma3's window of 4 included), to float
+    tolerance relative to the scores' own scale."""
+    target = prepare(tiny_lm, "An engrossing film that is never boring, with a terrific cast.",
+                     get_task("sentiment"), answer=" movie was")
+    with torch.no_grad():
+        logits = logits_at(tiny_lm, tiny_lm.embed(target.input_ids), target.positions)[0]
+    # LIME's ridge (alpha = 1) shrinks its coefficients far below the probability it regresses, whose float
+    # error is what carries over: compare on that probability's scale
+    probability = torch.softmax(logits.float(), -1).gather(-1, target.target_ids[:, None]).amax()
+    for name in sorted(set(methods.available()) - {"value-zeroing"}):  # its distances are compared below
+        method = methods.get(name, **CHEAP.get(name, {}))
+        got = method.attribute(tiny_lm, target)
+        with eager_attention():
+            want = method.attribute(tiny_lm, target)
+        scale = probability if name == "lime" else want.abs().amax().clamp_min(torch.finfo(torch.float32).tiny)
+        torch.testing.assert_close(got / scale, want / scale, atol=1e-4, rtol=0, msg=name)
+
+
+def test_value_zeroing_distances_equal_the_eager_computation(tiny_lm):
+    """Value zeroing's 1 - cos distances (~1e-5 on tiny random models, so normalising them would magnify float
+    noise) agree to a few float32 steps of cos near 1."""
+    target = prepare(tiny_lm, "An engrossing film that is never boring, with a terrific cast.",
+                     get_task("sentiment"), answer=" movie was")
+    layers = list(range(tiny_lm.config.num_hidden_layers))
+    got = value_zeroing_distances(tiny_lm, target.input_ids, target.positions, target.span, layers, 8)
+    with eager_attention():
+        want = value_zeroing_distances(tiny_lm, target.input_ids, target.positions, target.span, layers, 8)
+    torch.testing.assert_close(got, want, atol=16 * torch.finfo(torch.float32).eps, rtol=0)
+
+
+def test_activation_formula_by_hand(tiny_llama):
+    """The guard's formula for the tiny Llama (2 layers, d=32, f=64, 2 kv heads of 8, float32), 10 tokens."""
+    shapes = Shapes.of(tiny_llama)
+    assert shapes == Shapes(layers=2, hidden=32, mlp=64, heads=4, kv_heads=2, head_dim=8, element=4)
+    forward, cache = 4 * (4 * 32 + 4 * 64), 4 * 2 * 2 * 2 * 8
+    assert activation_bytes(shapes, "forward", 10, rows=3) == 3 * 10 * forward + 10 * cache
+    backward = 4 * 2 * (4 * 32 + 2 * 64) + forward
+    assert activation_bytes(shapes, "backward", 10, rows=3) == 3 * 10 * backward
+    assert activation_bytes(shapes, "backward", 10, checkpointing=True) == 10 * 4 * (2 * 32 + 5 * 32 + 6 * 64)
+    eager = 4 * 3 * 2 * 4 * 10
+    assert activation_bytes(shapes, "deeplift", 10) == 2 * 10 * backward + 10 * eager
+
+
+@pytest.mark.parametrize("limit, expected", [("1GB", 16), ("80KB", 2), ("1KB", 1)])
+def test_path_batch_follows_the_budget(tiny_llama, monkeypatch, limit, expected):
+    """Half the limit (at most 2 GiB) over one row's backward bytes, between 1 and the number of points."""
+    monkeypatch.setenv(LIMIT_ENV, limit)
+    per_row = activation_bytes(Shapes.of(tiny_llama), "backward", 5)
+    assert per_row == 5 * 4 * (2 * (4 * 32 + 2 * 64) + 4 * 32 + 4 * 64)  # 17,920 bytes: 80 KB / 2 holds two
+    assert path_batch(tiny_llama, 5, 16) == expected
+    assert methods.get("integrated-gradients", internal_batch_size=3).memory_rows(tiny_llama, 5) == 3
+
+
+def test_oversize_input_is_refused_before_the_model_runs(tiny_llama, monkeypatch):
+    monkeypatch.setenv(LIMIT_ENV, "20KB")
+    calls = []
+    tiny_llama.model.register_forward_pre_hook(lambda *args: calls.append(1))
+    with pytest.raises(LlmattrError) as err:
+        llmattr.explain(TEXT, model=tiny_llama, method="saliency", task="sentiment", answer="Positive")
+    message = str(err.value)
+    assert "\n" not in message and "saliency on" in message and "needs about" in message
+    assert "the limit is 0.00 GB (LLMATTR_MEMORY_LIMIT)" in message and "what fits: at most about" in message
+    assert not calls  # neither generation nor the method ran
+    monkeypatch.setenv(LIMIT_ENV, "1GB")
+    llmattr.explain(TEXT, model=tiny_llama, method="saliency", task="sentiment", answer="Positive")
+    assert calls
+
+
+def test_auto_checkpointing_when_only_the_checkpointed_backward_fits(tiny_llama, monkeypatch):
+    """20 tokens: plain backward 71,680 bytes, checkpointed 48,640; a 60 KB limit takes the checkpointed one,
+    ``off`` refuses and suggests it, and checkpointing changes no score."""
+    method = methods.get("saliency")
+    assert activation_bytes(Shapes.of(tiny_llama), "backward", 20) == 71680
+    assert activation_bytes(Shapes.of(tiny_llama), "backward", 20, checkpointing=True) == 48640
+    monkeypatch.setenv(LIMIT_ENV, "60KB")
+    assert plan(tiny_llama, method, 20, "auto") is True
+    with pytest.raises(LlmattrError, match="--checkpointing on"):
+        plan(tiny_llama, method, 20, "off")
+    monkeypatch.setenv(LIMIT_ENV, "1GB")
+    assert plan(tiny_llama, method, 20, "auto") is False and plan(tiny_llama, method, 20, "on") is True
+    with pytest.raises(LlmattrError, match="checkpointing must be one of"):
+        plan(tiny_llama, method, 20, "sometimes")
+
+
+@pytest.mark.parametrize("name", ["saliency", "integrated-gradients", "grad-ellm"])
+def test_checkpointed_backward_gives_the_same_scores(tiny_llama, name):
+    target = prepare(tiny_llama, TEXT, get_task("sentiment"), answer=" movie was")
+    method = methods.get(name, **CHEAP.get(name, {}))
+    plain = method.attribute(tiny_llama, target)
+    with checkpointed(tiny_llama):
+        again = method.attribute(tiny_llama, target)
+    torch.testing.assert_close(again, plain, atol=1e-6 * plain.abs().amax().item(), rtol=0)
+    assert "forward" not in vars(decoder_blocks(tiny_llama.model)[0])  # restored
+
+
+def test_out_of_memory_halves_the_path_chunk(tiny_llama, monkeypatch):
+    """A chunk of more than 2 points 'runs out of memory' (as a GPU would): IG halves 8 -> 4 -> 2 and the
+    result equals the chunk-of-2 run."""
+    target = prepare(tiny_llama, TEXT, get_task("sentiment"), answer="Positive")
+    ig = methods.get("integrated-gradients", n_steps=8, internal_batch_size=2)
+    want = ig.attribute(tiny_llama, target)
+    inner = integrated.embedding_gradients
+
+    def limited(f, x):
+        if x.shape[0] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return inner(f, x)
+
+    monkeypatch.setattr(integrated, "embedding_gradients", limited)
+    got = methods.get("integrated-gradients", n_steps=8, internal_batch_size=8).attribute(tiny_llama, target)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_cli_refuses_an_oversize_text_with_one_line():
+    """The real CLI on the embedded model with a 1 MB budget: exit 2, one line, before any forward pass."""
+    env = {**os.environ, LIMIT_ENV: "1MB"}
+    result = subprocess.run([sys.executable, "-m", "llmattr", "explain", TEXT, "--method", "attention"],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "needs about" in lines[0] and LIMIT_ENV in lines[0], result.stderr
+
+
+def test_evaluator_chunk_from_token_budget_and_memory(tiny_llama, monkeypatch):
+    """8192 suffix tokens per pass, or fewer rows when half the limit holds fewer (forward estimate per row)."""
+    from llmattr.faithfulness.engine import TOKEN_BUDGET, forward_batch
+
+    monkeypatch.setenv(LIMIT_ENV, "1GB")
+    assert forward_batch(tiny_llama, 50) == TOKEN_BUDGET // 50
+    per_row = activation_bytes(Shapes.of(tiny_llama), "forward", 50)
+    monkeypatch.setenv(LIMIT_ENV, str(2 * 3 * per_row))
+    assert forward_batch(tiny_llama, 50) == 3
+    monkeypatch.setenv(LIMIT_ENV, "1KB")
+    assert forward_batch(tiny_llama, 50) == 1
