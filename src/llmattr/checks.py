@@ -40,10 +40,10 @@ def writable_file(path: str | Path, option: str, suffixes: tuple[str, ...] | Non
     writable); nothing is created. ``suffixes`` limits the file types (figures: png, svg, pdf).
     """
     path = Path(path)
-    if suffixes is not None and path.suffix.lower() not in suffixes:
-        raise LlmattrError(f"{option} {path}: give a file ending in {', '.join(suffixes)}")
     if path.is_dir():
         raise LlmattrError(f"{option} {path} is a folder; give a file name")
+    if suffixes is not None and path.suffix.lower() not in suffixes:
+        raise LlmattrError(f"{option} {path}: give a file ending in {', '.join(suffixes)}")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise LlmattrError(f"{option} {path}: folder {folder} does not exist")

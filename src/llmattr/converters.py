@@ -46,12 +46,11 @@ def from_inseq(output, text: str | dict, model="default", task="sentiment", **kw
                        columns=[int(t.id) for t in seq.target[:start]], **{"method": "inseq", **kwargs})
 
 
-def from_captum(result, text: str | dict, model="default", task="sentiment", **kwargs) -> Explanation:
+def from_captum(result, text: str | dict, answer: str, model="default", task="sentiment", **kwargs) -> Explanation:
     """An Explanation from a Captum ``LLMAttributionResult`` with per-token attributions (``token_attr``:
     output tokens x input tokens), e.g. from ``LLMAttribution`` or ``LLMGradientAttribution`` on a
-    ``TextTokenInput`` of the prompt text. ``kwargs`` go to :func:`llmattr.api.from_scores`."""
+    ``TextTokenInput`` of the prompt text. ``answer`` is the ``target`` text given to Captum (its result
+    keeps only display strings of the output tokens). ``kwargs`` go to :func:`llmattr.api.from_scores`."""
     matrix = _matrix(result.token_attr, "Captum result")
-    lm = resolve_model(model, kwargs.get("device", "auto"))
-    answer = lm.tokenizer.convert_tokens_to_string(list(result.output_tokens))
-    return from_scores(text, matrix, lm, task, answer=answer, columns=list(result.input_tokens),
+    return from_scores(text, matrix, model, task, answer=answer, columns=list(result.input_tokens),
                        **{"method": "captum", **kwargs})
