@@ -174,4 +174,4 @@ def write_outputs(expl, data: dict, result: dict | None, outputs: dict, console:
         path = outputs[option]
         if path is not None:
             write(path)
-        console.print(f"wrote {path}", highlight=False)
+            console.print(f"wrote {path}", highlight=False)
