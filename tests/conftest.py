@@ -103,3 +103,15 @@ def shared_data():
     if not path.is_dir():
         pytest.skip("../shared/data is not present")
     return path
+
+
+def foreign_sqlite(path):
+    """A SQLite database of another program (one table, one row), as a user might pass by mistake as --out."""
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, total REAL)")
+    conn.execute("INSERT INTO orders VALUES (1, 9.5)")
+    conn.commit()
+    conn.close()
+    return path

@@ -3,11 +3,12 @@ written or stored. Each case also names a model that does not exist, so an error
 about the model) proves the check ran first."""
 
 import json
-import sqlite3
 import subprocess
 import sys
 
 import pytest
+
+from conftest import foreign_sqlite
 
 NO_MODEL = ["--model", "/nonexistent/model.gguf"]
 
@@ -51,12 +52,7 @@ def test_evaluate_refuses_bad_values_and_stores_nothing(args, fragment, tmp_path
 
 
 def test_evaluate_refuses_a_foreign_sqlite_file_byte_identical(tmp_path):
-    path = tmp_path / "app.db"
-    conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, total REAL)")
-    conn.execute("INSERT INTO orders VALUES (1, 9.5)")
-    conn.commit()
-    conn.close()
+    path = foreign_sqlite(tmp_path / "app.db")
     before = path.read_bytes()
     result = run_cli("evaluate", *NO_MODEL, "--out", str(path))
     one_line_error(result, "SQLite database of another program")

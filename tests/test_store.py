@@ -6,6 +6,7 @@ import sqlite3
 
 import pytest
 
+from conftest import foreign_sqlite
 from llmattr.errors import LlmattrError
 from llmattr.store import NONE, MetricOutput, Results, Row, Store, Unit, expand
 
@@ -97,12 +98,7 @@ def test_expand_errors(tmp_path):
 
 
 def test_foreign_sqlite_and_other_files_are_refused_untouched(tmp_path):
-    foreign = tmp_path / "app.sqlite"
-    conn = sqlite3.connect(foreign)
-    conn.execute("CREATE TABLE users (id INTEGER, name TEXT)")
-    conn.execute("INSERT INTO users VALUES (1, 'a')")
-    conn.commit()
-    conn.close()
+    foreign = foreign_sqlite(tmp_path / "app.sqlite")
     text = tmp_path / "notes.sqlite"
     text.write_text("not a database at all\n" * 50)
     for path in (foreign, text):

@@ -108,7 +108,7 @@ def plot_matrix(expl, path: str | Path, numbers: bool = False, shared_scale: boo
     n_src, n_tgt = unit.shape
     rc = {"font.family": _font_families(), "svg.fonttype": "none", "pdf.fonttype": 42}
     with matplotlib.rc_context(rc):
-        width, height = 2.5 + 0.55 * n_tgt, 1.8 + 0.32 * (n_src + (1.5 if has_probs else 0))
+        width, height = max(5.0, 2.5 + 0.55 * n_tgt), 1.8 + 0.32 * (n_src + (1.5 if has_probs else 0))
         fig = plt.figure(figsize=(width, height), constrained_layout=True)
         rows = (n_src, 1) if has_probs else (n_src,)
         grid = fig.add_gridspec(len(rows), 2, height_ratios=rows, width_ratios=(n_tgt, 0.4))
