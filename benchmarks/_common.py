@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from llmattr.tasks.datasets import data_dir
+
+DATA = data_dir()
 
 
 def read_jsonl(name: str, n: int, field: str = "text") -> list[str]:
-    """The first ``n`` values of ``field`` in ``../shared/data/<name>.jsonl``."""
+    """The first ``n`` values of ``field`` in ``llmattr/data/<name>.jsonl``."""
     with open(DATA / f"{name}.jsonl") as handle:
         return [json.loads(line)[field] for _, line in zip(range(n), handle, strict=False)]
 

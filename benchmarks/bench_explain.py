@@ -1,6 +1,6 @@
 """Grad-ELLM time per example vs the floor (one forward + backward to the input embeddings).
 
-Embedded model, 20 SST-2 sentences from ../shared/data/sst2.jsonl. Target: ratio <= 1.2.
+Embedded model, 20 SST-2 sentences from llmattr/data/sst2.jsonl. Target: ratio <= 1.2.
 Run: python benchmarks/bench_explain.py [--n 20]
 """
 

@@ -1,6 +1,6 @@
 """Median seconds per example of every registered method, the floor, a single forward and Captum's IG.
 
-Embedded model on the CPU; 10 short SST-2 sentences and 3 long IMDb reviews from ../shared/data,
+Embedded model on the CPU; 10 short SST-2 sentences and 3 long IMDb reviews from llmattr/data,
 sentiment task (one explained token). In the same run:
 
 * floor: one forward + backward to the input embeddings; single forward: one no-grad forward;

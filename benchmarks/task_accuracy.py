@@ -2,17 +2,18 @@
 
     python benchmarks/task_accuracy.py [--n 50] [--shots 4]
 
-Evaluated examples and demonstrations come from ../shared/data (balanced, seed 0) and never overlap.
+Evaluated examples and demonstrations come from the package's sample files (llmattr/data; balanced, seed 0)
+and never overlap.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import time
-from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from llmattr.models.loading import load_model
+from llmattr.tasks import get_task, load_split
+from llmattr.tasks.scoring import label_accuracy
 
 
 def main() -> None:
@@ -21,10 +22,6 @@ def main() -> None:
     parser.add_argument("--shots", type=int, default=4)
     parser.add_argument("--tasks", default="sst2,boolq")
     args = parser.parse_args()
-    os.environ.setdefault("LLMATTR_DATA", str(DATA))
-    from llmattr.models.loading import load_model
-    from llmattr.tasks import get_task, load_split
-    from llmattr.tasks.scoring import label_accuracy
 
     lm = load_model("default", device="cpu")
     for name in args.tasks.split(","):

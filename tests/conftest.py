@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from llmattr.models.loading import LoadedModel, wrap_model
+from llmattr.tasks.datasets import data_dir
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -97,12 +98,8 @@ def gemma() -> LoadedModel:
 
 @pytest.fixture(scope="session")
 def shared_data():
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    if not path.is_dir():
-        pytest.skip("../shared/data is not present")
-    return path
+    """The sample files shipped with the package (never skipped: a clone of the project alone has them)."""
+    return data_dir()
 
 
 def foreign_sqlite(path):

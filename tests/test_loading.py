@@ -68,3 +68,17 @@ def test_default_model_folder_is_a_plain_hf_folder(smollm):
     sd_plain, sd_ours = plain.state_dict(), smollm.model.state_dict()
     assert sd_plain.keys() == sd_ours.keys()
     assert all(bool((sd_plain[k] == sd_ours[k]).all()) for k in sd_plain)
+
+
+def test_concurrent_conversion_keeps_the_winners_folder(tmp_path, monkeypatch, tiny_llama):
+    """Two processes converting the same GGUF: the one that renames second uses the first one's folder."""
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tiny_llama.tokenizer)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: tiny_llama.model)
+    folder = tmp_path / "model-0123"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"written by the other process")
+    loading._convert_gguf(tmp_path / "model.gguf", folder)
+    assert (folder / "model.safetensors").read_bytes() == b"written by the other process"
+    assert [p.name for p in tmp_path.iterdir()] == ["model-0123"]  # our temporary folder is gone

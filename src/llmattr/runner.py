@@ -374,7 +374,7 @@ def dataset_names() -> list[str]:
 
 
 def load_dataset(name: str, n: int, seed: int) -> Dataset:
-    """``n`` examples of dataset ``name`` (its task's sample file in ../shared/data), balanced, seeded."""
+    """``n`` examples of dataset ``name`` (its task's sample file in llmattr/data), balanced, seeded."""
     from .tasks import get_task, load_examples
 
     if name not in dataset_names():

@@ -135,7 +135,12 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
         if model.generation_config is not None:
             model.generation_config.save_pretrained(str(tmp))
         (tmp / "llmattr-source.json").write_text(json.dumps({"gguf": str(gguf)}))
-        os.replace(tmp, folder)  # atomic: a killed conversion never leaves a half folder
+        try:
+            os.replace(tmp, folder)  # atomic: a killed conversion never leaves a half folder
+        except OSError:
+            if not (folder / "model.safetensors").is_file():
+                raise
+            # another process converted the same file meanwhile: its folder is as good as ours
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -19,7 +19,7 @@ class Task:
     first field's value to the end of the last field's value, i.e. the user's own text without the
     template words around it.
 
-    Dataset side (docs/tasks.md): ``data`` names the sample file in ``../shared/data`` (``sst2`` ->
+    Dataset side (docs/tasks.md): ``data`` names the sample file in ``llmattr/data`` (``sst2`` ->
     ``sst2.jsonl``), ``columns`` maps a task field to a file column or a ``{column}`` format string,
     ``hf`` is the Hugging Face ``datasets`` recipe (path, name, split, columns, labels),
     ``select`` keeps only rows whose fields equal the given values (BLiMP paradigms),

@@ -1,4 +1,4 @@
-"""Dataset loaders: the sample files in ``../shared/data``, user JSONL/CSV files, Hugging Face ids.
+"""Dataset loaders: the sample files shipped in ``llmattr/data``, user JSONL/CSV files, Hugging Face ids.
 
 Every loader returns plain dicts, one per example: ``id``, the task's fields (``text``, or
 ``passage``/``question``, ...), ``label`` (a label word, a float for regression, the target word for
@@ -23,9 +23,9 @@ SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
 
 
 def data_dir() -> Path:
-    """``$LLMATTR_DATA``, else ``shared/data`` beside the repository (the papers' sample files)."""
+    """``$LLMATTR_DATA``, else the sample files shipped with the package (``llmattr/data``, SOURCES.md there)."""
     env = os.environ.get("LLMATTR_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[4] / "shared" / "data"
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "data"
 
 
 def read_rows(path: str | Path) -> list[dict]:
