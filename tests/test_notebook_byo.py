@@ -64,6 +64,17 @@ def test_batch_explains_a_list_with_one_model_load(tiny_llama, monkeypatch):
     api._cached_model.cache_clear()
 
 
+def test_shots_from_a_file(tiny_llama, tmp_path):
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("\n".join(json.dumps({"text": t, "label": label}) for t, label in
+                               [("Loved every minute.", "positive"), ("A waste of time.", "negative")]))
+    expl = llmattr.explain("A fine film.", model=tiny_llama, method="random", shots=2, shots_from=str(demos))
+    a, b = expl.span
+    assert "Loved every minute." in expl.text and "A waste of time." in expl.text
+    assert expl.text.index("A waste of time.") < expl.offsets[a][0]  # before the content span, never in it
+    assert "".join(expl.span_display).strip() == "A fine film."
+
+
 def test_step_probabilities_and_load_time(generated, tiny_llama):
     target = llmattr.faithfulness.target_from_explanation(generated)
     with torch.no_grad():
@@ -161,7 +172,8 @@ def test_inseq_layout_converts_to_the_same_aucs(generated, tiny_llama):
 def test_real_inseq_output_converts(generated, tiny_llama):
     inseq = pytest.importorskip("inseq")
     model = inseq.load_model(tiny_llama.model, "input_x_gradient", tokenizer=tiny_llama.tokenizer)
-    out = model.attribute(generated.text, generated.text + generated.generated, skip_special_tokens=False)
+    out = model.attribute(generated.text, generated.text + generated.generated, show_progress=False,
+                          skip_special_tokens=False)
     out = out.aggregate()
     seq = out.sequence_attributions[0]
     expl = from_inseq(out, TEXT, model=tiny_llama, task="generate", method="inseq-ixg", signed=True)
