@@ -101,3 +101,15 @@ def gemma() -> LoadedModel:
 def shared_data():
     """The sample files shipped with the package (never skipped: a clone of the project alone has them)."""
     return data_dir()
+
+
+def foreign_sqlite(path):
+    """A SQLite database of another program (one table, one row), as a user might pass by mistake as --out."""
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, total REAL)")
+    conn.execute("INSERT INTO orders VALUES (1, 9.5)")
+    conn.commit()
+    conn.close()
+    return path

@@ -6,6 +6,7 @@ import sqlite3
 
 import pytest
 
+from conftest import foreign_sqlite
 from llmattr.errors import LlmattrError
 from llmattr.store import NONE, MetricOutput, Results, Row, Store, Unit, expand
 
@@ -95,3 +96,37 @@ def test_expand_errors(tmp_path):
         expand([str(tmp_path / "*.sqlite")])
     with pytest.raises(LlmattrError, match="store not found"):
         expand([tmp_path / "missing.sqlite"])
+
+
+def test_foreign_sqlite_and_other_files_are_refused_untouched(tmp_path):
+    foreign = foreign_sqlite(tmp_path / "app.sqlite")
+    text = tmp_path / "notes.sqlite"
+    text.write_text("not a database at all\n" * 50)
+    for path in (foreign, text):
+        before = path.read_bytes()
+        with pytest.raises(LlmattrError, match="another program|not an llmattr results store"):
+            Store(path)
+        assert path.read_bytes() == before  # byte-identical
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(path.name)) == [path.name]
+
+
+def test_second_writer_is_refused_while_the_first_holds_the_store(tmp_path):
+    path = tmp_path / "r.sqlite"
+    with Store(path) as first:
+        first.check_settings("tiny", {"samples": 2})
+        with pytest.raises(LlmattrError, match="being written by another llmattr evaluate"):
+            Store(path)
+    with Store(path) as again:  # released on close (the system releases it on a kill as well)
+        assert again.conn.execute("SELECT COUNT(*) FROM settings").fetchone()[0] == 1
+
+
+def test_clean_close_leaves_everything_in_the_sqlite_file_alone(tmp_path):
+    path = tmp_path / "r.sqlite"
+    with Store(path) as store:
+        store.check_settings("tiny", {"samples": 2, "seed": 0})
+        store.write(unit(), '{"x": 1}', 0.25, outputs())
+        assert (tmp_path / "r.sqlite-wal").stat().st_size > 0  # the data sits in the log while running
+    copy = tmp_path / "copy" / "r.sqlite"
+    copy.parent.mkdir()
+    copy.write_bytes(path.read_bytes())  # the .sqlite file only, as a user copying it would
+    assert len(list(Results([copy]).values("tiny", "pi_soft_ns", "dynamic"))) == 2

@@ -5,12 +5,15 @@ from __future__ import annotations
 import time
 from functools import lru_cache
 
+import torch
+from rich.progress import track
+
 from . import methods
 from .errors import LlmattrError
 from .explanation import Explanation
 from .models import memory
 from .models.loading import LoadedModel, load_model
-from .prompting import Prompt, build_prompt
+from .prompting import Prompt, build_prompt, decode_pieces
 from .targets import SCOPES, TARGET_MODES, Target, label_target, make_target, with_scope
 from .tasks import Task, few_shot, get_task
 
@@ -75,8 +78,8 @@ def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod
     step_ids = target.target_ids.tolist()
     return Explanation.from_raw(
         raw, method.signed, step_info=step_info,
-        step_tokens=[tok.decode([i]) for i in step_ids], step_ids=step_ids,
-        positions=target.positions.tolist(),
+        step_tokens=decode_pieces(tok, step_ids), step_ids=step_ids,
+        positions=target.positions.tolist(), step_probs=step_probabilities(lm, target).tolist(),
         model=lm.model_id, method=method.name, params=dict(method.params),
         tokens=[tok.decode([i]) for i in ids], token_ids=ids, span=target.span,
         timings={**(timings or {}), "attribution_s": seconds},
@@ -86,10 +89,19 @@ def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod
     )
 
 
+@torch.no_grad()
+def step_probabilities(lm: LoadedModel, target: Target) -> torch.Tensor:
+    """The model's probability of each explained token at its step: one forward pass, logits kept only at
+    the explained positions (the last ``n_steps`` inputs)."""
+    logits = lm.model(input_ids=target.input_ids.to(lm.device), logits_to_keep=target.n_steps).logits[0]
+    probs = logits.float().softmax(-1)
+    return probs.gather(-1, target.target_ids.to(probs.device)[:, None])[:, 0].cpu()
+
+
 def explain(
-    text: str | dict,
+    text: str | dict | list,
     model: str | LoadedModel = "default",
-    method: str = "grad-ellm",
+    method: str | methods.AttributionMethod = "grad-ellm",
     task: str | Task = "sentiment",
     max_new_tokens: int | None = None,
     answer: str | None = None,
@@ -97,21 +109,24 @@ def explain(
     shots: int = 0,
     shots_seed: int = 0,
     demonstrations: str = "",
+    shots_from: str | None = None,
+    progress: bool = True,
     target: str = "label",
     gold: str | None = None,
     scope: str = "span",
     checkpointing: str = "auto",
     method_params: dict | None = None,
     **params,
-) -> Explanation:
+) -> Explanation | list[Explanation]:
     """Explain the model's answer to ``text`` with ``method``.
 
     ``text`` is the content (for multi-field tasks such as BoolQ, a dict of fields); ``answer`` forces
     the explained tokens instead of greedy generation. ``shots`` few-shot demonstrations (drawn with
     ``shots_seed`` from the task's sample data, never ``text`` itself) or an explicit ``demonstrations``
-    text are placed before the content span, so they are neither attributed nor perturbed. A run that would
-    not fit in memory is refused before the model runs; ``checkpointing`` is ``auto``, ``on`` or ``off``
-    (see :mod:`llmattr.models.memory`).
+    text are placed before the content span, so they are neither attributed nor perturbed; ``shots_from``
+    draws them from a JSONL/CSV/TSV file instead of the task's sample data. A run that would not fit in
+    memory is refused before the model runs; ``checkpointing`` is ``auto``, ``on`` or ``off`` (see
+    :mod:`llmattr.models.memory`).
 
     ``target``: for a task with label words, which token is explained: ``"label"`` (the predicted
     label word, default), ``"generated"`` (the free greedy answer) or ``"gold"`` (the gold label word:
@@ -122,21 +137,105 @@ def explain(
     ``scope``: what is attributed, and later perturbed and zeroed by the metrics: ``"span"`` (the content,
     default), ``"prompt"`` (every prompt token, template included: paper 000's pipeline) or ``"all"``
     (prompt and generated prefix: the ReAGent evaluator code).
+
+    Batch: a list (or tuple) of texts returns a list of Explanations, the model loaded once, with a
+    progress bar (``progress=False`` hides it). ``method`` may also be an
+    :class:`~llmattr.methods.AttributionMethod` instance. ``timings["load_s"]`` is the time it took to load
+    the model used (0 for a model built in memory and passed in).
     """
     method_params = {**(method_params or {}), **params}
     if target in ("probability", "logit"):
         method_params["target"], target = target, "label"
     task = get_task(task)
-    method_obj = methods.get(method, **method_params)
-    start = time.perf_counter()
+    method_obj = method if isinstance(method, methods.AttributionMethod) else methods.get(method, **method_params)
+    if isinstance(text, list | tuple):
+        for item in text:
+            check_text(item)
+        lm = resolve_model(model, device)
+        return [explain(item, lm, method_obj, task, max_new_tokens, answer, device, shots, shots_seed,
+                        demonstrations, shots_from, target=target, gold=gold, scope=scope,
+                        checkpointing=checkpointing)
+                for item in track(text, description="explaining", disable=not progress)]
+    check_text(text)
     lm = resolve_model(model, device)
     loaded = time.perf_counter()
     example = task.example_from_text(text)
     if shots:
-        demonstrations += few_shot(task, shots, shots_seed, exclude=[{"id": None, **example}])
+        demonstrations += few_shot(task, shots, shots_seed, exclude=[{"id": None, **example}], source=shots_from)
     prepared_target = prepare(lm, text, task, max_new_tokens, answer, demonstrations, target, gold,
                               scope, method_obj, checkpointing)
     prepared = time.perf_counter()
     return attribute(lm, prepared_target, method_obj, task, example,
-                     timings={"load_s": loaded - start, "generate_s": prepared - loaded},
+                     timings={"load_s": float(lm.info.get("load_s", 0.0)), "generate_s": prepared - loaded},
                      checkpointing=checkpointing)
+
+
+def check_text(text: object) -> None:
+    """Refuse what is not a text (a str, or a dict of a multi-field task's fields) before any work."""
+    if not isinstance(text, str | dict):
+        raise LlmattrError(f"text must be a str (or a dict of the task's fields; a list explains each item), "
+                           f"got {type(text).__name__}")
+
+
+class GivenScores(methods.AttributionMethod):
+    """Scores computed elsewhere, returned as given: the bridge that lets any attribution be evaluated."""
+
+    family = "external"
+    summary = "scores computed outside llmattr (bring your own)"
+    needs_gradients = False
+    cost = "none (given)"
+
+    def __init__(self, scores: torch.Tensor, name: str = "external", signed: bool = False, params: dict | None = None,
+                 columns: list | None = None):
+        self.scores, self.name, self.signed, self.params = scores, name, signed, dict(params or {})
+        self.columns = columns
+
+    def _span_columns(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        """The columns of the content span, found in ``columns`` (token ids, or token strings as the
+        tokenizer's ``convert_ids_to_tokens`` writes them) when the scores cover a longer token sequence."""
+        a, b = target.span
+        ids = target.prompt.input_ids[0, a:b].tolist()
+        span = ids if isinstance(self.columns[0], int) else lm.tokenizer.convert_ids_to_tokens(ids)
+        starts = [k for k in range(len(self.columns) - len(span) + 1) if list(self.columns[k: k + len(span)]) == span]
+        if not starts:
+            raise LlmattrError(f"the content span's tokens {span} are not among the scores' tokens; attribute the "
+                               "same prompt text (Explanation.text) with the same tokenizer")
+        return self.scores[:, starts[-1]: starts[-1] + len(span)]
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        a, b = target.span
+        if self.columns is not None:
+            self.scores, self.columns = self._span_columns(lm, target), None
+        if self.scores.shape != (target.n_steps, b - a):
+            tokens = [lm.tokenizer.decode([i]) for i in target.prompt.input_ids[0, a:b].tolist()]
+            raise LlmattrError(
+                f"scores have shape {tuple(self.scores.shape)} but this text gives {target.n_steps} explained "
+                f"step(s) x {b - a} content tokens {tokens}; give one row per step (pass answer= to fix the "
+                "steps) and one column per content token")
+        return self.scores
+
+
+def from_scores(text: str | dict, scores, model: str | LoadedModel = "default", task: str | Task = "sentiment",
+                answer: str | None = None, method: str = "external", signed: bool = False,
+                params: dict | None = None, device: str = "auto", columns: list | None = None,
+                **explain_args) -> Explanation:
+    """An Explanation of ``text`` holding ``scores`` computed elsewhere, so every metric can evaluate them.
+
+    ``scores``: one row per explained step and one column per content-span token (numpy array, torch
+    tensor or nested lists; a 1-D vector is one step). The prompt, the content span and the explained
+    tokens are built exactly as :func:`explain` builds them (``answer`` forces the explained tokens;
+    otherwise greedy generation of as many tokens as ``scores`` has rows). ``signed`` says whether the
+    scores are signed (then their positive part is kept, :func:`llmattr.scores.retain_probs`).
+    ``columns``: when the scores cover a whole prompt rather than the content span, the tokens of their
+    columns (ids, or token strings); the content span is located in them.
+    """
+    try:
+        raw = torch.as_tensor(scores, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise LlmattrError(f"scores must be numbers (numpy, torch or lists), got {type(scores).__name__}") from err
+    raw = raw[None] if raw.dim() == 1 else raw
+    if raw.dim() != 2 or raw.numel() == 0:
+        raise LlmattrError(f"scores must be (steps, content tokens) or one vector, got shape {tuple(raw.shape)}")
+    given = GivenScores(raw, method, signed, params, columns)
+    return explain(text, model, given, task, max_new_tokens=raw.shape[0], answer=answer, device=device,
+                   **explain_args)

@@ -1,14 +1,23 @@
-"""The Explanation: one explained prompt, JSON round-trip and word-level aggregation."""
+"""The Explanation: one explained prompt, JSON round-trip, word-level aggregation and notebook views."""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from . import api, render
+from .errors import LlmattrError
 from .scores import retain_probs
+
+# A word is a run of non-space characters, except that every CJK ideograph is a word of its own (the
+# convention of BERT's basic tokenizer, as Chinese and Japanese text has no spaces between words).
+_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
+WORD = re.compile(f"[{_CJK}]|[^\\s{_CJK}]+")
 
 SCHEMA_VERSION = 1
 
@@ -29,6 +38,7 @@ class Step:
     logit: float | None = None
     target_delta: float | None = None  # path methods, DeepLIFT: F(x) - F(x0)
     convergence_delta: float | None = None  # sum of raw attributions over every input - target_delta (Captum)
+    prob: float | None = None  # the model's probability of this token at this step (Inseq's "probability")
 
 
 @dataclass
@@ -55,8 +65,8 @@ class Explanation:
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor, signed: bool, step_tokens: list[str], step_ids: list[int],
-                 positions: list[int], logits: list[float] | None = None, step_info: dict | None = None,
-                 **kwargs) -> Explanation:
+                 positions: list[int], logits: list[float] | None = None, step_probs: list[float] | None = None,
+                 step_info: dict | None = None, **kwargs) -> Explanation:
         """Build from a ``(steps, span)`` raw score tensor, mapping it to retain probabilities.
 
         ``step_info``: per-step values of further :class:`Step` fields (``{"convergence_delta": [...]}``).
@@ -67,6 +77,7 @@ class Explanation:
         steps = [
             Step(token=tok, token_id=int(tid), raw=r, scores=p, position=int(pos),
                  logit=None if logits is None else float(logits[i]),
+                 prob=None if step_probs is None else float(step_probs[i]),
                  **{name: float(values[i]) for name, values in info.items()})
             for i, (tok, tid, r, p, pos) in enumerate(zip(step_tokens, step_ids, raw_rows, probs.tolist(),
                                                           positions, strict=True))
@@ -87,45 +98,131 @@ class Explanation:
         """``(steps, span)`` tensor of retain probabilities (or raw scores)."""
         return torch.tensor([s.raw if raw else s.scores for s in self.steps], dtype=torch.float64)
 
-    def word_groups(self) -> list[list[int]]:
-        """Span token indices grouped into words by character offsets (tokenizer-agnostic).
+    @property
+    def display_tokens(self) -> list[str]:
+        """Each prompt token as the characters of the text it covers (by its character offsets).
 
-        A token continues the previous word when it starts exactly where the previous one ends and
-        neither side of the boundary is whitespace (a token that is only a space joins the next word);
-        this works for byte-level BPE (``Ġ``-prefixed GPT-2/SmolLM tokens) and SentencePiece (``▁``) alike
-        because it reads the text, not the markers.
+        Decoding byte-level tokens one by one splits multi-byte characters (Arabic, CJK, emoji) into
+        ``\ufffd``; here a character shared by several tokens is shown on the first of them and the others
+        show ``""``. Tokens without characters (control tokens) keep their decoded form.
         """
+        if len(self.offsets) != len(self.tokens) or not self.text:
+            return list(self.tokens)
+        pieces, shown = [], 0
+        for token, (s, e) in zip(self.tokens, self.offsets, strict=True):
+            pieces.append(self.text[max(s, shown): e] if e > s else token)
+            shown = max(shown, e)
+        return pieces
+
+    @property
+    def span_display(self) -> list[str]:
+        """:attr:`display_tokens` of the content span (what heatmaps show; ``scope="all"``: then the generated
+        prefix)."""
+        return (self.display_tokens + [s.token for s in self.steps[:-1]])[self.span[0]: self.span[1]]
+
+    def _word_spans(self) -> tuple[list[list[int]], list[str]]:
+        """Span token indices grouped by the text's own words, and each group's word.
+
+        Tokens past the prompt's offsets (scope ``all``: the generated prefix) are a word each."""
         a, b = self.span
+        n_prompt = max(min(b, len(self.offsets)) - a, 0)
+        groups, words = self._prompt_words(self.offsets[a: a + n_prompt]) if n_prompt else ([], [])
+        extra = range(n_prompt, b - a)
+        return groups + [[j] for j in extra], words + [self.span_tokens[j].strip() for j in extra]
+
+    def _prompt_words(self, offsets: list[tuple[int, int]]) -> tuple[list[list[int]], list[str]]:
+        """Prompt tokens (by their character ``offsets``) grouped by the text's words, and each group's text."""
+        lo, hi = offsets[0][0], max(e for _, e in offsets)
+        words = [m.span() for m in WORD.finditer(self.text, lo, hi)]
+        owner = np.full(hi - lo, -1)
+        for k, (s, e) in enumerate(words):
+            owner[s - lo: e - lo] = k
         groups: list[list[int]] = []
-        visible = True  # does the last group hold any non-space text yet?
-        prev_end = None
-        for j, i in enumerate(range(a, b)):
-            if i >= len(self.offsets):  # a generated token (scope "all"): a word of its own
-                groups.append([j])
-                visible, prev_end = True, None
-                continue
-            s, e = self.offsets[i]
-            piece = self.text[s:e]
-            glued = (prev_end is not None and s == prev_end and piece[:1].strip() != ""
-                     and self.text[s - 1: s].strip() != "")
-            if groups and (glued or not visible):  # a lone space token ('▁') joins the word after it
-                groups[-1].append(j)
-                visible = visible or piece.strip() != ""
+        ranges: list[list[int]] = []  # first and last word of each group
+        pending: list[int] = []  # tokens of spaces only: they join the next word
+        for j, (s, e) in enumerate(offsets):
+            covered = owner[max(s - lo, 0): max(e - lo, 0)]
+            covered = covered[covered >= 0]
+            if covered.size == 0:
+                pending.append(j)
+            elif groups and covered.min() <= ranges[-1][1]:  # shares a word (or a character) with the last
+                groups[-1] += pending + [j]
+                ranges[-1][1] = max(ranges[-1][1], int(covered.max()))
+                pending = []
             else:
-                groups.append([j])
-                visible = piece.strip() != ""
-            prev_end = e
-        return groups
+                groups.append(pending + [j])
+                ranges.append([int(covered.min()), int(covered.max())])
+                pending = []
+        if pending:
+            if not groups:
+                return [pending], [self.text[lo:hi]]
+            groups[-1] += pending
+        return groups, [self.text[words[f][0]: words[l][1]] for f, l in ranges]
+
+    def word_groups(self) -> list[list[int]]:
+        """Span token indices grouped into the text's words by character offsets (tokenizer-agnostic).
+
+        Words are runs of non-space characters of the text (each CJK ideograph one word, as BERT's basic
+        tokenizer splits Chinese). A token belongs to the word(s) its characters fall in, so tokens that
+        share a split multi-byte character, byte-level BPE (``Ġ``) and SentencePiece (``▁``) sub-words
+        all group the same way; a token of spaces only joins the word after it.
+        """
+        return self._word_spans()[0]
 
     def words(self) -> tuple[list[str], torch.Tensor]:
         """Words of the content span and word-level scores (sum of sub-word raw scores, paper 004 sec. 5.1)."""
-        groups = self.word_groups()
-        a = self.span[0]
-        words = [self.text[self.offsets[a + g[0]][0]: self.offsets[a + g[-1]][1]].strip()
-                 if a + g[-1] < len(self.offsets) else self.span_tokens[g[0]].strip() for g in groups]
+        groups, words = self._word_spans()
         raw = self.score_matrix(raw=True)
         summed = torch.stack([raw[:, g].sum(-1) for g in groups], dim=-1)
         return words, summed
+
+    # ------------------------------------------------------------------ notebooks
+    def to_numpy(self, raw: bool = False) -> np.ndarray:
+        """``(steps, span)`` array of retain probabilities (or the method's raw scores)."""
+        return self.score_matrix(raw=raw).numpy()
+
+    def to_pandas(self):
+        """Long form, one row per (step, content token): ``step``, ``target`` (the step's generated token),
+        ``token``, ``position`` (index in the prompt), ``raw`` and ``score``.
+
+        pandas is an optional dependency (``pip install pandas``); without it this raises LlmattrError.
+        """
+        try:
+            import pandas
+        except ImportError as err:
+            raise LlmattrError("to_pandas() needs pandas, which llmattr does not install: pip install pandas") from err
+        n, (a, b) = len(self.steps), self.span
+        return pandas.DataFrame({
+            "step": np.repeat(np.arange(n), b - a),
+            "target": np.repeat([s.token for s in self.steps], b - a),
+            "token": np.tile(np.array(self.span_display, dtype=object), n),
+            "position": np.tile(np.arange(a, b), n),
+            "raw": self.to_numpy(raw=True).ravel(),
+            "score": self.to_numpy().ravel(),
+        })
+
+    def _repr_html_(self) -> str:
+        """The heatmap inline in Jupyter (the body of :func:`llmattr.render.to_html`)."""
+        return render.heatmap_html(self)
+
+    def show(self, numbers: bool | None = None, shared_scale: bool = False) -> None:
+        """Show the heatmap: inline HTML in a notebook (IPython, optional), else in the terminal."""
+        try:
+            from IPython import get_ipython
+            from IPython.display import HTML, display
+        except ImportError:
+            get_ipython = None
+        if get_ipython is not None and get_ipython() is not None:
+            display(HTML(render.heatmap_html(self, numbers=bool(numbers), shared_scale=shared_scale)))
+        else:
+            render.print_explanation(self, numbers=numbers, shared_scale=shared_scale)
+
+    @classmethod
+    def from_scores(cls, text: str | dict, scores, model="default", task="sentiment", **kwargs) -> Explanation:
+        """An Explanation of ``text`` holding attribution ``scores`` computed elsewhere (numpy, torch or
+        lists; one row per explained step, one column per content token), ready for every metric.
+        See :func:`llmattr.api.from_scores` for the options (``answer``, ``method``, ``signed``)."""
+        return api.from_scores(text, scores, model=model, task=task, **kwargs)
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
@@ -151,7 +248,17 @@ class Explanation:
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> Explanation:
+        """From a JSON text or file (``to_json``'s, or ``llmattr explain --json``'s); a file that is not an
+        Explanation raises LlmattrError."""
         text = str(text_or_path)
+        where = "the JSON text"
         if not text.lstrip().startswith("{"):
-            text = Path(text).read_text()
-        return cls.from_dict(json.loads(text))
+            where = text
+            try:
+                text = Path(text).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as err:
+                raise LlmattrError(f"cannot read explanation file {where}: {err}") from err
+        try:
+            return cls.from_dict(json.loads(text))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise LlmattrError(f"{where} is not an llmattr Explanation JSON ({type(err).__name__}: {err})") from err

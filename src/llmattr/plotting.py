@@ -1,4 +1,5 @@
-"""Plots: pi-Soft-NS and pi-Soft-NC against the retaining probability pi (paper 000 Fig. 3).
+"""Plots: pi-Soft-NS and pi-Soft-NC against the retaining probability pi (paper 000 Fig. 3), and the
+source x target attribution matrix of one Explanation (:func:`plot_matrix`).
 
 matplotlib runs on the Agg backend (no display needed); figures are written to a file.
 """
@@ -7,6 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+
+import numpy as np
+
+from .render import colour_scale, ink, number, shade
 
 PANELS = (("pi_soft_ns", "pi-Soft-NS"), ("pi_soft_nc", "pi-Soft-NC"))
 
@@ -59,4 +64,85 @@ def plot_pi_curves(results: Mapping[str, dict], path: str | Path, title: str | N
     path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return path
+
+
+# Fonts tried after DejaVu Sans for characters it lacks (CJK, emoji, more Arabic); those installed are used.
+FALLBACK_FONTS = ("Noto Sans CJK JP", "Noto Sans CJK SC", "Noto Sans Arabic", "Noto Color Emoji", "Noto Emoji")
+
+
+def _font_families() -> list[str]:
+    from matplotlib import font_manager
+
+    installed = {font.name for font in font_manager.fontManager.ttflist}
+    return ["DejaVu Sans", *(name for name in FALLBACK_FONTS if name in installed)]
+
+
+def _colormap(diverging: bool):
+    """The colours of :func:`llmattr.render.shade` as a matplotlib colormap (HTML and figure agree)."""
+    from matplotlib.colors import LinearSegmentedColormap
+
+    stops = (-1.0, 0.0, 1.0) if diverging else (0.0, 1.0)
+    return LinearSegmentedColormap.from_list("llmattr", [tuple(c / 255 for c in shade(u)) for u in stops])
+
+
+def plot_matrix(expl, path: str | Path, numbers: bool = False, shared_scale: bool = False,
+                title: str | None = None) -> Path:
+    """The source x target attribution matrix (as Inseq draws it) saved as PNG, SVG or PDF by ``path``'s suffix.
+
+    Rows: the tokens the explanation holds scores for (its content span, shown by their own characters of
+    the text); columns: the generated tokens, one per step. Colours follow
+    :func:`llmattr.render.colour_scale` (diverging raw scores for signed methods, per step or, with
+    ``shared_scale``, over all steps) with a colour bar; ``numbers`` writes each value in its cell. A last
+    row shows each step's probability of its token when the explanation records it (``Step.prob``).
+    SVG keeps text as text, so every character (Arabic, CJK, emoji) is in the file exactly; PNG and PDF
+    draw it with DejaVu Sans and, for scripts it lacks, the installed fonts of :data:`FALLBACK_FONTS`.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scale = colour_scale(expl, shared_scale)
+    unit, values = scale.unit.T, scale.values.T  # (source tokens, steps)
+    sources = [token.replace("\n", "\u21b5") for token in expl.span_display]
+    targets = [step.token.replace("\n", "\u21b5") for step in expl.steps]
+    probs = [step.prob for step in expl.steps]
+    has_probs = all(p is not None for p in probs)
+    n_src, n_tgt = unit.shape
+    rc = {"font.family": _font_families(), "svg.fonttype": "none", "pdf.fonttype": 42}
+    with matplotlib.rc_context(rc):
+        width, height = max(5.0, 2.5 + 0.55 * n_tgt), 1.8 + 0.32 * (n_src + (1.5 if has_probs else 0))
+        fig = plt.figure(figsize=(width, height), constrained_layout=True)
+        rows = (n_src, 1) if has_probs else (n_src,)
+        grid = fig.add_gridspec(len(rows), 2, height_ratios=rows, width_ratios=(n_tgt, 0.4))
+        ax = fig.add_subplot(grid[0, 0])
+        lo = -1.0 if scale.diverging else 0.0
+        image = ax.imshow(unit, cmap=_colormap(scale.diverging), vmin=lo, vmax=1.0, aspect="auto",
+                          interpolation="nearest")
+        ax.set_yticks(range(n_src), sources)
+        ax.set_xticks(range(n_tgt), targets, rotation=60, ha="left")
+        ax.xaxis.tick_top()
+        ax.set_ylabel("source tokens")
+        ax.set_title(title or f"{expl.method} ({expl.model})", pad=12)
+        if numbers:
+            for (i, j), u in np.ndenumerate(unit):
+                ax.text(j, i, number(values[i, j]), ha="center", va="center", fontsize=7, color=ink(u))
+        bar = fig.colorbar(image, cax=fig.add_subplot(grid[0, 1]))
+        bar.set_label(scale.label, fontsize=8)
+        if scale.diverging:
+            ticks = [number(scale.lo), "0", number(scale.hi)] if shared_scale else ["-max", "0", "+max"]
+            bar.set_ticks([-1.0, 0.0, 1.0], labels=ticks)
+        elif shared_scale:
+            bar.set_ticks([0.0, 1.0], labels=[number(scale.lo), number(scale.hi)])
+        if has_probs:
+            pax = fig.add_subplot(grid[1, 0], sharex=ax)
+            pax.imshow(np.array([probs]), cmap="Greens", vmin=0.0, vmax=1.0, aspect="auto")
+            for j, p in enumerate(probs):
+                pax.text(j, 0, f"{p:.2f}", ha="center", va="center", fontsize=7, color=ink(p))
+            pax.set_yticks([0], ["probability"])
+            pax.tick_params(axis="x", bottom=False, labelbottom=False, top=False, labeltop=False)
+        path = Path(path)
+        fig.savefig(path, dpi=150)
+        plt.close(fig)
     return path

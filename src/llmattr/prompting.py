@@ -60,18 +60,58 @@ def render(tokenizer, task: Task, example: dict, demonstrations: str = "") -> tu
     return text, (where + start, where + end)
 
 
+def _encode(tokenizer, text: str, shift: int = 0, as_text: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
+    """Ids and character offsets (moved by ``shift``); ``as_text`` reads special-token strings as plain text."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=as_text)
+    return list(enc["input_ids"]), [(s + shift, e + shift) for s, e in enc["offset_mapping"]]
+
+
+def special_ids(tokenizer) -> set[int]:
+    """Ids of the tokenizer's control tokens (``<|im_end|>``, ``<start_of_turn>``, BOS/EOS, ...)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return set(tokenizer.all_special_ids) | {i for i, token in added.items() if getattr(token, "special", False)}
+
+
 def tokenize_prompt(tokenizer, text: str, char_span: tuple[int, int]) -> Prompt:
-    """Tokenise without adding special tokens (the template has them: no doubled BOS)."""
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    """Tokenise without adding special tokens (the template has them: no doubled BOS).
+
+    A control-token string typed inside the content span (``<|im_end|>`` in the user's text) is tokenised
+    as plain text there, never as the control token: the user's text cannot close the chat turn. Only
+    then is the span tokenised apart from the template around it.
+    """
+    ids, offsets = _encode(tokenizer, text)
     a, b = char_span
     inside = [i for i, (s, e) in enumerate(offsets) if e > s and s < b and e > a]
+    if inside and special_ids(tokenizer) & set(ids[inside[0]: inside[-1] + 1]):
+        parts = [_encode(tokenizer, text[:a]), _encode(tokenizer, text[a:b], a, as_text=True),
+                 _encode(tokenizer, text[b:], b)]
+        ids, offsets = [i for p in parts for i in p[0]], [o for p in parts for o in p[1]]
+        first = len(parts[0][0])
+        inside = list(range(first, first + len(parts[1][0])))
     if not inside:
         raise LlmattrError("the content span is empty after tokenisation; give a non-empty text")
     return Prompt(
-        text=text, input_ids=torch.tensor([enc["input_ids"]]), offsets=offsets,
+        text=text, input_ids=torch.tensor([ids]), offsets=offsets,
         span=(inside[0], inside[-1] + 1), char_span=char_span,
     )
+
+
+def decode_pieces(tokenizer, ids: list[int]) -> list[str]:
+    """Each token's own text such that the pieces join to ``decode(ids)``.
+
+    Decoding tokens one by one splits a multi-byte character (Arabic, CJK, emoji) into replacement
+    characters ``\ufffd``; here a token that ends inside a character shows nothing and the character is
+    shown on the token that completes it.
+    """
+    pieces, done = [], ""
+    for n in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:n])
+        if text.endswith("\ufffd") and n < len(ids):
+            pieces.append("")
+            continue
+        pieces.append(text[len(done):] if text.startswith(done) else tokenizer.decode(ids[n - 1: n]))
+        done = text
+    return pieces
 
 
 def build_prompt(tokenizer, task: Task, example: dict, demonstrations: str = "") -> Prompt:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from . import methods as method_registry
+from .checks import positive_int
 from .errors import LlmattrError
 from .explanation import Explanation
 from .faithfulness.ranking import REMOVALS
@@ -90,6 +91,15 @@ class EvalConfig:
             raise LlmattrError(f"config file not found: {path}") from err
         except tomllib.TOMLDecodeError as err:
             raise LlmattrError(f"{path} is not valid TOML: {err}") from err
+
+    def validate(self) -> None:
+        """Refuse bad values before the model loads and before anything is stored."""
+        for name in ("n", "samples", "step_stride"):
+            positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
+        if self.max_new_tokens is not None:
+            positive_int(self.max_new_tokens, "--max-new-tokens")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise LlmattrError(f"--seed must be a whole number, got {self.seed!r}")
 
     @property
     def routings(self) -> tuple[str, ...]:
@@ -453,6 +463,7 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
     dataset (``--shard`` or torchrun/accelerate env) and writes its own store file.
     """
     start = time.perf_counter()
+    cfg.validate()
     rank, world = shard_of(cfg)
     for key, valid in (("target", TARGET_MODES), ("scope", SCOPES), ("removal", REMOVALS)):
         if getattr(cfg, key) not in valid:
@@ -466,13 +477,13 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
     for name in dict.fromkeys(cfg.datasets):
         ds = loader(name, cfg.n, cfg.seed)
         data.append(Dataset(ds.name, ds.task, ds.examples[rank::world]))
-    if lm is None:
-        from .models.loading import load_model
-
-        lm = load_model(cfg.model, device=shard_device(cfg.device), dtype=cfg.dtype,
-                        device_map=cfg.device_map, load_in_4bit=cfg.load_in_4bit)
     summary = Summary(out=shard_path(cfg.out, rank, world))
-    with Store(summary.out) as store:
+    with Store(summary.out) as store:  # refuses a foreign file or a store another run writes, before the load
+        if lm is None:
+            from .models.loading import load_model
+
+            lm = load_model(cfg.model, device=shard_device(cfg.device), dtype=cfg.dtype,
+                            device_map=cfg.device_map, load_in_4bit=cfg.load_in_4bit)
         store.check_settings(lm.model_id, run_settings(cfg, metrics, lm))
         pending, totals, summary.skipped = _plan(store, lm.model_id, data, specs, metrics, routings)
         left = {key: 0 for key in totals}

@@ -16,6 +16,15 @@ Tables (docs/evaluate.md):
 
 Every finished (example, method) is written in one transaction, so a process killed at any moment
 (even SIGKILL) leaves either all of that unit's rows or none of them.
+
+While a run writes, recent transactions sit in the ``-wal`` file beside the store; a clean exit (also
+Ctrl-C) checkpoints them into the ``.sqlite`` file, which then holds everything alone. After a kill
+(SIGKILL, power loss) keep the ``-wal`` file with the store (or rerun the command, which resumes and
+checkpoints) before copying the ``.sqlite`` file on its own.
+
+One process writes a store at a time: a second ``llmattr evaluate`` on the same ``--out`` is refused
+(an exclusive lock on the file, released by the system when the first process ends, even if killed).
+A SQLite file that is not an llmattr store is refused without being changed.
 """
 
 from __future__ import annotations
@@ -23,6 +32,11 @@ from __future__ import annotations
 import glob
 import json
 import sqlite3
+
+try:
+    import fcntl  # POSIX advisory locks; Windows has none, there concurrent writers are not detected
+except ImportError:
+    fcntl = None
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +119,37 @@ def _where(columns: tuple[str, ...]) -> str:
     return " AND ".join(f"{c} = ?" for c in columns)
 
 
+def _check_foreign(path: Path) -> None:
+    """Refuse, without changing a byte, an existing file that is not an llmattr store (another program's
+    SQLite database, or not SQLite at all)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as err:
+        raise LlmattrError(f"{path} is not an llmattr results store ({err}); use another --out file") from err
+    if tables and "meta" not in tables:
+        raise LlmattrError(f"{path} is a SQLite database of another program (tables {', '.join(sorted(tables))}); "
+                           "it was left unchanged: use another --out file")
+
+
+def _lock(path: Path):
+    """An exclusive lock on the store for this process, or one line saying another run holds it."""
+    handle = open(path, "rb")  # the file exists: sqlite created it
+    if fcntl is not None:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            handle.close()
+            raise LlmattrError(f"{path} is being written by another llmattr evaluate; wait for it to finish "
+                               "(then rerun to complete it) or use another --out file") from err
+    return handle
+
+
 def _connect(path: str | Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), timeout=60)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -136,15 +181,27 @@ class Store:
         self.path = Path(path)
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        _check_foreign(self.path)
+        self.path.touch()
+        self.lock = _lock(self.path)
         try:
             self.conn = _connect(self.path)
+            _check_meta(self.conn, self.path, strict_version=True)
         except sqlite3.DatabaseError as err:
+            self.lock.close()
             raise LlmattrError(f"{path} is not an llmattr results store ({err}); "
                                "use another --out file") from err
-        _check_meta(self.conn, self.path, strict_version=True)
+        except LlmattrError:
+            self.lock.close()
+            raise
 
     def close(self) -> None:
-        self.conn.close()
+        """Checkpoint the write-ahead log into the store file (which then holds everything), then close."""
+        try:
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            self.conn.close()
+            self.lock.close()
 
     def __enter__(self) -> Store:
         return self

@@ -8,6 +8,15 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"llmattr {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the llmattr version and exit.")) -> None:
     """Explain which input tokens an LLM relied on, and measure how faithful the explanation is."""

@@ -62,7 +62,12 @@ def evaluate(
     base = EvalConfig.from_toml(config) if config is not None else None
     cfg = EvalConfig.from_mapping(cli, base)
     console = Console(stderr=True)
-    summary = run(cfg, progress=not quiet)
+    try:
+        summary = run(cfg, progress=not quiet)
+    except KeyboardInterrupt:
+        console.print(f"interrupted: every finished example is stored in {cfg.out}; rerun the same command "
+                      "to resume", highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     console.print(f"{summary.computed} computed, {summary.skipped} already in the store, "
                   f"{len(summary.failed)} failed, {summary.seconds:.1f} s -> {summary.out}")
     for line in summary.failed:

@@ -8,13 +8,19 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from ..checks import FIGURE_SUFFIXES, one_of, positive_int, writable_file
 from ..errors import LlmattrError
 from ..targets import SCOPES, TARGET_MODES
 from .app import app
 
+FORMATS = ("text", "json")
 
-def parse_fields(text: str, fields: list[str]) -> str | dict:
-    """``--field NAME=VALUE`` options: extra fields of multi-field tasks (BoolQ's question)."""
+
+def parse_fields(text: str, fields: list[str], valid: tuple[str, ...] = ()) -> str | dict:
+    """``--field NAME=VALUE`` options: extra fields of multi-field tasks (BoolQ's question).
+
+    A name outside ``valid`` (when given) is refused rather than silently ignored.
+    """
     if not fields:
         return text
     example = {}
@@ -22,6 +28,8 @@ def parse_fields(text: str, fields: list[str]) -> str | dict:
         if "=" not in item:
             raise LlmattrError(f"--field expects NAME=VALUE, got {item!r}")
         name, value = item.split("=", 1)
+        if valid and name.strip() not in valid:
+            raise LlmattrError(f"unknown --field {name.strip()!r} for this task; valid: {', '.join(valid)}")
         example[name.strip()] = value
     return {"__text__": text, **example}
 
@@ -44,11 +52,9 @@ def parse_params(items: list[str]) -> dict:
     return params
 
 
-def run_evaluation(expl, lm, console: Console, routing: str, samples: int, seed: int,
-                   eval_json: Path | None, plot: Path | None) -> dict:
-    """``--evaluate``: pi-Soft-NC/NS of the explanation; prints the AUCs, writes JSON and the plot."""
+def run_evaluation(expl, lm, console: Console, routing: str, samples: int, seed: int) -> dict:
+    """``--evaluate``: pi-Soft-NC/NS of the explanation; prints the AUCs and returns the result."""
     from ..faithfulness import evaluate
-    from ..plotting import plot_pi_curves
 
     with console.status(f"evaluating (pi-Soft-NC/NS, {routing} routing, {samples} samples) ..."):
         result = evaluate(expl, lm, routing=routing, samples=samples, seed=seed).to_dict()
@@ -60,12 +66,6 @@ def run_evaluation(expl, lm, console: Console, routing: str, samples: int, seed:
                   f"scope {result['scope']})")
     for warning in result["warnings"]:
         console.print(f"[yellow]warning:[/] {warning}")
-    if eval_json is not None:
-        eval_json.write_text(dumps(result, indent=1))
-        console.print(f"wrote {eval_json}")
-    if plot is not None:
-        plot_pi_curves({expl.method: result}, plot, title=f"{expl.model}: {expl.generated!r}")
-        console.print(f"wrote {plot}")
     return result
 
 
@@ -87,6 +87,14 @@ def print_convergence(expl, console: Console) -> None:
         if step.convergence_delta is not None:
             console.print(f"step {i} {step.token!r}: target_delta F(x)-F(x0) = {step.target_delta:.6g}  "
                           f"convergence_delta = {step.convergence_delta:.3g}", highlight=False)
+def explanation_data(expl, result: dict | None) -> dict:
+    """The Explanation JSON, with the evaluation's keys at the top level (metrics.pi_soft_ns, ...) and in
+    full under ``evaluation`` when ``--evaluate`` ran."""
+    data = expl.to_dict()
+    if result is not None:
+        data.update({key: result[key] for key in ("metrics", "routing", "samples", "seed", "mode", "d0")})
+        data["evaluation"] = result
+    return data
 
 
 @app.command()
@@ -106,6 +114,8 @@ def explain(
                                              "word (gold; give it as --field label=WORD)."),
     field: list[str] = typer.Option([], help="Extra task field NAME=VALUE (e.g. question=... for boolq)."),
     shots: int = typer.Option(0, help="Few-shot demonstrations (from the task sample data) before the text."),
+    shots_from: Path = typer.Option(None, help="--shots: draw the demonstrations from this JSONL/CSV/TSV file "
+                                               "(the task's fields and label) instead of the sample data."),
     param: list[str] = typer.Option([], help="Method parameter NAME=VALUE (e.g. layers=4)."),
     attention: str = typer.Option(None, help="Grad-ELLM token weights: loosened (default) or softmax."),
     layers: str = typer.Option(None, help="Grad-ELLM: number of last layers to aggregate, or 'all'."),
@@ -119,18 +129,27 @@ def explain(
     samples: int = typer.Option(15, help="--evaluate: Monte-Carlo samples per pi."),
     seed: int = typer.Option(0, help="--evaluate: seed of the Monte-Carlo masks."),
     eval_json: Path = typer.Option(None, help="--evaluate: write the evaluation result JSON here."),
-    plot: Path = typer.Option(None, help="--evaluate: draw pi-Soft-NC/NS vs pi to this image (.png)."),
     checkpointing: str = typer.Option("auto", help="Recompute blocks in the backward pass to save memory: "
                                       "auto (only when needed), on, off."),
+    plot: Path = typer.Option(None, help="--evaluate: draw pi-Soft-NC/NS vs pi to this image (.png/.svg/.pdf)."),
+    figure: Path = typer.Option(None, help="Draw the source x target attribution matrix to this image "
+                                           "(.png/.svg/.pdf)."),
+    numbers: bool = typer.Option(None, "--numbers/--no-numbers", help="Print each token's value in the heatmaps "
+                                                                       "(default: on when stdout is not a terminal)."),
+    shared_scale: bool = typer.Option(False, "--shared-scale", help="One colour scale for all steps instead of "
+                                                                    "one per step."),
+    format: str = typer.Option("text", "--format", help="text (heatmap) or json (the Explanation JSON on stdout, "
+                                                        "messages on stderr)."),
 ) -> None:
     """Explain the model's answer to TEXT: answer, token heatmap, optional HTML and JSON."""
     from ..api import explain as run_explain
     from ..models.loading import load_model
     from ..models.memory import check_checkpointing
-    from ..render import print_explanation, to_html
+    from ..render import print_explanation
     from ..tasks import get_task
 
-    console = Console()
+    one_of(format, FORMATS, "--format")
+    console = Console(stderr=format == "json")
     if not text.strip():
         raise LlmattrError("empty text: give the text to explain")
     task_obj = get_task(task)
@@ -138,14 +157,23 @@ def explain(
         raise LlmattrError(f"--target must be one of {', '.join(TARGET_MODES)}; got {target!r}")
     if scope not in SCOPES:
         raise LlmattrError(f"--scope must be one of {', '.join(SCOPES)}; got {scope!r}")
-    params = parse_params(param)
+    params = parse_params(param + ([f"layers={layers}"] if layers is not None else []))
     if attention is not None:
         params["attention"] = attention
-    if layers is not None:
-        params["layers"] = layers
-    content = parse_fields(text, field)
+    content = parse_fields(text, field, task_obj.fields + (("label",) if task_obj.label_words else ()))
     if isinstance(content, dict):
         content = {task_obj.fields[0]: content.pop("__text__"), **content}
+    if not evaluate and (eval_json or plot):
+        raise LlmattrError("--eval-json and --plot need --evaluate")
+    if evaluate:
+        one_of(routing, ("dynamic", "fixed"), "--routing")
+        positive_int(samples, "--samples")
+    outputs = {"--html": html, "--json": json, "--eval-json": eval_json, "--plot": plot, "--figure": figure}
+    for option, path in outputs.items():  # every output path is checked before the model loads
+        if path is not None:
+            writable_file(path, option, FIGURE_SUFFIXES if option in ("--plot", "--figure") else None)
+    if shots_from is not None and not shots_from.is_file():
+        raise LlmattrError(f"--shots-from {shots_from}: file not found")
     from .. import methods
 
     methods.get(method, **params)  # fail fast on a bad method before loading the model
@@ -154,20 +182,35 @@ def explain(
         lm = load_model(model, device=device, verbose=verbose)
     with console.status(f"explaining with {method} ..."):
         expl = run_explain(content, model=lm, method=method, task=task_obj, max_new_tokens=max_new_tokens,
-                           answer=answer, shots=shots, target=target, scope=scope, checkpointing=checkpointing,
-                           method_params=params)
-    print_explanation(expl, console)
+                           answer=answer, shots=shots, shots_from=shots_from, target=target, scope=scope,
+                           checkpointing=checkpointing, method_params=params)
+    if format == "text":
+        print_explanation(expl, console, numbers=numbers, shared_scale=shared_scale)
     print_classification(expl.classification, console)
     if verbose:
         print_convergence(expl, console)
-    result = run_evaluation(expl, lm, console, routing, samples, seed, eval_json, plot) if evaluate else None
-    if html is not None:
-        html.write_text(to_html(expl))
-        console.print(f"wrote {html}")
-    if json is not None:
-        data = expl.to_dict()
-        if result is not None:  # the evaluation's keys at the top level (metrics.pi_soft_ns, ...) and in full
-            data.update({key: result[key] for key in ("metrics", "routing", "samples", "seed", "mode", "d0")})
-            data["evaluation"] = result
-        json.write_text(dumps(data, indent=1, ensure_ascii=False))
-        console.print(f"wrote {json}")
+    result = run_evaluation(expl, lm, console, routing, samples, seed) if evaluate else None
+    data = explanation_data(expl, result)
+    if format == "json":
+        typer.echo(dumps(data, ensure_ascii=False))
+    write_outputs(expl, data, result, outputs, console, numbers=bool(numbers), shared_scale=shared_scale)
+
+
+def write_outputs(expl, data: dict, result: dict | None, outputs: dict, console: Console, numbers: bool,
+                  shared_scale: bool) -> None:
+    """Write the requested files, the Explanation JSON first (the one a later failure must not lose)."""
+    from ..plotting import plot_matrix, plot_pi_curves
+    from ..render import to_html
+
+    writers = {
+        "--json": lambda path: path.write_text(dumps(data, indent=1, ensure_ascii=False)),
+        "--html": lambda path: path.write_text(to_html(expl, numbers=numbers, shared_scale=shared_scale)),
+        "--eval-json": lambda path: path.write_text(dumps(result, indent=1)),
+        "--plot": lambda path: plot_pi_curves({expl.method: result}, path, title=f"{expl.model}: {expl.generated!r}"),
+        "--figure": lambda path: plot_matrix(expl, path, numbers=numbers, shared_scale=shared_scale),
+    }
+    for option, write in writers.items():
+        path = outputs[option]
+        if path is not None:
+            write(path)
+            console.print(f"wrote {path}", highlight=False)

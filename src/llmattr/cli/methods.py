@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import typer
 from rich.console import Console
 from rich.table import Table
 
@@ -22,7 +25,19 @@ def methods_table() -> Table:
     return table
 
 
+def methods_records() -> list[dict]:
+    """One dict per method: name, family, gradients, signed, cost, summary and default parameters."""
+    from .. import methods
+
+    return [{"name": name, "family": cls.family, "gradients": cls.needs_gradients, "signed": cls.signed,
+             "cost": cls.cost, "summary": cls.summary, "defaults": dict(cls.defaults)}
+            for name, cls in ((name, methods.REGISTRY[name]) for name in methods.available())]
+
+
 @app.command("methods")
-def list_methods() -> None:
+def list_methods(as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of the table.")) -> None:
     """List every attribution method: family, needs gradients?, signed?, cost in passes, summary."""
-    Console().print(methods_table())
+    if as_json:
+        typer.echo(json.dumps(methods_records(), indent=1))
+    else:
+        Console().print(methods_table())

@@ -13,6 +13,7 @@ import json
 import torch
 
 from ..api import resolve_model
+from ..checks import one_of, positive_int
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
@@ -60,6 +61,16 @@ def evaluated_steps(expl: Explanation, step_stride: int) -> list[int]:
     return list(range(0, len(expl.steps), step_stride))
 
 
+def check_tokenizer(expl: Explanation, lm: LoadedModel) -> None:
+    """Refuse to evaluate an explanation with a model whose tokenizer reads its token ids differently
+    (another model's explanation would be scored on nonsense tokens)."""
+    vocab = lm.model.get_input_embeddings().num_embeddings
+    ids = expl.token_ids + [s.token_id for s in expl.steps]
+    if max(ids) >= vocab or [lm.tokenizer.decode([i]) for i in expl.token_ids] != expl.tokens:
+        raise LlmattrError(f"the explanation's tokens are not {lm.model_id}'s: evaluate it with the model it "
+                           f"explains ({expl.model})")
+
+
 def example_key(expl: Explanation) -> str:
     """What identifies the example for seeding: the prompt ids, the span and the explained tokens."""
     data = [expl.token_ids, list(expl.span), [s.token_id for s in expl.steps]]
@@ -88,13 +99,16 @@ def evaluate(explanation: Explanation, model: str | LoadedModel = "default",
             given, it must agree. Default: the explanation's scope, but ``"all"`` with ``mode="reagent"``
             (the ReAGent evaluator perturbs the prompt and the generated prefix).
     """
+    if not isinstance(explanation, Explanation):
+        raise LlmattrError(f"evaluate() takes an Explanation (llmattr.explain's result), got "
+                           f"{type(explanation).__name__}")
+    positive_int(samples, "samples")
+    positive_int(step_stride, "step_stride")
+    one_of(routing, ("dynamic", "fixed"), "routing")
     check_scope(explanation, scope, mode)
     lm = resolve_model(model)
     target = target_from_explanation(explanation)
-    vocab = lm.model.get_input_embeddings().num_embeddings
-    if max(explanation.token_ids + [s.token_id for s in explanation.steps]) >= vocab:
-        raise LlmattrError(f"the explanation's token ids exceed {lm.model_id}'s vocabulary: "
-                           f"evaluate it with the model it explains ({explanation.model})")
+    check_tokenizer(explanation, lm)
     result = evaluate_target(
         lm, target, explanation.score_matrix(), evaluated_steps(explanation, step_stride), metrics=metrics,
         routing=routing, samples=samples, seed=seed, pis=pis, mode=mode, example=example_key(explanation),

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -239,8 +240,10 @@ def load_model(
     """Load ``spec`` ("default", "gemma-3-270m", hub id, local folder or ``.gguf``) with llmattr's probe installed.
 
     ``device_map="auto"`` spreads a big model over the GPUs (accelerate); ``load_in_4bit`` needs
-    bitsandbytes (paper 000 evaluates Llama-3.1-70B this way).
+    bitsandbytes (paper 000 evaluates Llama-3.1-70B this way). ``info["load_s"]`` records the seconds
+    the load took (an Explanation's ``timings["load_s"]``).
     """
+    start = time.perf_counter()
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -278,7 +281,8 @@ def load_model(
     install_probe(model)
     if verbose and source != spec:
         print(f"llmattr: loaded {display} from {source}")
-    return LoadedModel(model=model, tokenizer=tokenizer, model_id=display, folder=source)
+    return LoadedModel(model=model, tokenizer=tokenizer, model_id=display, folder=source,
+                       info={"load_s": time.perf_counter() - start})
 
 
 def wrap_model(model: torch.nn.Module, tokenizer, model_id: str = "custom") -> LoadedModel:

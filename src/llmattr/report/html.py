@@ -77,7 +77,7 @@ def _example_html(dataset: str, example: str, expls: dict[str, Explanation], col
     first = expls[labels[0]]
     tops = {label: top_tokens(expls[label], fraction) for label in labels}
     tokens = []
-    for i, token in enumerate(first.span_tokens):
+    for i, token in enumerate(first.span_display):
         bars = "".join(f'<i style="background:{colors[label]}"></i>' if i in tops[label] else "<i></i>"
                        for label in labels)
         tokens.append(f'<span class="tok"><span class="bars">{bars}</span><span>{html.escape(token)}</span></span>')

@@ -1,0 +1,53 @@
+"""Checks of user-given values that run before any heavy work (model load, attribution).
+
+Each raises :class:`~llmattr.errors.LlmattrError` with one line that names the option and what to give,
+so the CLI exits 2 in well under a second and nothing is computed, stored or written.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from .errors import LlmattrError
+
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")  # what the figures are written as (matplotlib's Agg, SVG, PDF)
+
+
+def positive_int(value: object, name: str) -> int:
+    """``value`` as an int >= 1; floats, bools and strings are refused (``samples=2.5`` is a mistake)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise LlmattrError(f"{name} must be a whole number >= 1, got {value!r}")
+    if value < 1:
+        raise LlmattrError(f"{name} must be at least 1, got {value}")
+    return int(value)
+
+
+def one_of(value: object, valid: Iterable[str], name: str) -> str:
+    """``value`` if it is one of ``valid``, else one line listing them."""
+    valid = tuple(valid)
+    if value not in valid:
+        raise LlmattrError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
+    return value
+
+
+def writable_file(path: str | Path, option: str, suffixes: tuple[str, ...] | None = None) -> Path:
+    """Refuse an output path that cannot be written, before the work whose result it would hold.
+
+    The file may exist (then it must be a writable file) or not (then its folder must exist and be
+    writable); nothing is created. ``suffixes`` limits the file types (figures: png, svg, pdf).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise LlmattrError(f"{option} {path} is a folder; give a file name")
+    if suffixes is not None and path.suffix.lower() not in suffixes:
+        raise LlmattrError(f"{option} {path}: give a file ending in {', '.join(suffixes)}")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise LlmattrError(f"{option} {path}: folder {folder} does not exist")
+    target = path if path.exists() else folder
+    if not os.access(target, os.W_OK | (0 if path.exists() else os.X_OK)):
+        raise LlmattrError(f"{option} {path}: {target} is not writable")
+    return path

@@ -1,0 +1,70 @@
+"""The CLI refuses bad output paths and option values before the model loads: one line, exit 2, nothing
+written or stored. Each case also names a model that does not exist, so an error about the option (not
+about the model) proves the check ran first."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import foreign_sqlite
+
+NO_MODEL = ["--model", "/nonexistent/model.gguf"]
+
+
+def run_cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "llmattr", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(result, fragment):
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and fragment in lines[0], result.stderr
+    assert "model file not found" not in lines[0]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--json", "{tmp}/ok.json", "--html", "{tmp}/missing/x.html"], "does not exist"),
+    (["--json", "{tmp}/ok.json", "--evaluate", "--plot", "{tmp}"], "is a folder"),
+    (["--evaluate", "--plot", "{tmp}/curve.gif"], "ending in .png, .svg, .pdf"),
+    (["--figure", "{tmp}/m.txt"], "ending in .png, .svg, .pdf"),
+    (["--evaluate", "--samples", "-1", "--json", "{tmp}/ok.json"], "--samples must be at least 1"),
+    (["--evaluate", "--routing", "foo", "--json", "{tmp}/ok.json"], "unknown --routing 'foo'"),
+    (["--field", "foo=bar"], "unknown --field 'foo'"),
+    (["--format", "yaml"], "unknown --format 'yaml'"),
+    (["--shots", "1", "--shots-from", "{tmp}/missing.jsonl"], "file not found"),
+])
+def test_explain_refuses_before_the_model_loads(args, fragment, tmp_path):
+    result = run_cli("explain", "A fine film.", *NO_MODEL, *(a.format(tmp=tmp_path) for a in args))
+    one_line_error(result, fragment)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--samples", "-2"], "--samples must be at least 1"),
+    (["--step-stride", "0"], "--step-stride must be at least 1"),
+    (["--n", "0"], "--n must be at least 1"),
+])
+def test_evaluate_refuses_bad_values_and_stores_nothing(args, fragment, tmp_path):
+    result = run_cli("evaluate", *NO_MODEL, "--out", str(tmp_path / "r.sqlite"), *args)
+    one_line_error(result, fragment)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_evaluate_refuses_a_foreign_sqlite_file_byte_identical(tmp_path):
+    path = foreign_sqlite(tmp_path / "app.db")
+    before = path.read_bytes()
+    result = run_cli("evaluate", *NO_MODEL, "--out", str(path))
+    one_line_error(result, "SQLite database of another program")
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["app.db"]
+
+
+def test_version_and_methods_json():
+    from llmattr import __version__, methods
+
+    result = run_cli("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"llmattr {__version__}"
+    result = run_cli("methods", "--json")
+    records = json.loads(result.stdout)
+    assert [r["name"] for r in records] == methods.available()
+    assert all(r["signed"] == methods.REGISTRY[r["name"]].signed for r in records)

@@ -1,0 +1,99 @@
+"""The CLI on the embedded model: piped output shows numbers and exact Arabic, --format json, --layers as an
+int, load time, figures, evaluate-scores, two evaluate runs on one store, Ctrl-C's resume message."""
+
+import fcntl
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ARABIC = "هذا الفيلم رائع جدا"
+
+
+def run_cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "llmattr", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "400"})
+
+
+def start_cli(*args):
+    return subprocess.Popen([sys.executable, "-m", "llmattr", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_piped_arabic_heatmap_with_numbers_html_and_figure(tmp_path):
+    page, figure = tmp_path / "h.html", tmp_path / "m.png"
+    result = run_cli("explain", ARABIC, "--method", "input-x-gradient", "--html", str(page), "--figure", str(figure))
+    assert result.returncode == 0, result.stderr
+    values = re.findall(r"\[(-?[0-9.e+-]+)\]", result.stdout)  # piped: every token's value is printed
+    assert "blue < 0 < red" in result.stdout and len(values) >= len(ARABIC.split())
+    assert ARABIC in re.sub(r"\[[^\]]*\]", "", result.stdout) and "\ufffd" not in result.stdout
+    assert "wrote None" not in result.stdout
+    assert "\ufffd" not in page.read_text() and "linear-gradient" in page.read_text()
+    assert figure.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_format_json_layers_int_load_time_and_evaluate_scores(tmp_path):
+    result = run_cli("explain", "A gorgeous, witty film.", "--layers", "4", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)  # stdout is the JSON alone
+    assert data["params"]["layers"] == 4 and data["timings"]["load_s"] > 0.05
+    a, b = data["span"]
+    records = [data, {"text": "A gorgeous, witty film.", "scores": [s["raw"] for s in data["steps"]],
+                      "answer": data["generated"], "method": data["method"], "params": data["params"]}]
+    path = tmp_path / "scores.json"
+    path.write_text(json.dumps(records))
+    result = run_cli("evaluate-scores", str(path), "--samples", "1", "--json", str(tmp_path / "out.json"))
+    assert result.returncode == 0, result.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert len(out) == 2 and out[0]["metrics"] == out[1]["metrics"]  # the same scores, the same AUCs
+    assert len(out[1]["explanation"]["steps"][0]["scores"]) == b - a
+
+
+def holds_lock(path):
+    try:
+        with open(path, "rb") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+    except OSError:
+        return True
+
+
+def wait_for_lock(path, proc):
+    while not (path.exists() and holds_lock(path)):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+
+
+def test_two_evaluate_runs_on_one_store_and_ctrl_c(tmp_path):
+    args = ["evaluate", "--n", "1", "--samples", "1", "--metrics", "soft", "--quiet"]
+    shared, single = tmp_path / "shared.sqlite", tmp_path / "single.sqlite"
+    first = start_cli(*args, "--out", str(shared))
+    wait_for_lock(shared, first)
+    second = run_cli(*args, "--out", str(shared))
+    lines = [line for line in second.stderr.splitlines() if line.strip()]
+    assert second.returncode == 2 and len(lines) == 1 and "being written by another llmattr evaluate" in lines[0]
+    assert first.wait(timeout=600) == 0, first.communicate()
+    assert run_cli(*args, "--out", str(single)).returncode == 0
+
+    def rows(path):
+        with sqlite3.connect(path) as conn:
+            return sorted(conn.execute("SELECT dataset, example, method, metric, routing, pi, step, value "
+                                       "FROM results"))
+
+    assert rows(shared) == rows(single) and len(rows(single)) > 0
+    assert not (tmp_path / "shared.sqlite-wal").exists() or (tmp_path / "shared.sqlite-wal").stat().st_size == 0
+
+    stopped = tmp_path / "stopped.sqlite"
+    proc = start_cli(*args, "--out", str(stopped))
+    wait_for_lock(stopped, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "rerun the same command to resume" in err and "Traceback" not in err
