@@ -1,6 +1,9 @@
-"""Report tables from a hand-written store: means, Avg row, ranks, formats, determinism, HTML top tokens."""
+"""Report tables from a hand-written store: means and intervals, Avg row, paired tests and ranks, the
+control column, formats, determinism, figures, HTML top tokens."""
 
 from __future__ import annotations
+
+import statistics
 
 import pytest
 
@@ -9,11 +12,22 @@ from llmattr.explanation import Explanation, Step
 from llmattr.report import build_report, parse_formats
 from llmattr.report.html import strip_timings, top_tokens
 from llmattr.report.tables import paper_tables, to_csv, to_latex, to_markdown
+from llmattr.stats import estimate, paired_test
 from llmattr.store import MetricOutput, Results, Row, Store, Unit, canonical
 
-# per (dataset, method): AUC pi-Soft-NS of two examples
-NS = {("sst2", "grad-ellm"): (0.50, 0.70), ("sst2", "random"): (0.40, 0.40), ("sst2", "attention"): (0.55, 0.65),
-      ("imdb", "grad-ellm"): (0.30, 0.30), ("imdb", "random"): (0.50, 0.54), ("imdb", "attention"): (0.20, 0.30)}
+EXAMPLES = 8
+METHODS = {"grad-ellm": 0.2, "saliency": 0.1, "attention": 0.1, "random": 0.0}  # planted offsets
+
+
+def auc_ns(dataset: str, method: str, i: int) -> float:
+    """Example i's AUC pi-Soft-NS: an example effect shared by the methods, the method's offset and a small
+    method-specific wobble. grad-ellm and attention (same name length) differ by exactly 0.1 on every
+    example; attention and saliency differ only by the wobble (mean difference -0.0025)."""
+    shared = 0.3 + 0.05 * ((5 * i) % 8) + (0.05 if dataset == "imdb" else 0.0)
+    return shared + METHODS[method] + 0.01 * ((3 * i + len(method)) % 5 - 2)
+
+
+NS = {(d, m): [auc_ns(d, m, i) for i in range(EXAMPLES)] for d in ("sst2", "imdb") for m in METHODS}
 
 
 def explanation(method: str, scores: list[float]) -> str:
@@ -34,28 +48,73 @@ def fill(path, seconds: float = 0.5) -> None:
         store.check_settings("tiny", {"samples": 2, "seed": 0})
         for (dataset, method), values in NS.items():
             for i, value in enumerate(values):
-                rows = [Row("pi_soft_ns_auc", value), Row("pi_soft_nc_auc", 1 - value),
+                rows = [Row("pi_soft_ns_auc", value, se=0.01), Row("pi_soft_nc_auc", 1 - value, se=0.03),
                         Row("pi_soft_ns", value / 2, pi=0.25), Row("pi_soft_ns", value, pi=0.75)]
                 scores = [0.1 * (i + 1), 0.9, 0.2, 0.0] if method != "random" else [0.5, 0.4, 0.6, 0.3]
                 store.write(Unit("tiny", dataset, f"{dataset}-{i}", method, canonical({})),
                             explanation(method, scores), seconds, [MetricOutput("pi-soft", "dynamic", 0.1, rows)])
 
 
-def test_table1_means_avg_and_marks(tmp_path):
+def strata(method: str, *datasets: str) -> dict:
+    return {d: {f"{d}-{i}": NS[(d, method)][i] for i in range(EXAMPLES)} for d in datasets}
+
+
+def test_table1_means_intervals_tests_and_shared_ranks(tmp_path):
     fill(tmp_path / "r.sqlite")
     table = paper_tables(Results([tmp_path / "r.sqlite"]), "tiny")[0]
-    assert table.name == "table1_pi_soft_auc" and table.columns == ["attention", "grad-ellm", "random"]
-    ns = {name: [c.text for c in cells] for name, cells in table.sections[0].rows}
-    assert ns == {"IMDb": ["0.250", "0.300", "0.520"], "SST2": ["0.600", "0.600", "0.400"],
-                  "Avg": ["0.425", "0.450", "0.460"]}
-    avg = dict(table.sections[0].rows)["Avg"]
-    assert [c.rank for c in avg] == [3, 2, 1]
-    assert [c.rank for c in dict(table.sections[0].rows)["SST2"]] == [None] * 3  # marks on the Avg row only
+    assert table.name == "table1_pi_soft_auc"
+    assert table.columns == ["attention", "grad-ellm", "saliency", "random"] and table.control == ("random",)
+    rows = dict(table.sections[0].rows)
+    for i, method in enumerate(table.columns):
+        sst2, avg = rows["SST2"][i], rows["Avg"][i]
+        assert sst2.value == pytest.approx(sum(NS[("sst2", method)]) / EXAMPLES)
+        assert avg.value == pytest.approx((sum(NS[("sst2", method)]) + sum(NS[("imdb", method)])) / 2 / EXAMPLES)
+        # the interval is the stratified bootstrap of the same examples (Avg: resampled within datasets)
+        assert sst2.estimate == estimate(strata(method, "sst2"))
+        assert avg.estimate == estimate(strata(method, "sst2", "imdb")) and avg.estimate.n == 16
+        assert avg.text == f"{avg.value:.3f} ± {avg.estimate.half_width:.3f}" and avg.estimate.half_width > 0
+        if method != "random":
+            assert avg.p_control == paired_test(strata(method, "sst2", "imdb"), strata("random", "sst2", "imdb"))
+    assert all(c.p_control < 0.05 for c in rows["Avg"][:3]) and rows["Avg"][3].p_control is None
+    # ranks on the Avg row only: grad-ellm best; saliency and attention differ by noise -> shared 2nd;
+    # the control is never ranked
+    assert [c.rank for c in rows["Avg"]] == [2, 1, 2, None]
+    assert [c.rank for c in rows["SST2"]] == [None] * 4
+    assert rows["Avg"][1].p_next < 0.05 < rows["Avg"][2].p_next  # grad-ellm vs saliency; saliency vs attention
     md = to_markdown(table)
-    assert "| Avg | 0.425³ | 0.450² | **0.460**¹ |" in md
-    assert "| *AUC π-Soft-NC ↑* | | | |" in md
-    assert r"\textbf{0.460}" in to_latex(table) and r"AUC $\pi$-Soft-NS $\uparrow$" in to_latex(table)
-    assert "table1_pi_soft_auc,AUC π-Soft-NS ↑,Avg,random,0.460,1" in to_csv(table)
+    avg_texts = [c.text for c in rows["Avg"]]
+    assert (f"| Avg | {avg_texts[0]}² | **{avg_texts[1]}**¹ | {avg_texts[2]}² | *{avg_texts[3]}* |") in md
+    assert "| Dataset | attention | grad-ellm | saliency | random (control) |" in md
+    assert "| *AUC π-Soft-NC ↑* | | | | |" in md
+    assert "| Dataset | attention | grad-ellm | saliency | 1st vs 2nd |" in md  # the p-value grid
+    sd = statistics.mean(statistics.stdev(values) for values in NS.values())  # NC = 1 - NS: the same spread
+    assert (f"Mean Monte-Carlo standard error per example: AUC π-Soft-NS 0.010, SD over examples {sd:.3f}; "
+            f"AUC π-Soft-NC 0.030, SD over examples {sd:.3f}.") in md
+    p_text = "<0.001" if rows["Avg"][1].p_next < 0.001 else f"{rows['Avg'][1].p_next:.3f}"
+    assert f"{p_text} (grad-ellm vs saliency) |" in md
+    latex = to_latex(table)
+    best_latex = avg_texts[1].replace("±", r"$\pm$")
+    assert rf"\textbf{{{best_latex}}}" in latex
+    assert r"\textcolor{gray}{random}" in latex and r"AUC $\pi$-Soft-NS $\uparrow$" in latex
+    lines = to_csv(table).splitlines()
+    assert lines[0] == "table,section,row,column,mean,ci_low,ci_high,n,rank,p_vs_control,p_vs_next"
+    est = rows["Avg"][1].estimate
+    assert (f"table1_pi_soft_auc,AUC π-Soft-NS ↑,Avg,grad-ellm,{est.mean:.6g},{est.low:.6g},{est.high:.6g},16,1,"
+            in to_csv(table))
+
+
+def test_exact_ties_share_a_rank(tmp_path):
+    """Two methods with identical per-example values: p = 1, same rank (the order of labels is no rank)."""
+    with Store(tmp_path / "r.sqlite") as store:
+        store.check_settings("tiny", {"seed": 0})
+        for method in ("a-method", "b-method"):
+            for i in range(6):
+                store.write(Unit("tiny", "sst2", f"e{i}", method, canonical({})), explanation(method, [0.5] * 4),
+                            0.1, [MetricOutput("pi-soft", "dynamic", 0.1, [Row("pi_soft_ns_auc", 0.1 * i),
+                                                                          Row("pi_soft_nc_auc", 0.1 * i)])])
+    table = paper_tables(Results([tmp_path / "r.sqlite"]), "tiny")[0]
+    avg = dict(table.sections[0].rows)["Avg"]
+    assert [c.rank for c in avg] == [1, 1] and avg[0].p_next == 1.0 and table.control == ()
 
 
 def test_report_is_deterministic_and_keeps_timings_apart(tmp_path):
@@ -77,9 +136,12 @@ def test_report_is_deterministic_and_keeps_timings_apart(tmp_path):
             assert a.read_bytes() == b.read_bytes(), a.name
     md = (tmp_path / "ra" / "report.md").read_text()
     assert "Table 6" not in md and "Table 1" in md and "![fig6_score_distribution]" in md
-    assert "0.500" in (tmp_path / "ra" / "table6_time.md").read_text()
+    assert "0.500 ± 0.000" in (tmp_path / "ra" / "table6_time.md").read_text()
+    assert "- examples (n) = IMDb 8, SST2 8" in md and "null" not in md
+    assert "mean over n = 8 examples per method, band = 95% bootstrap interval" in md
     page = (tmp_path / "ra" / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 3 and 'class="rank1"' in page and 'class="bars"' in page
+    assert '<td class="control">' in page and "p-values</summary>" in page
 
 
 def test_top_tokens_marks_top_ten_percent():
@@ -110,8 +172,9 @@ def test_layer_sweep_figure(tmp_path):
             store.write(Unit("tiny", "sst2", "ex", "grad-ellm", params), explanation("grad-ellm", [0.1, 0.9, 0.2, 0.0]),
                         0.1, [MetricOutput("pi-soft", "dynamic", 0.1, [Row("pi_soft_ns_auc", value),
                                                                       Row("pi_soft_nc_auc", value)])])
-    paths = layer_sweep(Results([tmp_path / "r.sqlite"]), "tiny", tmp_path)
-    assert [p.name for p in paths] == ["fig5_layers_grad-ellm.png"]
+    figures = layer_sweep(Results([tmp_path / "r.sqlite"]), "tiny", tmp_path)
+    assert [f.path.name for f in figures] == ["fig5_layers_grad-ellm.png"]
+    assert "mean over n = 1 examples, error bars = 95% bootstrap interval" in figures[0].caption
 
 
 def test_a_method_has_one_colour_in_every_figure_and_the_html(tmp_path, monkeypatch):
@@ -124,8 +187,8 @@ def test_a_method_has_one_colour_in_every_figure_and_the_html(tmp_path, monkeypa
                         lambda results, path, title=None, colors=None: seen.append(colors) or draw(results, path,
                                                                                                     title, colors))
     build_report([tmp_path / "r.sqlite"], tmp_path / "out", parse_formats("html"))
-    colors = method_colors(["random", "attention", "grad-ellm"])
-    assert list(colors) == ["attention", "grad-ellm", "random"] and len(set(colors.values())) == 3
+    colors = method_colors(["random", "attention", "grad-ellm", "saliency"])
+    assert list(colors) == ["attention", "grad-ellm", "random", "saliency"] and len(set(colors.values())) == 4
     assert len(seen) == 2 and all(c == colors for c in seen)  # both datasets' pi-curves
     page = (tmp_path / "out" / "report.html").read_text()
     for label, color in colors.items():

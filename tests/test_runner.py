@@ -108,6 +108,8 @@ def test_unknown_names_list_the_valid_ones():
         run(EvalConfig(datasets=["nope"]))
     with pytest.raises(LlmattrError, match="unknown routing"):
         run(EvalConfig(routing="sideways"))
+    with pytest.raises(LlmattrError, match="unknown coupling 'shared'; valid: coupled, independent"):
+        run(EvalConfig(coupling="shared"))
 
 
 def test_method_specs_and_layer_sweep():
@@ -197,6 +199,20 @@ def test_two_shards_merged_match_one_process(tiny_folder, tmp_path, reference):
     stores = [tmp_path / "s.rank0.sqlite", tmp_path / "s.rank1.sqlite"]
     assert [count_done(store) for store in stores] == [2, 2]  # each: 1 of 2 examples x 2 methods
     assert report_files([tmp_path / "s.rank*.sqlite"], tmp_path / "report") == reference
+
+
+def test_soft_rows_carry_mc_se_and_the_store_records_the_coupling(tiny_llama, tmp_path, shared_data):
+    """Coupled (default) and independent runs: the settings name the coupling, Monte-Carlo values carry
+    their standard error, deterministic ones (E[R]) none."""
+    for coupling in ("coupled", "independent"):
+        out = tmp_path / f"{coupling}.sqlite"
+        cfg = EvalConfig(datasets=["sst2"], methods=["random"], metrics=["soft"], n=1, samples=3,
+                         coupling=coupling, out=str(out))
+        assert run(cfg, lm=tiny_llama, progress=False).computed == 1
+        with sqlite3.connect(out) as conn:
+            assert f'"coupling": "{coupling}"' in conn.execute("SELECT settings FROM settings").fetchone()[0]
+            se = dict(conn.execute("SELECT metric, mc_se FROM results"))
+        assert se["expected_retained"] is None and se["soft_ns"] >= 0 and se["soft_nc"] >= 0
 
 
 def test_ranking_adapters_rows(tiny_llama, monkeypatch):

@@ -15,11 +15,14 @@ from llmattr.faithfulness import evaluate, target_from_explanation
 from llmattr.faithfulness.engine import PerturbationEngine
 from llmattr.faithfulness.soft import (
     PI_GRID,
+    StepSamples,
     alpha_search,
     auc,
     check_pis,
+    draw_masks,
     evaluate_target,
     hellinger,
+    mc_errors,
     mc_seed,
     reagent_distance,
     soft_samples,
@@ -172,8 +175,13 @@ def test_toy_pi_soft_equals_transformed_score_of_j(tiny_tokenizer):
     result = evaluate_target(lm, target, s, [0], samples=n, pis=(0.2, 0.5, 0.8))
     expected = transform(s[0], torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64))[:, j]
     se = (expected * (1 - expected) / n).sqrt()
-    for values in (result.pi_soft_ns, result.pi_soft_nc):
+    for name, values in (("pi_soft_ns", result.pi_soft_ns), ("pi_soft_nc", result.pi_soft_nc)):
         assert ((torch.tensor(values) - expected).abs() <= 4 * se + 1e-9).all()
+        # every sample is 0 or 1 (up to float32 rounding of the distances, ~1e-7 relative) with mean v:
+        # its standard error is sqrt(v (1 - v) / (n - 1))
+        v = torch.tensor(values, dtype=torch.float64)
+        torch.testing.assert_close(torch.tensor(result.mc_se[name], dtype=torch.float64),
+                                   (v * (1 - v) / (n - 1)).sqrt(), rtol=1e-5, atol=1e-6)
     assert result.expected_retained == pytest.approx(float(s.sum()))
 
 
@@ -242,6 +250,61 @@ def test_monte_carlo_matches_exact_enumeration(tiny_tokenizer):
             assert abs(samples.mean() - exact) <= 3 * se
 
 
+def test_mc_errors_combine_samples_steps_and_auc():
+    """se of a mean over S samples, sqrt(sum_t se_t^2) / T over steps; the AUC's from per-sample AUCs."""
+    gen = torch.Generator().manual_seed(0)
+    pis = [0.2, 0.5, 0.9]
+    steps = [StepSamples(1.0, torch.rand(4, 6, generator=gen, dtype=torch.float64), None) for _ in range(2)]
+    se = mc_errors(steps, pis)
+    assert set(se) == {"pi_soft_ns", "soft_ns", "pi_soft_ns_auc"}
+
+    def sem(x):  # over the last axis
+        return x.std(-1, correction=1) / math.sqrt(x.shape[-1])
+
+    by_hand = torch.stack([sem(st.ns) for st in steps]).pow(2).sum(0).sqrt() / 2
+    torch.testing.assert_close(torch.tensor(se["pi_soft_ns"], dtype=torch.float64), by_hand[:3])
+    assert se["soft_ns"] == pytest.approx(float(by_hand[3]))
+    w = torch.tensor([0.3 / 2, (0.3 + 0.4) / 2, 0.4 / 2], dtype=torch.float64) / 0.7  # trapezoid weights / span
+    auc_se = torch.stack([sem(w @ st.ns[:3]) for st in steps]).pow(2).sum().sqrt() / 2
+    assert se["pi_soft_ns_auc"] == pytest.approx(float(auc_se))
+    one = mc_errors([StepSamples(1.0, torch.rand(4, 1, dtype=torch.float64), None)], pis)
+    assert one["soft_ns"] is None and one["pi_soft_ns"] == [None] * 3
+
+
+# ---------------------------------------------------------------------------------------- coupling
+def test_coupled_masks_have_the_independent_marginals():
+    """100k draws: the same keep rates as independent masks (NS draws are even bit-identical under one
+    seed), NC = complement of NS, and both within 5 binomial s.e. of s and 1 - s."""
+    s = torch.tensor([[0.0, 0.03, 0.25, 0.5, 0.9, 1.0]], dtype=torch.float64)
+    n = 100_000
+    coupled = draw_masks(s, n, torch.Generator().manual_seed(11), coupling="coupled")
+    independent = draw_masks(s, n, torch.Generator().manual_seed(11), coupling="independent")
+    assert torch.equal(coupled["ns"], independent["ns"])
+    assert torch.equal(coupled["nc"], 1 - coupled["ns"])
+    tolerance = 5 * (s * (1 - s) / n).sqrt()[0]
+    for masks in (coupled, independent):
+        assert ((masks["ns"].mean((0, 1)) - s[0]).abs() <= tolerance).all()
+        assert ((masks["nc"].mean((0, 1)) - (1 - s[0])).abs() <= tolerance).all()
+    assert not torch.equal(independent["nc"], 1 - independent["ns"])
+    only_nc = draw_masks(s, 10, torch.Generator().manual_seed(1), families=("nc",))
+    assert set(only_nc) == {"nc"} and torch.equal(only_nc["nc"], 1 - draw_masks(
+        s, 10, torch.Generator().manual_seed(1), families=("ns",))["ns"])
+
+
+def test_coupled_method_compared_with_itself_is_identical(tiny_llama):
+    target = sentiment_target(tiny_llama)
+    s = torch.rand(1, target.span[1] - target.span[0], generator=torch.Generator().manual_seed(2))
+    kwargs = {"samples": 3, "seed": 5, "pis": (0.3, 0.7), "example": "ex"}
+    a = evaluate_target(tiny_llama, target, s, [0], method="a", **kwargs).to_dict()
+    b = evaluate_target(tiny_llama, target, s, [0], method="b", **kwargs).to_dict()
+    assert a == b and a["coupling"] == "coupled"
+    a = evaluate_target(tiny_llama, target, s, [0], method="a", coupling="independent", **kwargs).to_dict()
+    b = evaluate_target(tiny_llama, target, s, [0], method="b", coupling="independent", **kwargs).to_dict()
+    assert a["metrics"] != b["metrics"] and a["coupling"] == "independent"
+    with pytest.raises(LlmattrError, match="coupling"):
+        evaluate_target(tiny_llama, target, s, [0], coupling="shared", **kwargs)
+
+
 def test_same_seed_bit_identical_different_seed_different(tiny_llama):
     target = sentiment_target(tiny_llama)
     m = target.span[1] - target.span[0]
@@ -250,6 +313,7 @@ def test_same_seed_bit_identical_different_seed_different(tiny_llama):
     assert run[0] == run[1]
     assert run[0]["metrics"] != run[2]["metrics"]
     assert mc_seed(0, "x", 0, "a") != mc_seed(0, "x", 0, "b") != mc_seed(0, "x", 5, "a")
+    assert mc_seed(0, "x", 0) not in (mc_seed(0, "x", 0, "a"), mc_seed(1, "x", 0), mc_seed(0, "x", 1))
 
 
 # ---------------------------------------------------------------------------------------- API
@@ -258,7 +322,8 @@ def test_evaluate_result_dict(tiny_llama):
     m = target.span[1] - target.span[0]
     expl = explanation_for(tiny_llama, target, torch.rand(1, m))
     data = evaluate(expl, tiny_llama, samples=2, routing="fixed").to_dict()
-    assert set(data) == {"metrics", "routing", "samples", "seed", "mode", "d0", "scope", "warnings"}
+    assert set(data) == {"metrics", "routing", "samples", "seed", "mode", "coupling", "mc_se", "d0", "scope",
+                         "warnings"}
     assert data["d0"] > 0 and data["scope"] == "span"
     assert set(data["metrics"]) == {"pi_soft_ns", "pi_soft_nc", "soft_ns", "soft_nc", "expected_retained"}
     for name in ("pi_soft_ns", "pi_soft_nc"):
@@ -267,6 +332,9 @@ def test_evaluate_result_dict(tiny_llama):
         assert curve["auc"] == pytest.approx(auc(curve["pi"], curve["values"]))
         assert all(math.isfinite(v) for v in curve["values"])
     assert data["routing"] == "fixed" and data["samples"] == 2 and data["mode"] == "paper"
+    assert set(data["mc_se"]) == {f"{m}_{f}" for m in ("pi_soft", "soft") for f in ("ns", "nc")} | {
+        "pi_soft_ns_auc", "pi_soft_nc_auc"}
+    assert len(data["mc_se"]["pi_soft_nc"]) == 19 and data["mc_se"]["pi_soft_ns_auc"] >= 0
     assert data["metrics"]["expected_retained"] == pytest.approx(sum(expl.steps[0].scores))
 
 
@@ -308,8 +376,12 @@ def test_bad_input_errors(tiny_llama):
 
 
 # ---------------------------------------------------------------------------------------- ReAGent mode
-def test_reagent_mode_reproduces_original_code(tiny_tokenizer):
-    """Per-dimension masks, one draw, sum (sqrt p - sqrt q)^2 / sqrt 2, NS = clamp(suff - suff0) / (1 - suff0)."""
+@pytest.mark.parametrize("coupling", ["independent", "coupled"])
+def test_reagent_mode_reproduces_original_code(tiny_tokenizer, coupling):
+    """Per-dimension masks, one draw, sum (sqrt p - sqrt q)^2 / sqrt 2, NS = clamp(suff - suff0) / (1 - suff0).
+
+    ``independent`` is the original code's draw (its own uniforms for NS and NC); ``coupled`` draws one
+    set and NC keeps the dimensions NS drops."""
     lm = build_tiny("llama", tiny_tokenizer, seed=4, initializer_range=0.3)
     target = sentiment_target(lm)
     m, d = target.span[1] - target.span[0], lm.config.hidden_size
@@ -318,16 +390,16 @@ def test_reagent_mode_reproduces_original_code(tiny_tokenizer):
     s = expl.score_matrix()  # the retain probabilities (min-max of the raw scores)
     with pytest.raises(LlmattrError, match="scope 'all' was asked"):  # the code's scope is the default
         evaluate(expl, lm, pis=(0.5,), mode="reagent")
-    result = evaluate(expl, lm, pis=(0.5,), mode="reagent", seed=3, samples=15, scope="span")
+    result = evaluate(expl, lm, pis=(0.5,), mode="reagent", seed=3, samples=15, coupling=coupling, scope="span")
     assert result.samples == 1
     # the original evaluator, transcribed: full-sequence forwards, uniform < keep ratio per dimension
     from llmattr.faithfulness import example_key
 
     s_tilde = torch.cat([transform(s[0], torch.tensor([0.5], dtype=torch.float64)), s])
-    gen = torch.Generator().manual_seed(mc_seed(3, example_key(expl), 0, "m"))
+    gen = torch.Generator().manual_seed(mc_seed(3, example_key(expl), 0, "m" if coupling == "independent" else None))
     ratio_ns, ratio_nc = s_tilde, 1 - s_tilde
     u_ns = torch.rand((2, 1, m, d), generator=gen, dtype=torch.float64)
-    u_nc = torch.rand((2, 1, m, d), generator=gen, dtype=torch.float64)
+    u_nc = torch.rand((2, 1, m, d), generator=gen, dtype=torch.float64) if coupling == "independent" else 1 - u_ns
     ids = target.input_ids[0, : target.prompt_len]
     a, b = target.span
     wte = lm.embed(ids)[None]

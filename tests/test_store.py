@@ -15,7 +15,8 @@ def unit(example: str = "ex-1", method: str = "grad-ellm") -> Unit:
 
 
 def outputs(value: float = 0.5) -> list[MetricOutput]:
-    rows = [Row("pi_soft_ns", value, pi=0.05), Row("pi_soft_ns", value + 0.1, pi=0.1), Row("pi_soft_ns_auc", value)]
+    rows = [Row("pi_soft_ns", value, pi=0.05, se=0.01), Row("pi_soft_ns", value + 0.1, pi=0.1),
+            Row("pi_soft_ns_auc", value)]
     return [MetricOutput("pi-soft", "dynamic", 1.5, rows)]
 
 
@@ -30,8 +31,8 @@ def test_write_read_and_done(tmp_path):
         assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     results = Results([path])
     rows = list(results.values("tiny", "pi_soft_ns", "dynamic"))
-    assert rows == [("sst2", "grad-ellm", '{"layers":"all"}', "ex-1", 0.05, NONE, 0.5),
-                    ("sst2", "grad-ellm", '{"layers":"all"}', "ex-1", 0.1, NONE, 0.6)]
+    assert rows == [("sst2", "grad-ellm", '{"layers":"all"}', "ex-1", 0.05, NONE, 0.5, 0.01),
+                    ("sst2", "grad-ellm", '{"layers":"all"}', "ex-1", 0.1, NONE, 0.6, None)]
     assert results.settings("tiny") == {"samples": 2, "seed": 0}
     assert results.models() == ["tiny"]
 

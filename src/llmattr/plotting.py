@@ -29,7 +29,8 @@ def plot_pi_curves(results: Mapping[str, dict], path: str | Path, title: str | N
     ``results`` maps a label (a method name, say) to a ``SoftResult.to_dict()`` or to its ``"metrics"``
     part: ``{"pi_soft_ns": {"pi": [...], "values": [...], "auc": x}, "pi_soft_nc": {...}}``. The legend
     shows each curve's AUC. A metric that was not computed (None) is skipped. ``colors`` maps labels to
-    colours (default :func:`method_colors` of the labels).
+    colours (default :func:`method_colors` of the labels). A curve with ``"low"`` and ``"high"`` lists
+    (a confidence interval per pi) is drawn with a shaded band between them.
     """
     import matplotlib
 
@@ -44,6 +45,9 @@ def plot_pi_curves(results: Mapping[str, dict], path: str | Path, title: str | N
             if curve:
                 ax.plot(curve["pi"], curve["values"], marker="o", markersize=3, color=colors[label],
                         label=f"{label} (AUC {curve['auc']:.3f})")
+                if "low" in curve:
+                    ax.fill_between(curve["pi"], curve["low"], curve["high"], color=colors[label], alpha=0.15,
+                                    linewidth=0)
         ax.set_xlabel("retaining probability pi")
         ax.set_ylabel(name)
         ax.set_title(f"{name} vs pi")

@@ -29,6 +29,7 @@ from . import methods as method_registry
 from .errors import LlmattrError
 from .explanation import Explanation
 from .faithfulness.ranking import REMOVALS
+from .faithfulness.soft import COUPLINGS
 from .models.loading import LoadedModel
 from .store import MetricOutput, Row, Store, Unit, canonical
 from .targets import SCOPES, TARGET_MODES
@@ -50,6 +51,7 @@ class EvalConfig:
     n: int = 50
     samples: int = 15
     seed: int = 0
+    coupling: str = "coupled"
     layers: list[str] | None = None
     step_stride: int = 5
     max_new_tokens: int | None = None
@@ -213,25 +215,25 @@ def _soft_rows(lm: LoadedModel, expl: Explanation, routing: str, cfg: EvalConfig
 
     result = evaluate(expl, model=lm, metrics=("pi-soft-nc", "pi-soft-ns"), routing=routing,
                       samples=cfg.samples, seed=cfg.seed, pis=None if curves else (0.5,),
-                      step_stride=cfg.step_stride).to_dict()
-    values = result["metrics"]
+                      step_stride=cfg.step_stride, coupling=cfg.coupling).to_dict()
+    values, se = result["metrics"], result["mc_se"]
     if not curves:
-        return [Row(name, values[name]) for name in ("soft_ns", "soft_nc", "expected_retained")]
+        return [Row(name, values[name], se=se.get(name)) for name in ("soft_ns", "soft_nc", "expected_retained")]
     rows = []
     for name in ("pi_soft_ns", "pi_soft_nc"):
         curve = values[name]
-        rows += [Row(name, v, pi=p) for p, v in zip(curve["pi"], curve["values"], strict=True)]
-        rows.append(Row(f"{name}_auc", curve["auc"]))
+        rows += [Row(name, v, pi=p, se=e) for p, v, e in zip(curve["pi"], curve["values"], se[name], strict=True)]
+        rows.append(Row(f"{name}_auc", curve["auc"], se=se[f"{name}_auc"]))
     return rows
 
 
 register_metric(MetricAdapter(
     "pi-soft", lambda lm, expl, routing, cfg: _soft_rows(lm, expl, routing, cfg, curves=True),
-    options=("samples", "step_stride"), routed=True,
+    options=("samples", "step_stride", "coupling"), routed=True,
     summary="pi-Soft-NC/NS curves over pi = 0.05..0.95 and their AUC (paper 000 eq. 7; Tables 1, 8)"))
 register_metric(MetricAdapter(
     "soft", lambda lm, expl, routing, cfg: _soft_rows(lm, expl, routing, cfg, curves=False),
-    options=("samples", "step_stride"), routed=True,
+    options=("samples", "step_stride", "coupling"), routed=True,
     summary="original Soft-NC/NS (alpha = 1) and E[R] (paper 000 eqs. 4-5; Table 2)"))
 
 
@@ -456,6 +458,8 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
         if getattr(cfg, key) not in valid:
             raise LlmattrError(f"{key} must be one of {', '.join(valid)}; got {getattr(cfg, key)!r}")
     routings = cfg.routings
+    if cfg.coupling not in COUPLINGS:
+        raise LlmattrError(f"unknown coupling {cfg.coupling!r}; valid: {', '.join(COUPLINGS)}")
     metrics = get_metrics(cfg.metrics)
     specs = expand_methods(cfg.methods, cfg.layers)
     data = []

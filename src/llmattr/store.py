@@ -12,6 +12,7 @@ Tables (docs/evaluate.md):
 - ``results``: one value per (model, dataset, example, method, params, metric, routing, pi, step).
   ``pi`` is the x-axis of a curve (retaining probability, or fraction of tokens for ranking metrics)
   and ``step`` the generation step; ``-1`` in either means "scalar" / "averaged over steps".
+  ``mc_se`` is the value's Monte-Carlo standard error over samples (NULL for deterministic metrics).
 
 Every finished (example, method) is written in one transaction, so a process killed at any moment
 (even SIGKILL) leaves either all of that unit's rows or none of them.
@@ -29,7 +30,7 @@ from pathlib import Path
 from . import __version__
 from .errors import LlmattrError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: results.mc_se
 NONE = -1  # sentinel for "no pi" / "no step" (primary-key columns cannot hold NULL duplicates)
 KEY = ("model", "dataset", "example", "method", "params")
 
@@ -47,7 +48,7 @@ CREATE TABLE IF NOT EXISTS done (
 CREATE TABLE IF NOT EXISTS results (
     model TEXT NOT NULL, dataset TEXT NOT NULL, example TEXT NOT NULL, method TEXT NOT NULL,
     params TEXT NOT NULL, metric TEXT NOT NULL, routing TEXT NOT NULL, pi REAL NOT NULL,
-    step INTEGER NOT NULL, value REAL NOT NULL,
+    step INTEGER NOT NULL, value REAL NOT NULL, mc_se REAL,
     PRIMARY KEY (model, dataset, example, method, params, metric, routing, pi, step)) WITHOUT ROWID;
 """
 RESULT_KEY = "model, dataset, example, method, params, metric, routing, pi, step"
@@ -60,12 +61,14 @@ def canonical(params: dict) -> str:
 
 @dataclass(frozen=True)
 class Row:
-    """One metric value: ``pi`` is the curve's x (None for scalars), ``step`` the generation step."""
+    """One metric value: ``pi`` is the curve's x (None for scalars), ``step`` the generation step,
+    ``se`` its Monte-Carlo standard error (None when the metric is deterministic)."""
 
     metric: str
     value: float
     pi: float | None = None
     step: int | None = None
+    se: float | None = None
 
 
 @dataclass(frozen=True)
@@ -182,9 +185,10 @@ class Store:
                               (*key, explanation, attribution_s))
             for out in outputs:
                 self.conn.executemany(
-                    "INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [(*key, r.metric, out.routing, NONE if r.pi is None else round(float(r.pi), 9),
-                      NONE if r.step is None else int(r.step), float(r.value)) for r in out.rows])
+                      NONE if r.step is None else int(r.step), float(r.value),
+                      None if r.se is None else float(r.se)) for r in out.rows])
                 self.conn.execute("INSERT INTO done VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                                   (*key, out.metric, out.routing, out.seconds))
 
@@ -259,9 +263,9 @@ class Results:
         return set(self.conn.execute(sql, (model,)))
 
     def values(self, model: str, metric: str, routing: str) -> Iterator[tuple]:
-        """(dataset, method, params, example, pi, step, value) rows, in key order."""
+        """(dataset, method, params, example, pi, step, value, mc_se) rows, in key order."""
         return self.conn.execute(
-            "SELECT dataset, method, params, example, pi, step, value FROM results "
+            "SELECT dataset, method, params, example, pi, step, value, mc_se FROM results "
             "WHERE model = ? AND metric = ? AND routing = ? "
             "ORDER BY dataset, method, params, example, pi, step",
             (model, metric, routing))

@@ -22,6 +22,9 @@ def evaluate(
     routing: str = typer.Option(None, help="Soft-metric protocol: dynamic (default), fixed or both."),
     n: int = typer.Option(None, help="Examples per dataset (balanced per class; default 50)."),
     samples: int = typer.Option(None, help="Monte-Carlo samples per pi (default 15)."),
+    coupling: str = typer.Option(None, help="Soft-metric masks: coupled (default; every method perturbed "
+                                            "with the same random numbers) or independent (a stream per "
+                                            "method)."),
     seed: int = typer.Option(None, help="Seed of example sampling, attributions and perturbations "
                                         "(default 0)."),
     layers: str = typer.Option(None, help="Sweep of the number of aggregated layers for methods with a "
@@ -52,8 +55,8 @@ def evaluate(
     from ..runner import EvalConfig, run
 
     cli = {"model": model, "datasets": datasets, "methods": methods, "metrics": metrics, "routing": routing,
-           "n": n, "samples": samples, "seed": seed, "layers": layers, "step_stride": step_stride,
-           "max_new_tokens": max_new_tokens, "target": target, "scope": scope,
+           "n": n, "samples": samples, "coupling": coupling, "seed": seed, "layers": layers,
+           "step_stride": step_stride, "max_new_tokens": max_new_tokens, "target": target, "scope": scope,
            "removal": removal, "out": None if out is None else str(out), "shard": shard,
            "device": device, "dtype": dtype, "device_map": device_map, "load_in_4bit": load_in_4bit}
     base = EvalConfig.from_toml(config) if config is not None else None

@@ -17,6 +17,8 @@ def report(
     format: str = typer.Option("md,csv,html", "--format", help="Comma-separated: md, latex, csv, html, "
                                                                        "or all."),
     out: Path = typer.Option(None, help="Output folder (default: report/ beside the first store)."),
+    bootstrap: int = typer.Option(2000, "--bootstrap", help="Bootstrap resamples per 95% confidence interval "
+                                                             "(seeded)."),
 ) -> None:
     """Write the paper-shaped tables, figures and HTML report; print the task accuracy and Table 1."""
     from ..report import build_report, parse_formats
@@ -24,10 +26,10 @@ def report(
 
     formats = parse_formats(format)
     results, written = build_report(stores, out if out is not None else Path(stores[0]).parent / "report",
-                                    formats)
+                                    formats, bootstrap)
     console = Console()
     for model in results.models():
-        for table in paper_tables(results, model):
+        for table in paper_tables(results, model, bootstrap):
             if table.name in ("table_accuracy", "table1_pi_soft_auc"):
                 console.print(to_markdown(table), markup=False, highlight=False, soft_wrap=True)
     folders = sorted({str(p.parent) for p in written})

@@ -69,7 +69,7 @@ def example_key(expl: Explanation) -> str:
 def evaluate(explanation: Explanation, model: str | LoadedModel = "default",
              metrics=("pi-soft-nc", "pi-soft-ns"), routing: str = "dynamic", samples: int = 15, seed: int = 0,
              pis=None, step_stride: int = 5, mode: str = "paper", batch_size: int | None = None,
-             scope: str | None = None) -> SoftResult:
+             coupling: str = "coupled", scope: str | None = None) -> SoftResult:
     """pi-Soft-NC/NS curves and AUCs, Soft-NC/NS (alpha = 1) and E[R] of an Explanation (paper 000 sec. 3.1).
 
     Args:
@@ -78,10 +78,12 @@ def evaluate(explanation: Explanation, model: str | LoadedModel = "default",
         metrics: any of "pi-soft-nc", "pi-soft-ns", "soft-nc", "soft-ns" (NC and NS families).
         routing: "dynamic" (plain forward) or "fixed" (clean attention replayed, appendix K).
         samples: Monte-Carlo samples per pi (paper: 15); seed: one user seed, derived per
-            (example, step, method).
+            (example, step) (and method, with ``coupling="independent"``).
         pis: the pi grid (default 0.05, 0.10, ..., 0.95).
         step_stride: generation tasks are evaluated every ``step_stride``-th step and averaged.
         mode: "paper" (token masks, Hellinger, MC average) or "reagent" (the original code's reading).
+        coupling: "coupled" (every method perturbed with the same uniforms: common random numbers) or
+            "independent" (a stream per method, the earlier behaviour).
         scope: what is perturbed and zeroed: always what the explanation attributes (its ``scope``);
             given, it must agree. Default: the explanation's scope, but ``"all"`` with ``mode="reagent"``
             (the ReAGent evaluator perturbs the prompt and the generated prefix).
@@ -96,7 +98,7 @@ def evaluate(explanation: Explanation, model: str | LoadedModel = "default",
     result = evaluate_target(
         lm, target, explanation.score_matrix(), evaluated_steps(explanation, step_stride), metrics=metrics,
         routing=routing, samples=samples, seed=seed, pis=pis, mode=mode, example=example_key(explanation),
-        method=explanation.method, batch_size=batch_size,
+        method=explanation.method, batch_size=batch_size, coupling=coupling,
     )
     if explanation.model != lm.model_id:
         result.warnings.append(f"explanation made with {explanation.model}, evaluated with {lm.model_id}")

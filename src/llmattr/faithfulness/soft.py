@@ -12,6 +12,12 @@ For one generation step with retain probabilities ``s`` over the m content token
 
 ``mode="reagent"`` reproduces the original ReAGent evaluator code instead: one Bernoulli draw per
 embedding dimension, a single sample, and the distance ``sum_v (sqrt p_v - sqrt q_v)**2 / sqrt 2``.
+
+Masks are coupled by default (common random numbers): for one (example, step, pi, sample) every method
+uses the same uniforms ``u_i``; NS keeps token i when ``u_i < s_i``, NC when ``u_i >= s_i`` (NC's mask is
+the complement of NS's). Each marginal is still Bernoulli(``s_i``) / Bernoulli(``1 - s_i``), so every
+method's expected metric is unchanged, while the Monte-Carlo noise of a *difference* between methods
+shrinks. ``coupling="independent"`` draws per method and per family (the earlier behaviour).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch
 from ..errors import LlmattrError
 from ..models.loading import LoadedModel
 from ..scores import check_finite, clip_for_search
+from ..stats import mc_standard_error
 from ..targets import Target, visible
 from .engine import PerturbationEngine
 
@@ -33,6 +40,7 @@ ALPHA_TOL = 1e-4
 D0_MIN = 1e-6  # below this the zero baseline does not move the output: Soft-NC/NS are undefined
 MODES = ("paper", "reagent")
 METRICS = ("pi-soft-nc", "pi-soft-ns", "soft-nc", "soft-ns")
+COUPLINGS = ("coupled", "independent")
 LOG_ALPHA_RANGE = (-30.0, 30.0)  # alpha in [1e-13, 1e13]: covers every pi in (0, 1) after clipping
 
 
@@ -88,20 +96,36 @@ def transform(s: torch.Tensor, pis: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------- Monte Carlo
-def mc_seed(seed: int, example: str, step: int, method: str) -> int:
-    """A 63-bit generator seed for one (example, step, method), derived from the user's ``seed``."""
-    text = "\x1f".join(map(str, (seed, example, step, method)))
+def mc_seed(seed: int, example: str, step: int, method: str | None = None) -> int:
+    """A 63-bit generator seed for one (example, step[, method]), derived from the user's ``seed``.
+
+    Coupled masks leave out the method (every method draws the same uniforms); independent ones
+    include it.
+    """
+    parts = (seed, example, step) if method is None else (seed, example, step, method)
+    text = "\x1f".join(map(str, parts))
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 
-def draw_masks(keep_prob: torch.Tensor, samples: int, generator: torch.Generator,
-               dims: int | None = None) -> torch.Tensor:
-    """Bernoulli keep masks ``(K, samples, m)`` (or ``(K, samples, m, dims)`` per dimension, ReAGent)."""
-    k, m = keep_prob.shape
+def draw_masks(s_tilde: torch.Tensor, samples: int, generator: torch.Generator, families=("ns", "nc"),
+               dims: int | None = None, coupling: str = "coupled") -> dict[str, torch.Tensor]:
+    """Keep masks ``(K, samples, m)`` (``(K, samples, m, dims)`` per dimension, ReAGent) per family.
+
+    ``coupled``: one set of uniforms u; NS keeps ``u < s`` (P = s), NC keeps ``u >= s`` (P = 1 - s), the
+    complement. ``independent``: fresh uniforms per family, NS ``u < s`` and NC ``u' < 1 - s``.
+    """
+    k, m = s_tilde.shape
     shape = (k, samples, m) if dims is None else (k, samples, m, dims)
-    u = torch.rand(shape, generator=generator, dtype=torch.float64)
-    p = keep_prob[:, None, :] if dims is None else keep_prob[:, None, :, None]
-    return (u < p).float()
+    s = s_tilde[:, None, :] if dims is None else s_tilde[:, None, :, None]
+    if coupling == "coupled":
+        u = torch.rand(shape, generator=generator, dtype=torch.float64)
+        keep = {"ns": u < s, "nc": u >= s}
+    else:
+        keep = {"ns": None, "nc": None}
+        for family, p in (("ns", s), ("nc", 1 - s)):
+            if family in families:
+                keep[family] = torch.rand(shape, generator=generator, dtype=torch.float64) < p
+    return {f: keep[f].float() for f in ("ns", "nc") if f in families}
 
 
 @dataclass
@@ -114,16 +138,17 @@ class StepSamples:
 
 
 def soft_samples(engine: PerturbationEngine, s_tilde: torch.Tensor, samples: int, generator: torch.Generator,
-                 families: tuple[str, ...] = ("ns", "nc"), mode: str = "paper") -> StepSamples:
+                 families: tuple[str, ...] = ("ns", "nc"), mode: str = "paper",
+                 coupling: str = "coupled") -> StepSamples:
     """Soft-NS (eq. 4) and Soft-NC (eq. 5) per Monte-Carlo sample for each row of ``s_tilde`` (K, m).
 
     Every perturbed input (the zero baseline, then the NS masks, then the NC masks) goes through
-    ``engine.probs`` in one call. NS keeps token i with probability ``s_i`` (eq. 1), NC with ``1 - s_i``.
+    ``engine.probs`` in one call. NS keeps token i with probability ``s_i`` (eq. 1), NC with ``1 - s_i``
+    (:func:`draw_masks`).
     """
     dims = engine.suffix_embeds.shape[-1] if mode == "reagent" else None
     k, m = s_tilde.shape
-    keep_probs = {"ns": s_tilde, "nc": 1 - s_tilde}
-    masks = {f: draw_masks(keep_probs[f], samples, generator, dims) for f in ("ns", "nc") if f in families}
+    masks = draw_masks(s_tilde, samples, generator, families, dims, coupling)
     zero = torch.zeros((1, m) if dims is None else (1, m, dims))
     batch = torch.cat([zero] + [mask.flatten(0, 1) for mask in masks.values()])
     distance = DISTANCES[mode](engine.clean_probs.double()[None], engine.probs(batch).double())
@@ -137,12 +162,16 @@ def soft_samples(engine: PerturbationEngine, s_tilde: torch.Tensor, samples: int
 
 
 # ---------------------------------------------------------------------------------------- results
+def curve_auc(values: torch.Tensor, pis: list[float]) -> torch.Tensor:
+    """Trapezoid area under the pi-curve(s) along the first axis divided by the span of the grid."""
+    if len(pis) == 1:
+        return values[0]
+    return torch.trapezoid(values, torch.tensor(pis, dtype=torch.float64), dim=0) / (pis[-1] - pis[0])
+
+
 def auc(pis: list[float], values: list[float]) -> float:
     """Trapezoid area under the pi-curve divided by the span of the grid (reads on the metric's scale)."""
-    if len(pis) == 1:
-        return float(values[0])
-    area = torch.trapezoid(torch.tensor(values, dtype=torch.float64), torch.tensor(pis, dtype=torch.float64))
-    return float(area / (pis[-1] - pis[0]))
+    return float(curve_auc(torch.tensor(values, dtype=torch.float64), pis))
 
 
 @dataclass
@@ -163,6 +192,8 @@ class SoftResult:
     warnings: list[str] = field(default_factory=list)
     d0: float | None = None  # mean zero-baseline distance D0 over the evaluated steps
     scope: str = "span"  # what was perturbed and zeroed (the explanation's scope)
+    coupling: str = "coupled"
+    mc_se: dict = field(default_factory=dict)  # Monte-Carlo standard error of each value (None: 1 sample)
 
     @property
     def auc_ns(self) -> float | None:
@@ -183,7 +214,8 @@ class SoftResult:
                 "soft_ns": self.soft_ns, "soft_nc": self.soft_nc, "expected_retained": self.expected_retained,
             },
             "routing": self.routing, "samples": self.samples, "seed": self.seed, "mode": self.mode,
-            "d0": self.d0, "scope": self.scope, "warnings": list(self.warnings),
+            "coupling": self.coupling, "mc_se": dict(self.mc_se), "d0": self.d0, "scope": self.scope,
+            "warnings": list(self.warnings),
         }
 
 
@@ -213,15 +245,19 @@ def check_scores(scores: torch.Tensor, target: Target) -> torch.Tensor:
 def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps: list[int],
                     metrics=("pi-soft-nc", "pi-soft-ns"), routing: str = "dynamic", samples: int = 15,
                     seed: int = 0, pis=None, mode: str = "paper", example: str = "", method: str = "",
-                    batch_size: int | None = None) -> SoftResult:
+                    batch_size: int | None = None, coupling: str = "coupled") -> SoftResult:
     """pi-Soft-NC/NS (eq. 7) and Soft-NC/NS (alpha = 1) of ``scores`` at ``steps``, averaged over steps.
 
     ``scores``: retain probabilities ``(n_steps, m)``. Masks are drawn from a generator seeded per
-    (``example``, step, ``method``) from ``seed`` (:func:`mc_seed`), so reruns are bit-identical.
-    ``mode="reagent"`` uses a single per-dimension draw (``samples`` becomes 1).
+    (``example``, step) from ``seed`` (:func:`mc_seed`; per (example, step, ``method``) with
+    ``coupling="independent"``), so reruns are bit-identical. ``mode="reagent"`` uses a single
+    per-dimension draw (``samples`` becomes 1). ``result.mc_se`` holds the Monte-Carlo standard error of
+    every value (:func:`mc_errors`).
     """
     if mode not in MODES:
         raise LlmattrError(f"unknown mode {mode!r}; use 'paper' or 'reagent'")
+    if coupling not in COUPLINGS:
+        raise LlmattrError(f"unknown coupling {coupling!r}; use 'coupled' or 'independent'")
     if samples < 1:
         raise LlmattrError("samples must be at least 1")
     families = families_of(metrics)
@@ -233,8 +269,9 @@ def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps
         engine = PerturbationEngine(lm, target, step=step, routing=routing, batch_size=batch_size)
         s = scores[step, : engine.n_span]  # scope "all": the tokens this step sees
         s_tilde = torch.cat([transform(s, grid), s[None]])  # K pi rows, then alpha = 1
-        generator = torch.Generator().manual_seed(mc_seed(seed, example, step, method))
-        result = soft_samples(engine, s_tilde, samples, generator, families, mode)
+        generator = torch.Generator().manual_seed(
+            mc_seed(seed, example, step, method if coupling == "independent" else None))
+        result = soft_samples(engine, s_tilde, samples, generator, families, mode, coupling)
         if result.ns is None and result.nc is None:
             warnings.append(f"step {step}: the zero baseline does not change the output (D0 = {result.d0:.1e}); "
                             "Soft-NC/NS undefined, step skipped")
@@ -257,4 +294,25 @@ def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps
         expected_retained=float(sum(float(scores[k, : visible(target, k)].sum()) for k in kept) / len(kept)),
         routing=routing, samples=samples, seed=seed, mode=mode, steps=kept, warnings=warnings,
         d0=float(sum(r.d0 for r in per_step) / len(per_step)), scope=target.scope,
+        coupling=coupling, mc_se=mc_errors(per_step, grid.tolist()),
     )
+
+
+def mc_errors(per_step: list[StepSamples], pis: list[float]) -> dict:
+    """Monte-Carlo standard error of every reported value (None with one sample).
+
+    A value is the mean over T steps of a mean over S samples; steps draw independently, so its error
+    is ``sqrt(sum_t se_t**2) / T`` with ``se_t`` the standard error over samples at step t. The AUC is
+    linear in the curve, so sample j's AUC (over the pi rows of sample j) is one draw of it.
+    """
+    out: dict = {}
+    for family in ("ns", "nc"):
+        rows = [getattr(r, family) for r in per_step]
+        if rows[0] is None:
+            continue
+        curves = torch.stack(rows)  # (T, K + 1, S)
+        auc_draws = curve_auc(curves[:, :-1].transpose(0, 1), pis)  # (T, S)
+        per_step_se = mc_standard_error(torch.cat([curves, auc_draws[:, None]], 1).numpy())  # (T, K + 2)
+        se = [None if math.isnan(v) else v for v in ((per_step_se ** 2).sum(0) ** 0.5 / len(rows)).tolist()]
+        out.update({f"pi_soft_{family}": se[:-2], f"soft_{family}": se[-2], f"pi_soft_{family}_auc": se[-1]})
+    return out

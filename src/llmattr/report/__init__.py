@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import LlmattrError
+from ..stats import RESAMPLES
 from ..store import Results
 from . import figures, html, tables
 
@@ -38,18 +39,20 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "model"
 
 
-def write_model_report(results: Results, model: str, out: Path, formats: list[str]) -> list[Path]:
+def write_model_report(results: Results, model: str, out: Path, formats: list[str],
+                       resamples: int = RESAMPLES) -> list[Path]:
     """Write one model's tables, figures and HTML into ``out``; return the paths written."""
     out.mkdir(parents=True, exist_ok=True)
-    all_tables = tables.paper_tables(results, model)
+    all_tables = tables.paper_tables(results, model, resamples)
     fixed = [t for t in all_tables if t.deterministic]
     timing = [t for t in all_tables if not t.deterministic]
-    written = figures.all_figures(results, model, out)
+    figs = figures.all_figures(results, model, out, resamples)
+    written = [f.path for f in figs]
     if "md" in formats:
         lines = [f"# llmattr report: {model}", "", "Run settings:", "",
-                 *(f"- {line}" for line in tables.settings_lines(results, model)), ""]
+                 *(f"- {line}" for line in tables.settings_lines(results, model, resamples)), ""]
         lines += [tables.to_markdown(t) for t in fixed]
-        lines += ["## Figures", "", *(f"![{p.stem}]({p.name})" for p in written), ""]
+        lines += ["## Figures", "", *(f"![{f.path.stem}]({f.path.name})\n\n*{f.caption}*\n" for f in figs)]
         written.append(_write(out / "report.md", "\n".join(lines)))
         written += [_write(out / f"{t.name}.md", tables.to_markdown(t)) for t in timing]
     if "latex" in formats:
@@ -58,8 +61,7 @@ def write_model_report(results: Results, model: str, out: Path, formats: list[st
     if "csv" in formats:
         written += [_write(out / f"{t.name}.csv", tables.to_csv(t)) for t in all_tables]
     if "html" in formats:
-        figs = [p for p in written if p.suffix == ".png"]
-        written.append(_write(out / "report.html", html.page(results, model, all_tables, figs)))
+        written.append(_write(out / "report.html", html.page(results, model, all_tables, figs, resamples)))
     return written
 
 
@@ -68,9 +70,12 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def build_report(stores: Iterable[str | Path], out: str | Path, formats: Iterable[str] = ("md", "html")
-                 ) -> tuple[Results, list[Path]]:
-    """Merge ``stores`` (files or globs) and write the report of every model into ``out``."""
+def build_report(stores: Iterable[str | Path], out: str | Path, formats: Iterable[str] = ("md", "html"),
+                 resamples: int = RESAMPLES) -> tuple[Results, list[Path]]:
+    """Merge ``stores`` (files or globs) and write the report of every model into ``out``, with
+    ``resamples`` bootstrap resamples per confidence interval."""
+    if resamples < 1:
+        raise LlmattrError("--bootstrap must be at least 1 resample (default 2000)")
     results = Results(stores)
     models = results.models()
     if not models:
@@ -80,7 +85,7 @@ def build_report(stores: Iterable[str | Path], out: str | Path, formats: Iterabl
     written = []
     for model in models:
         folder = out if len(models) == 1 else out / _slug(model)
-        written += write_model_report(results, model, folder, list(formats))
+        written += write_model_report(results, model, folder, list(formats), resamples)
     return results, written
 
 

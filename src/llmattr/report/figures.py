@@ -1,13 +1,15 @@
 """PNG figures of ``llmattr report`` (paper 000 Figs. 3, 5, 6), written byte-reproducibly.
 
 The Agg backend renders deterministically; PNG metadata carries no software version or date, so an
-identical store gives identical files.
+identical store gives identical files. Means carry 95% bootstrap intervals over examples (a band on the
+pi-curves, error bars on the layer sweep; :mod:`llmattr.stats`, seeded) and every caption gives n.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -15,14 +17,29 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .. import stats  # noqa: E402
 from ..explanation import Explanation  # noqa: E402
 from ..plotting import method_colors, plot_pi_curves  # noqa: E402
 from ..runner import LAYER_SWEEP, method_label  # noqa: E402
 from ..store import Results  # noqa: E402
-from .tables import curve_means, dataset_key, dataset_name, scalar_means  # noqa: E402
+from .tables import curve_values, dataset_key, dataset_name, example_values, scalar_means  # noqa: E402
 
 CURVES = (("pi_soft_ns", "π-Soft-NS"), ("pi_soft_nc", "π-Soft-NC"))
 AUCS = (("pi_soft_ns_auc", "AUC π-Soft-NS"), ("pi_soft_nc_auc", "AUC π-Soft-NC"))
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A written PNG and its caption (report.md and the HTML report print it under the figure)."""
+
+    path: Path
+    caption: str
+
+
+def n_text(counts) -> str:
+    """``n = 20`` or ``n = 18-20`` examples."""
+    counts = sorted(set(counts))
+    return f"n = {counts[0]}" if len(counts) == 1 else f"n = {counts[0]}-{counts[-1]}"
 
 
 def _save(fig, path: Path) -> Path:
@@ -31,45 +48,59 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def pi_curves(results: Results, model: str, routing: str, out: Path) -> list[Path]:
+def curve_band(values: dict[float, dict], resamples: int) -> dict:
+    """``{"pi", "values", "low", "high"}`` of one mean curve with a 95% bootstrap interval per pi."""
+    ests = [stats.estimate({"": examples}, resamples) for examples in values.values()]
+    return {"pi": list(values), "values": [e.mean for e in ests],
+            "low": [e.mean if e.low is None else e.low for e in ests],
+            "high": [e.mean if e.high is None else e.high for e in ests]}
+
+
+def pi_curves(results: Results, model: str, routing: str, out: Path,
+              resamples: int = stats.RESAMPLES) -> list[Figure]:
     """Fig. 3 (Fig. 9 for fixed routing): π-Soft-NS and π-Soft-NC vs π per dataset, one line per method
-    (mean curve over examples, legend with the mean AUC), drawn by :func:`llmattr.plotting.plot_pi_curves`
-    with one colour per method across datasets, figures and the HTML report."""
-    curves = {metric: curve_means(results, model, metric, routing) for metric, _ in CURVES}
+    (mean curve over examples with its 95% band, legend with the mean AUC), drawn by
+    :func:`llmattr.plotting.plot_pi_curves` with one colour per method across datasets, figures and the
+    HTML report."""
+    curves = {metric: curve_values(results, model, metric, routing) for metric, _ in CURVES}
     aucs = {metric: scalar_means(results, model, f"{metric}_auc", routing) for metric, _ in CURVES}
     keys = sorted({key for c in curves.values() for key in c})
     colors = method_colors(label for _, label in keys)
-    paths = []
+    figures = []
     for dataset in sorted({d for d, _ in keys}, key=dataset_key):
-        per_method = {label: {metric: {"pi": list(curves[metric][(d, label)]),
-                                       "values": list(curves[metric][(d, label)].values()),
+        per_method = {label: {metric: {**curve_band(curves[metric][(d, label)], resamples),
                                        "auc": aucs[metric][(d, label)]}
                               for metric, _ in CURVES if (d, label) in curves[metric]}
                       for d, label in keys if d == dataset}
+        n = n_text(len(next(iter(c[key].values()))) for c in curves.values() for key in c if key[0] == dataset)
         path = out / f"fig3_pi_curves_{dataset}_{routing}.png"
-        paths.append(plot_pi_curves(per_method, path, title=f"{dataset_name(dataset)}, {model}, {routing} routing",
-                                    colors=colors))
-    return paths
+        plot_pi_curves(per_method, path, title=f"{dataset_name(dataset)}, {model}, {routing} routing ({n})",
+                       colors=colors)
+        figures.append(Figure(path, f"π-Soft-NS and π-Soft-NC vs π on {dataset_name(dataset)}, {routing} "
+                                    f"routing: mean over {n} examples per method, band = 95% bootstrap "
+                                    "interval over examples at each π; legend: mean AUC."))
+    return figures
 
 
-def layer_sweep(results: Results, model: str, out: Path) -> list[Path]:
-    """Fig. 5: AUC of π-Soft-NS/NC vs number of aggregated layers of Grad-ELLM (a ``--layers`` sweep).
+def layer_sweep(results: Results, model: str, out: Path, resamples: int = stats.RESAMPLES) -> list[Figure]:
+    """Fig. 5: AUC of π-Soft-NS/NC vs number of aggregated layers of Grad-ELLM (a ``--layers`` sweep),
+    error bars = 95% bootstrap intervals over examples.
 
     ``all`` is plotted at the model's number of layers (``n_layers`` in the run settings).
     """
     n_layers = results.settings(model).get("n_layers")
-    series: dict = defaultdict(dict)  # (method, other params, metric, dataset) -> {layers: auc}
+    series: dict = defaultdict(dict)  # (method, other params, metric, dataset) -> {layers: Estimate}
     for metric, _ in AUCS:
-        for (dataset, method, params), value in _by_params(results, model, metric).items():
+        for (dataset, method, params), examples in _by_params(results, model, metric).items():
             p = json.loads(params)
             layers = str(p.get("layers", ""))
             k = n_layers if layers == "all" else int(layers) if layers.isdigit() else None
             if method not in LAYER_SWEEP or k is None:
                 continue
             rest = method_label(method, {**p, "layers": "all"})
-            series[(rest, metric, dataset)][k] = value
+            series[(rest, metric, dataset)][k] = stats.estimate({"": examples}, resamples)
     swept = sorted({rest for (rest, _, _), points in series.items() if len(points) > 1})
-    paths = []
+    figures = []
     for rest in swept:
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         for ax, (metric, title) in zip(axes, AUCS, strict=True):
@@ -77,31 +108,42 @@ def layer_sweep(results: Results, model: str, out: Path) -> list[Path]:
                                                                                  dataset_key(kv[0][2]))):
                 if r == rest and m == metric:
                     xs = sorted(points)
-                    ax.plot(xs, [points[x] for x in xs], marker="o", label=dataset_name(dataset))
+                    ests = [points[x] for x in xs]
+                    err = [[e.mean - (e.mean if e.low is None else e.low) for e in ests],
+                           [(e.mean if e.high is None else e.high) - e.mean for e in ests]]
+                    ax.errorbar(xs, [e.mean for e in ests], yerr=err, marker="o", capsize=3,
+                                label=dataset_name(dataset))
             ax.set(xlabel="number of aggregated layers", ylabel=title, title=title)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-        fig.suptitle(f"Layer aggregation: {rest}, {model}")
+        n = n_text(e.n for (r, _, _), points in series.items() if r == rest for e in points.values())
+        fig.suptitle(f"Layer aggregation: {rest}, {model} ({n})")
         fig.tight_layout()
-        paths.append(_save(fig, out / f"fig5_layers_{rest.replace(':', '_')}.png"))
-    return paths
+        path = _save(fig, out / f"fig5_layers_{rest.replace(':', '_')}.png")
+        figures.append(Figure(path, f"AUC of π-Soft-NS/NC vs the number of aggregated layers of {rest} "
+                                    f"(dynamic routing): mean over {n} examples, error bars = 95% bootstrap "
+                                    "interval over examples."))
+    return figures
 
 
-def _by_params(results: Results, model: str, metric: str) -> dict[tuple, float]:
-    """``{(dataset, method, params JSON): mean}`` (like :func:`scalar_means` but keeping raw params)."""
+def _by_params(results: Results, model: str, metric: str) -> dict[tuple, dict[str, float]]:
+    """``{(dataset, method, params JSON): {example: value}}`` (like :func:`example_values` but keeping
+    raw params)."""
     labels = {}
     for dataset, method, params, *_ in results.values(model, metric, "dynamic"):
         labels[(dataset, method_label(method, params))] = (dataset, method, params)
-    means = scalar_means(results, model, metric, "dynamic")
-    return {labels[key]: value for key, value in means.items()}
+    values = example_values(results, model, metric, "dynamic")
+    return {labels[key]: examples for key, examples in values.items()}
 
 
-def score_distributions(results: Results, model: str, out: Path) -> list[Path]:
+def score_distributions(results: Results, model: str, out: Path) -> list[Figure]:
     """Fig. 6: distribution of the retain probabilities (scores in [0, 1]) per method, datasets pooled."""
     scores: dict = defaultdict(list)
+    examples: dict = defaultdict(int)
     for _dataset, method, params, _example, text, _seconds in results.explanations(model):
         expl = Explanation.from_json(text)
         scores[method_label(method, params)].extend(v for step in expl.steps for v in step.scores)
+        examples[method_label(method, params)] += 1
     if not scores:
         return []
     labels = sorted(scores)
@@ -112,15 +154,18 @@ def score_distributions(results: Results, model: str, out: Path) -> list[Path]:
         body.set_facecolor(colors[label])
         body.set_alpha(0.6)
     ax.set_xticks(range(1, len(labels) + 1), labels, rotation=30, ha="right")
+    n = n_text(examples.values())
     ax.set(ylabel="attribution score (retain probability)", ylim=(-0.02, 1.02),
-           title=f"Attribution-value distributions, {model}")
+           title=f"Attribution-value distributions, {model} ({n} examples)")
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    return [_save(fig, out / "fig6_score_distribution.png")]
+    return [Figure(_save(fig, out / "fig6_score_distribution.png"),
+                   f"Distribution of the retain probabilities (every content token of every explained step) "
+                   f"per method, datasets pooled, {n} examples per method; line = median.")]
 
 
-def all_figures(results: Results, model: str, out: Path) -> list[Path]:
-    paths = []
+def all_figures(results: Results, model: str, out: Path, resamples: int = stats.RESAMPLES) -> list[Figure]:
+    figures = []
     for routing in ("dynamic", "fixed"):
-        paths += pi_curves(results, model, routing, out)
-    return paths + layer_sweep(results, model, out) + score_distributions(results, model, out)
+        figures += pi_curves(results, model, routing, out, resamples)
+    return figures + layer_sweep(results, model, out, resamples) + score_distributions(results, model, out)

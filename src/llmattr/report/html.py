@@ -12,12 +12,12 @@ import base64
 import html
 import math
 from collections import defaultdict
-from pathlib import Path
 
 from ..explanation import Explanation
 from ..plotting import method_colors
 from ..runner import method_label
 from ..store import Results
+from .figures import Figure
 from .tables import Table, dataset_key, dataset_name, settings_lines, to_html
 
 TIMINGS_START, TIMINGS_END = "<!-- timings -->", "<!-- /timings -->"
@@ -28,6 +28,7 @@ th,td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}
 thead th,tbody th{text-align:left}
 tr.section td{text-align:left;font-style:italic;background:#f4f4f4}
 td.rank1{color:#d62728;font-weight:bold} td.rank2{color:#1f77b4;font-weight:bold} td.rank3{color:#2ca02c}
+.control{color:#888} details{font-size:13px;margin:-1em 0 1.5em}
 figure{margin:1em 0} figcaption{font-size:14px;margin-bottom:.3em} img{max-width:100%}
 .example{border:1px solid #ddd;padding:.6em;margin:1em 0}
 .tok{display:inline-flex;flex-direction:column;vertical-align:bottom;margin:0 1px 6px 0;white-space:pre}
@@ -88,16 +89,17 @@ def _example_html(dataset: str, example: str, expls: dict[str, Explanation], col
     return f'<div class="example"><p class="meta">{meta}</p>{"".join(tokens)}</div>'
 
 
-def _figure(path: Path) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return (f"<figure><figcaption>{html.escape(path.name)}</figcaption>"
-            f'<img src="data:image/png;base64,{data}"></figure>')
+def _figure(figure: Figure) -> str:
+    data = base64.b64encode(figure.path.read_bytes()).decode()
+    return (f"<figure><figcaption><b>{html.escape(figure.path.name)}</b>. {html.escape(figure.caption)}"
+            f'</figcaption><img src="data:image/png;base64,{data}"></figure>')
 
 
-def page(results: Results, model: str, tables: list[Table], figures: list[Path]) -> str:
+def page(results: Results, model: str, tables: list[Table], figures: list[Figure], resamples: int) -> str:
     """The whole HTML report of one model."""
+    settings = settings_lines(results, model, resamples)
     body = [f"<h1>llmattr report: {html.escape(model)}</h1>",
-            '<p class="meta">' + "<br>".join(map(html.escape, settings_lines(results, model))) + "</p>",
+            '<p class="meta">' + "<br>".join(map(html.escape, settings)) + "</p>",
             "<h2>Tables</h2>"]
     for table in tables:
         block = to_html(table)

@@ -1,11 +1,16 @@
 """The paper-shaped tables of ``llmattr report``, built from merged stores and rendered as md/LaTeX/CSV/HTML.
 
-Every number is a mean over examples of a per-example value (a per-example value is itself the mean
+Every cell is a mean over its n examples of a per-example value (a per-example value is itself the mean
 over its generation steps and, for curve metrics summarised by one number, over the curve's points),
 summed with :func:`math.fsum` so the result does not depend on the order rows were written in (shards,
-resumed runs). Formatting is fixed per table; ranks are taken on the unrounded means, ties broken by
-method label. Output is therefore byte-identical for identical stores, except the timing table
-(:func:`timing_table`, Table 6 of paper 000), which is marked ``deterministic=False``.
+resumed runs), with a 95% bootstrap confidence interval over examples; the Avg row is the mean of the
+dataset means and resamples examples within each dataset (:mod:`llmattr.stats`). Methods are compared
+paired, over the examples both hold: each method against the Random control (its p-value is shown under
+the table), and neighbours in the order of means, Holm-adjusted across the row; a rank mark (best / 2nd /
+3rd) is given only where the difference to the method before is significant, otherwise the rank is
+shared. Random is the control: its own (last, grey) column or row, never ranked. Resampling is seeded,
+so the output is byte-identical for identical stores, except the timing table (:func:`timing_table`,
+Table 6 of paper 000), which is marked ``deterministic=False``.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ import io
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
+from .. import stats
 from ..runner import method_label
 from ..store import NONE, Results
 
@@ -25,6 +32,7 @@ DATASET_ORDER = ("imdb", "sst2", "boolq", "tellmewhy", "wikibio")
 DISPLAY = {"imdb": "IMDb", "sst2": "SST2", "boolq": "BoolQ", "tellmewhy": "TellMeWhy", "wikibio": "WikiBio",
            "qnli": "QNLI", "stsb": "STS-B", "blimp": "BLiMP"}
 MARKS = {1: "¹", 2: "²", 3: "³"}
+CONTROL = "random"  # the method every other one is tested against; never ranked
 
 
 def dataset_name(name: str) -> str:
@@ -39,42 +47,80 @@ def mean(values: list[float]) -> float:
     return math.fsum(values) / len(values)
 
 
+def is_control(label: str) -> bool:
+    """The Random baseline (any parameters) is the control."""
+    return label.split(":")[0] == CONTROL
+
+
+def method_order(labels) -> list[str]:
+    """Methods sorted by label, the control(s) last."""
+    return sorted(set(labels), key=lambda label: (is_control(label), label))
+
+
 # ---------------------------------------------------------------------------------------- aggregation
 def per_example(results: Results, model: str, metric: str, routing: str) -> dict[tuple, dict[str, dict]]:
     """``{(dataset, label): {example: {pi: value}}}``, each value the mean over generation steps."""
     acc: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    for dataset, method, params, example, pi, _step, value in results.values(model, metric, routing):
+    for dataset, method, params, example, pi, _step, value, _se in results.values(model, metric, routing):
         acc[(dataset, method_label(method, params))][example][pi].append(value)
     return {key: {ex: {pi: mean(v) for pi, v in points.items()} for ex, points in examples.items()}
             for key, examples in acc.items()}
 
 
+def example_values(results: Results, model: str, metric: str, routing: str) -> dict[tuple, dict[str, float]]:
+    """``{(dataset, label): {example: value}}``: each example's value (mean over its curve points)."""
+    return {key: {ex: mean(list(points.values())) for ex, points in examples.items()}
+            for key, examples in per_example(results, model, metric, routing).items()}
+
+
 def scalar_means(results: Results, model: str, metric: str, routing: str) -> dict[tuple, float]:
     """``{(dataset, label): mean over examples}`` of each example's value (mean over its curve points)."""
-    return {key: mean([mean(list(points.values())) for points in examples.values()])
-            for key, examples in per_example(results, model, metric, routing).items()}
+    return {key: mean(list(examples.values()))
+            for key, examples in example_values(results, model, metric, routing).items()}
+
+
+def curve_values(results: Results, model: str, metric: str, routing: str) -> dict[tuple, dict[float, dict]]:
+    """``{(dataset, label): {pi: {example: value}}}`` for curve metrics (rows with pi != -1)."""
+    out: dict = {}
+    for key, examples in per_example(results, model, metric, routing).items():
+        by_pi: dict = defaultdict(dict)
+        for example, points in examples.items():
+            for pi, value in points.items():
+                if pi != NONE:
+                    by_pi[pi][example] = value
+        if by_pi:
+            out[key] = dict(sorted(by_pi.items()))
+    return out
 
 
 def curve_means(results: Results, model: str, metric: str, routing: str) -> dict[tuple, dict[float, float]]:
     """``{(dataset, label): {pi: mean over examples}}`` for curve metrics (rows with pi != -1)."""
-    out = {}
-    for key, examples in per_example(results, model, metric, routing).items():
-        by_pi: dict = defaultdict(list)
-        for points in examples.values():
-            for pi, value in points.items():
-                if pi != NONE:
-                    by_pi[pi].append(value)
-        if by_pi:
-            out[key] = {pi: mean(v) for pi, v in sorted(by_pi.items())}
-    return out
+    return {key: {pi: mean(list(values.values())) for pi, values in curve.items()}
+            for key, curve in curve_values(results, model, metric, routing).items()}
+
+
+def mc_errors(results: Results, model: str, metric: str, routing: str) -> dict[tuple, list[float]]:
+    """``{(dataset, label): [Monte-Carlo standard error of each example]}`` of a scalar metric (the
+    stored ``mc_se`` of its rows; metrics without one are absent)."""
+    out: dict = defaultdict(list)
+    for dataset, method, params, _example, pi, _step, _value, se in results.values(model, metric, routing):
+        if se is not None and pi == NONE:
+            out[(dataset, method_label(method, params))].append(se)
+    return dict(out)
 
 
 # ---------------------------------------------------------------------------------------- table model
 @dataclass
 class Cell:
+    """One table cell: mean (``value``) with its interval, rank mark, p-value vs the control and the
+    Holm-adjusted p-value vs the next method in the row's order of means."""
+
     value: float | None
     text: str
     rank: int | None = None
+    estimate: stats.Estimate | None = None
+    p_control: float | None = None
+    p_next: float | None = None
 
 
 @dataclass
@@ -85,7 +131,11 @@ class Section:
 
 @dataclass
 class Table:
-    """A titled grid with sections (e.g. one per metric); ``rank`` 1-3 marks best/2nd/3rd."""
+    """A titled grid with sections (e.g. one per metric); ``rank`` 1-3 marks best/2nd/3rd.
+
+    ``control`` names the control's column or row (grey, never ranked); ``tests`` is the grid of paired
+    test p-values shown under the table; ``notes`` are extra lines (Monte-Carlo error) under it.
+    """
 
     name: str
     title: str
@@ -94,21 +144,13 @@ class Table:
     columns: list[str]
     sections: list[Section]
     deterministic: bool = True
+    control: tuple[str, ...] = ()
+    tests: Table | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ranked(self) -> bool:
         return any(c.rank for s in self.sections for _, cells in s.rows for c in cells)
-
-
-def _cells(values: list[float | None], fmt: str, higher: bool | None) -> list[Cell]:
-    """Format values; ranks 1-3 by unrounded value (``higher`` says which way is better; None = no ranks)."""
-    cells = [Cell(v, "–" if v is None else format(v, fmt)) for v in values]
-    if higher is not None:
-        order = sorted((i for i, v in enumerate(values) if v is not None),
-                       key=lambda i: (-values[i] if higher else values[i], i))
-        for rank, i in enumerate(order[:3], start=1):
-            cells[i].rank = rank
-    return cells
 
 
 @dataclass(frozen=True)
@@ -121,89 +163,205 @@ class MetricRow:
     fmt: str = ".3f"
 
 
+@dataclass(frozen=True)
+class Stats:
+    """How cells are summarised: bootstrap resamples for the intervals, and the seed."""
+
+    resamples: int = stats.RESAMPLES
+    seed: int = stats.SEED
+
+
+def format_p(p: float | None) -> str:
+    return "–" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def cell_text(est: stats.Estimate | None, fmt: str) -> str:
+    """``0.424 ± 0.031`` (mean ± half-width of the 95% interval); the mean alone below two examples."""
+    if est is None:
+        return "–"
+    if est.half_width is None:
+        return format(est.mean, fmt)
+    return f"{format(est.mean, fmt)} ± {format(est.half_width, fmt)}"
+
+
+def group_cells(data: Mapping[str, stats.Strata | None], labels: list[str], fmt: str, higher: bool | None,
+                ranked: bool, cfg: Stats) -> tuple[list[Cell], str]:
+    """Cells of one comparison group (a row of Table 1, a column of the comp/suff tables): estimate of
+    every method, its paired test vs the control, and, when ``higher`` gives a direction, the order of
+    the methods with Holm-adjusted neighbour tests (rank marks if ``ranked``). Also returns the
+    "best vs 2nd" text of the group."""
+    ests = {label: stats.estimate(data[label], cfg.resamples, cfg.seed) for label in labels if data.get(label)}
+    controls = [label for label in labels if is_control(label) and label in ests]
+    cells = {label: Cell(est.mean, cell_text(est, fmt), estimate=est) for label, est in ests.items()}
+    for label, cell in cells.items():
+        if controls and not is_control(label):
+            cell.p_control = stats.paired_test(data[label], data[controls[0]], seed=cfg.seed)
+    best = "–"
+    compared = {label: est.mean for label, est in ests.items() if not is_control(label)}
+    if higher is not None and len(compared) > 1:
+        ranking = stats.significance_ranks({k: data[k] for k in compared}, compared, higher, seed=cfg.seed)
+        for label, p in zip(ranking.order, ranking.p_next, strict=False):
+            cells[label].p_next = p
+        for label, rank in ranking.ranks.items():
+            cells[label].rank = rank if ranked and rank <= 3 else None
+        best = f"{format_p(ranking.p_next[0])} ({ranking.order[0]} vs {ranking.order[1]})"
+    return [cells.get(label, Cell(None, "–")) for label in labels], best
+
+
 def metric_grid(results: Results, model: str, metrics: list[MetricRow],
                 routing: str) -> tuple[dict, list[str], list[str]] | None:
-    """Mean of each metric per (dataset, method label), with the sorted datasets and labels; None if empty."""
-    data = {m.metric: scalar_means(results, model, m.metric, routing) for m in metrics}
+    """Per-example values of each metric per (dataset, method label), with the sorted datasets and
+    labels (control last); None if empty."""
+    data = {m.metric: example_values(results, model, m.metric, routing) for m in metrics}
     keys = {key for values in data.values() for key in values}
     if not keys:
         return None
-    return data, sorted({d for d, _ in keys}, key=dataset_key), sorted({label for _, label in keys})
+    return data, sorted({d for d, _ in keys}, key=dataset_key), method_order(label for _, label in keys)
+
+
+def mc_notes(results: Results, model: str, metrics: list[MetricRow], routing: str) -> list[str]:
+    """"Monte-Carlo error" lines: mean over examples of the per-example MC standard error, beside the
+    standard deviation over examples, per metric (only metrics stored with an MC error)."""
+    parts = []
+    for m in metrics:
+        errors = [se for values in mc_errors(results, model, m.metric, routing).values() for se in values]
+        if errors:
+            spread = [math.sqrt(sum((v - mean(list(ex.values()))) ** 2 for v in ex.values()) / (len(ex) - 1))
+                      for ex in example_values(results, model, m.metric, routing).values() if len(ex) > 1]
+            sd = f", SD over examples {format(mean(spread), m.fmt)}" if spread else ""
+            parts.append(f"{m.title} {format(mean(errors), m.fmt)}{sd}")
+    return [f"Mean Monte-Carlo standard error per example: {'; '.join(parts)}."] if parts else []
+
+
+TESTS_CAPTION = ("Paired two-sided sign-flip permutation test over the examples both methods hold "
+                 "(scipy.stats.permutation_test, H0: equal means): p-value of each method vs the control; "
+                 "1st vs 2nd: the best method vs the next, Holm-adjusted across the row's neighbour "
+                 "comparisons.")
+
+
+def _tests_table(name: str, corner: str, columns: list[str], sections: list[Section], by_row: bool,
+                 best: dict) -> Table:
+    """The p-value grid under a table: the table's cells (control removed) hold their p vs control; the
+    best-vs-2nd p of each group is an extra column (``by_row``) or an extra row per section."""
+    keep = [i for i, c in enumerate(columns) if not is_control(c)]
+    out = []
+    for section in sections:
+        rows = []
+        for row, cells in section.rows:
+            if not by_row and is_control(row):
+                continue
+            texts = [Cell(cells[i].p_control, format_p(cells[i].p_control)) for i in (keep if by_row
+                                                                                       else range(len(cells)))]
+            if by_row:
+                texts.append(Cell(None, best[(section.title, row)]))
+            rows.append((row, texts))
+        if not by_row:
+            rows.append(("1st vs 2nd", [Cell(None, best[(section.title, c)]) for c in columns]))
+        out.append(Section(section.title, rows))
+    cols = [columns[i] for i in keep] + ["1st vs 2nd"] if by_row else columns
+    return Table(f"{name}_tests", "p-values", TESTS_CAPTION, corner, cols, out)
 
 
 def datasets_by_methods(results: Results, model: str, name: str, title: str, caption: str,
-                        metrics: list[MetricRow], routing: str, mark_all_rows: bool) -> Table | None:
+                        metrics: list[MetricRow], routing: str, mark_all_rows: bool,
+                        cfg: Stats = Stats()) -> Table | None:
     """Paper 000 Tables 1/4/8: one section per metric, rows = datasets + Avg, columns = methods.
 
-    ``mark_all_rows``: best/2nd/3rd on every row (Table 4), else on the Avg row only (Tables 1, 8).
+    ``mark_all_rows``: best/2nd/3rd on every row (Table 4), else on the Avg row only (Tables 1, 8). The
+    Avg cell of a method (only when it has every dataset) resamples within datasets.
     """
     grid = metric_grid(results, model, metrics, routing)
     if grid is None:
         return None
     data, datasets, labels = grid
-    sections = []
+    sections, best = [], {}
     for m in metrics:
-        values = data[m.metric]
-        rows = []
+        values, rows = data[m.metric], []
+        section = f"{m.title} {'↑' if m.higher else '↓'}"
         for d in datasets:
-            row = [values.get((d, label)) for label in labels]
-            rows.append((dataset_name(d), _cells(row, m.fmt, m.higher if mark_all_rows else None)))
-        avg = [mean(col) if None not in (col := [values.get((d, label)) for d in datasets]) else None
-               for label in labels]
-        rows.append(("Avg", _cells(avg, m.fmt, m.higher)))
-        sections.append(Section(f"{m.title} {'↑' if m.higher else '↓'}", rows))
-    return Table(name, title, caption, "Dataset", labels, sections)
+            group = {label: {d: values[(d, label)]} for label in labels if (d, label) in values}
+            cells, best[(section, dataset_name(d))] = group_cells(group, labels, m.fmt, m.higher, mark_all_rows,
+                                                                  cfg)
+            rows.append((dataset_name(d), cells))
+        avg = {label: {d: values[(d, label)] for d in datasets} for label in labels
+               if all((d, label) in values for d in datasets)}
+        cells, best[(section, "Avg")] = group_cells(avg, labels, m.fmt, m.higher, True, cfg)
+        rows.append(("Avg", cells))
+        sections.append(Section(section, rows))
+    tests = _tests_table(name, "Dataset", labels, sections, True, best)
+    return Table(name, title, caption, "Dataset", labels, sections, control=tuple(filter(is_control, labels)),
+                 tests=tests, notes=mc_notes(results, model, metrics, routing))
 
 
 def methods_by_datasets(results: Results, model: str, name: str, title: str, caption: str,
-                        metrics: list[MetricRow], routing: str) -> Table | None:
-    """Paper 003 Tables 1, 4-6: rows = methods, columns = datasets, a section per metric, best per column."""
+                        metrics: list[MetricRow], routing: str, cfg: Stats = Stats()) -> Table | None:
+    """Paper 003 Tables 1, 4-6: rows = methods, columns = datasets, a section per metric, ranks per column."""
     grid = metric_grid(results, model, metrics, routing)
     if grid is None:
         return None
     data, datasets, labels = grid
-    sections = []
+    sections, best = [], {}
     for m in metrics:
-        columns = [_cells([data[m.metric].get((d, label)) for label in labels], m.fmt, m.higher)
-                   for d in datasets]
-        rows = [(label, [col[i] for col in columns]) for i, label in enumerate(labels)]
-        sections.append(Section(f"{m.title} {'↑' if m.higher else '↓'}", rows))
-    return Table(name, title, caption, "Method", [dataset_name(d) for d in datasets], sections)
+        section = f"{m.title} {'↑' if m.higher else '↓'}"
+        columns = []
+        for d in datasets:
+            group = {label: {d: data[m.metric][(d, label)]} for label in labels if (d, label) in data[m.metric]}
+            cells, best[(section, dataset_name(d))] = group_cells(group, labels, m.fmt, m.higher, True, cfg)
+            columns.append(cells)
+        sections.append(Section(section, [(label, [col[i] for col in columns]) for i, label in enumerate(labels)]))
+    names = [dataset_name(d) for d in datasets]
+    return Table(name, title, caption, "Method", names, sections, control=tuple(filter(is_control, labels)),
+                 tests=_tests_table(name, "Method", names, sections, False, best),
+                 notes=mc_notes(results, model, metrics, routing))
 
 
 def metrics_by_methods(results: Results, model: str, name: str, title: str, caption: str,
-                       metrics: list[MetricRow], routing: str) -> Table | None:
-    """Paper 000 Table 2: a section per dataset, rows = Soft-NS, Soft-NC, E[R], columns = methods."""
+                       metrics: list[MetricRow], routing: str, cfg: Stats = Stats()) -> Table | None:
+    """Paper 000 Table 2: a section per dataset, rows = Soft-NS, Soft-NC, E[R], columns = methods (no
+    marks, as in the paper; p-values vs the control and best vs 2nd for the ↑ metrics)."""
     grid = metric_grid(results, model, metrics, routing)
     if grid is None:
         return None
     data, datasets, labels = grid
-    sections = [Section(dataset_name(d), [
-        (f"{m.title}{' ↑' if m.higher else ''}", _cells([data[m.metric].get((d, label)) for label in labels],
-                                                       m.fmt, None)) for m in metrics]) for d in datasets]
-    return Table(name, title, caption, "Metric", labels, sections)
+    sections, best = [], {}
+    for d in datasets:
+        rows = []
+        for m in metrics:
+            row = f"{m.title}{' ↑' if m.higher else ''}"
+            group = {label: {d: data[m.metric][(d, label)]} for label in labels if (d, label) in data[m.metric]}
+            cells, best[(dataset_name(d), row)] = group_cells(group, labels, m.fmt, True if m.higher else None,
+                                                              False, cfg)
+            rows.append((row, cells))
+        sections.append(Section(dataset_name(d), rows))
+    return Table(name, title, caption, "Metric", labels, sections, control=tuple(filter(is_control, labels)),
+                 tests=_tests_table(name, "Metric", labels, sections, True, best),
+                 notes=mc_notes(results, model, metrics, routing))
 
 
-def timing_table(results: Results, model: str) -> Table | None:
-    """Paper 000 Table 6: mean attribution seconds per example, rows = methods, columns = datasets + All."""
-    times: dict = defaultdict(list)
-    for dataset, method, params, _example, _expl, seconds in results.explanations(model):
-        times[(dataset, method_label(method, params))].append(seconds)
+def timing_table(results: Results, model: str, cfg: Stats = Stats()) -> Table | None:
+    """Paper 000 Table 6: mean attribution seconds per example, rows = methods, columns = datasets + All
+    (the pooled examples), with bootstrap intervals."""
+    times: dict = defaultdict(dict)
+    for dataset, method, params, example, _expl, seconds in results.explanations(model):
+        times[(dataset, method_label(method, params))][example] = seconds
     if not times:
         return None
     datasets = sorted({d for d, _ in times}, key=dataset_key)
-    labels = sorted({label for _, label in times})
+    labels = method_order(label for _, label in times)
     rows = []
     for label in labels:
-        per = [mean(times[(d, label)]) if (d, label) in times else None for d in datasets]
-        pooled = [t for d in datasets for t in times.get((d, label), [])]
-        rows.append((label, _cells([*per, mean(pooled)], ".3f", None)))
+        per = [{d: times[(d, label)]} if (d, label) in times else None for d in datasets]
+        pooled = {"all": {f"{d}/{ex}": t for d in datasets for ex, t in times.get((d, label), {}).items()}}
+        cells = [Cell(None, "–") if s is None else
+                 Cell((est := stats.estimate(s, cfg.resamples, cfg.seed)).mean, cell_text(est, ".3f"), estimate=est)
+                 for s in [*per, pooled]]
+        rows.append((label, cells))
     return Table("table6_time", "Table 6: average attribution time per example (seconds)",
                  "Wall time of the attribution method alone (no metric), averaged over the evaluated "
                  "examples. Varies run to run: excluded from report.md and the byte-compared output.",
                  "Method",
                  [*map(dataset_name, datasets), "All"], [Section("Seconds per example ↓", rows)],
-                 deterministic=False)
+                 deterministic=False, control=tuple(filter(is_control, labels)))
 
 
 def accuracy_table(results: Results, model: str) -> Table | None:
@@ -218,8 +376,9 @@ def accuracy_table(results: Results, model: str) -> Table | None:
     if not votes:
         return None
     datasets = sorted(votes, key=dataset_key)
-    rows = [("Accuracy", _cells([mean(list(votes[d].values())) for d in datasets], ".3f", None)),
-            ("Examples", _cells([len(votes[d]) for d in datasets], "d", None))]
+    accuracy = [mean(list(votes[d].values())) for d in datasets]
+    rows = [("Accuracy", [Cell(a, f"{a:.3f}") for a in accuracy]),
+            ("Examples", [Cell(len(votes[d]), str(len(votes[d]))) for d in datasets])]
     return Table("table_accuracy", "Task accuracy of the model",
                  "Share of examples whose predicted label word (argmax over the label words at the first "
                  "answer position) equals the gold label: whether the model does the task at all.",
@@ -227,75 +386,99 @@ def accuracy_table(results: Results, model: str) -> Table | None:
 
 
 # ---------------------------------------------------------------------------------------- the tables
-def paper_tables(results: Results, model: str) -> list[Table]:
-    """Every table whose metrics are in the store, in paper order (timings last)."""
+def paper_tables(results: Results, model: str, resamples: int = stats.RESAMPLES) -> list[Table]:
+    """Every table whose metrics are in the store, in paper order (timings last); ``resamples``
+    bootstrap resamples per confidence interval."""
+    cfg = Stats(resamples=resamples)
     auc = [MetricRow("pi_soft_ns_auc", "AUC π-Soft-NS", True),
            MetricRow("pi_soft_nc_auc", "AUC π-Soft-NC", True)]
-    best = "Best / 2nd / 3rd marked on the Avg row."
+    best = "Ranks on the Avg row."
     tables = [
         accuracy_table(results, model),
         datasets_by_methods(results, model, "table1_pi_soft_auc",
                             "Table 1: AUC of π-Soft-NC/NS curves (dynamic routing)",
                             "Mean over examples of the per-example AUC (trapezoid / span of the π grid). "
                             + best,
-                            auc, "dynamic", mark_all_rows=False),
+                            auc, "dynamic", mark_all_rows=False, cfg=cfg),
         metrics_by_methods(results, model, "table2_soft",
                            "Table 2: original Soft-NC/NS and E[R] (dynamic routing)",
                            "No transformation of the scores (α = 1); E[R] = expected number of retained "
                            "tokens.",
                            [MetricRow("soft_ns", "Soft-NS", True), MetricRow("soft_nc", "Soft-NC", True),
-                            MetricRow("expected_retained", "E[R]", False, ".1f")], "dynamic"),
+                            MetricRow("expected_retained", "E[R]", False, ".1f")], "dynamic", cfg=cfg),
         datasets_by_methods(results, model, "table8_fixed_routing",
                             "Table 8: AUC of π-Soft-NC/NS curves (fixed routing)",
                             f"Attention probabilities cached from the clean input and replayed. {best}",
-                            auc, "fixed", mark_all_rows=False),
+                            auc, "fixed", mark_all_rows=False, cfg=cfg),
         datasets_by_methods(results, model, "table4_deletion_insertion",
                             "Table 4: deletion and insertion AUC",
                             "Flip probability along 5% steps by rank, and its change from the clean input "
-                            "(Δ, paper 000 appendix E's quantity); best / 2nd / 3rd marked on every row.",
+                            "(Δ, paper 000 appendix E's quantity); ranks on every row.",
                             [MetricRow("deletion_auc", "Deletion", True, ".4f"),
                              MetricRow("insertion_auc", "Insertion", False, ".4f"),
                              MetricRow("deletion_change_auc", "Deletion Δ", True, ".4f"),
                              MetricRow("insertion_change_auc", "Insertion Δ", False, ".4f")], "none",
-                            mark_all_rows=True),
+                            mark_all_rows=True, cfg=cfg),
         methods_by_datasets(results, model, "table_comprehensiveness",
                             "Comprehensiveness (paper 003 Tables 1 and 4)",
-                            "Averaged over all perturbation ratios; best / 2nd / 3rd per column.",
+                            "Averaged over all perturbation ratios; ranks per column.",
                             [MetricRow("comprehensiveness", "Comp CD", True),
-                             MetricRow("comprehensiveness_acc", "Comp Acc", False)], "none"),
+                             MetricRow("comprehensiveness_acc", "Comp Acc", False)], "none", cfg=cfg),
         methods_by_datasets(results, model, "table_sufficiency", "Sufficiency (paper 003 Tables 5 and 6)",
-                            "Averaged over all perturbation ratios; best / 2nd / 3rd per column.",
+                            "Averaged over all perturbation ratios; ranks per column.",
                             [MetricRow("sufficiency", "Suff CD", False),
-                             MetricRow("sufficiency_acc", "Suff Acc", True)], "none"),
+                             MetricRow("sufficiency_acc", "Suff Acc", True)], "none", cfg=cfg),
         methods_by_datasets(results, model, "table_log_odds", "Log-odds, comprehensiveness and sufficiency "
-                            "at the top 20% (paper 004 appendix A.4)", "Best / 2nd / 3rd per column.",
+                            "at the top 20% (paper 004 appendix A.4)", "Ranks per column.",
                             [MetricRow("log_odds", "Log-odds", False),
                              MetricRow("comprehensiveness_top_k", "Comprehensiveness", True),
-                             MetricRow("sufficiency_top_k", "Sufficiency", False)], "none"),
-        timing_table(results, model),
+                             MetricRow("sufficiency_top_k", "Sufficiency", False)], "none", cfg=cfg),
+        timing_table(results, model, cfg),
     ]
     return [t for t in tables if t is not None and any(c.value is not None for s in t.sections
                                                           for _, cells in s.rows for c in cells)]
 
 
 # ---------------------------------------------------------------------------------------- renderers
-def to_markdown(table: Table) -> str:
-    def cell(c: Cell) -> str:
-        text = f"**{c.text}**" if c.rank == 1 else c.text
+INTERVALS = "Cells: mean ± half-width of the 95% bootstrap interval over examples (n in the settings)."
+RANKS = ("Marks: ¹ best (bold), ² 2nd, ³ 3rd, by paired tests: a method takes the next rank only where it "
+         "differs significantly (Holm-adjusted p < 0.05) from the method before it, else it shares that rank.")
+
+
+def _legend(table: Table, ranks: str) -> str:
+    control = f" {', '.join(table.control)} is the control (last, grey): never ranked." if table.control else ""
+    intervals = INTERVALS if any(c.estimate for s in table.sections for _, cells in s.rows for c in cells) else ""
+    return " ".join(filter(None, [table.caption, intervals, ranks if table.ranked else "", control.strip()]))
+
+
+def _md_grid(table: Table) -> list[str]:
+    def cell(c: Cell, control: bool) -> str:
+        text = f"**{c.text}**" if c.rank == 1 else f"*{c.text}*" if control and c.value is not None else c.text
         return text + MARKS.get(c.rank, "")
 
-    lines = [f"### {table.title}", "", f"| {table.corner} | " + " | ".join(table.columns) + " |",
+    def head(name: str) -> str:
+        return f"{name} (control)" if name in table.control else name
+
+    lines = [f"| {table.corner} | " + " | ".join(map(head, table.columns)) + " |",
              "|---|" + "---:|" * len(table.columns)]
     for section in table.sections:
         lines.append(f"| *{section.title}* |" + " |" * len(table.columns))
-        lines += [f"| {name} | " + " | ".join(map(cell, cells)) + " |" for name, cells in section.rows]
-    legend = " Marks: ¹ best (bold), ² 2nd, ³ 3rd." if table.ranked else ""
-    lines += ["", table.caption + legend, ""]
+        lines += [f"| {head(name)} | " + " | ".join(cell(c, name in table.control or col in table.control)
+                                                    for col, c in zip(table.columns, cells, strict=True)) + " |"
+                  for name, cells in section.rows]
+    return lines
+
+
+def to_markdown(table: Table) -> str:
+    lines = [f"### {table.title}", "", *_md_grid(table), "", _legend(table, RANKS), ""]
+    lines += [*table.notes, ""] if table.notes else []
+    if table.tests is not None:
+        lines += [f"{table.title.split(':')[0]}, p-values. {table.tests.caption}", "", *_md_grid(table.tests), ""]
     return "\n".join(lines)
 
 
 LATEX_ESCAPE = {"_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "π": r"$\pi$", "↑": r"$\uparrow$",
-                "↓": r"$\downarrow$", "α": r"$\alpha$", "–": "--"}
+                "↓": r"$\downarrow$", "α": r"$\alpha$", "–": "--", "±": r"$\pm$", "<": r"$<$"}
 
 
 def latex_escape(text: str) -> str:
@@ -303,53 +486,94 @@ def latex_escape(text: str) -> str:
 
 
 def to_latex(table: Table) -> str:
+    """A ``table`` environment (booktabs; the control in ``\\textcolor{gray}``, which needs xcolor), then
+    the p-value grid as a second one."""
     wrap = {1: r"\textbf{%s}", 2: r"\underline{%s}", 3: r"\textit{%s}"}
+    grey = r"\textcolor{gray}{%s}"
     n = len(table.columns)
     lines = [r"\begin{table}[t]", r"\centering", r"\small", r"\begin{tabular}{l" + "r" * n + "}", r"\toprule",
-             " & ".join(map(latex_escape, [table.corner, *table.columns])) + r" \\"]
+             " & ".join(latex_escape(c) if c not in table.control else grey % latex_escape(c)
+                        for c in [table.corner, *table.columns]) + r" \\"]
     for section in table.sections:
         title = latex_escape(section.title)
         lines += [r"\midrule", rf"\multicolumn{{{n + 1}}}{{l}}{{\textit{{{title}}}}} \\"]
         for name, cells in section.rows:
-            texts = [wrap.get(c.rank, "%s") % latex_escape(c.text) for c in cells]
+            texts = [(grey if name in table.control or col in table.control else wrap.get(c.rank, "%s"))
+                     % latex_escape(c.text) for col, c in zip(table.columns, cells, strict=True)]
             lines.append(" & ".join([latex_escape(name), *texts]) + r" \\")
+    ranks = (" Best \\textbf{bold}, 2nd \\underline{underlined}, 3rd \\textit{italic}; equal marks: not "
+             "significantly different (paired test, Holm, 0.05).") if table.ranked else ""
+    notes = "".join(f" {latex_escape(note)}" for note in table.notes)
     lines += [r"\bottomrule", r"\end{tabular}",
-              rf"\caption{{{latex_escape(table.title)}. {latex_escape(table.caption)}"
-              + (r" Best \textbf{bold}, 2nd \underline{underlined}, 3rd \textit{italic}." if table.ranked else "")
-              + "}",
+              rf"\caption{{{latex_escape(table.title)}. {latex_escape(_legend(table, ''))}{ranks}{notes}}}",
               rf"\label{{tab:{table.name}}}", r"\end{table}", ""]
-    return "\n".join(lines)
+    return "\n".join(lines) + (to_latex(table.tests) if table.tests is not None else "")
+
+
+def _number(x: float | None, digits: str = ".6g") -> str:
+    return "" if x is None else format(x, digits)
 
 
 def to_csv(table: Table) -> str:
-    """Long form: one line per cell with its section, row, column, formatted value and rank."""
+    """Long form: one line per cell: mean, 95% interval, n, rank, p vs the control, p vs the next method."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["table", "section", "row", "column", "value", "rank"])
+    writer.writerow(["table", "section", "row", "column", "mean", "ci_low", "ci_high", "n", "rank",
+                     "p_vs_control", "p_vs_next"])
     for section in table.sections:
         for name, cells in section.rows:
             for column, c in zip(table.columns, cells, strict=True):
-                writer.writerow([table.name, section.title, name, column, "" if c.value is None else c.text,
-                                 c.rank or ""])
+                est = c.estimate
+                writer.writerow([table.name, section.title, name, column, _number(c.value),
+                                 _number(est and est.low), _number(est and est.high), est.n if est else "",
+                                 c.rank or "", _number(c.p_control, ".4g"), _number(c.p_next, ".4g")])
     return buf.getvalue()
 
 
-def to_html(table: Table) -> str:
+def _html_grid(table: Table) -> str:
     esc = html.escape
-    head = "".join(f"<th>{esc(c)}</th>" for c in [table.corner, *table.columns])
+    head = "".join(f'<th class="control">{esc(c)}</th>' if c in table.control else f"<th>{esc(c)}</th>"
+                   for c in [table.corner, *table.columns])
     body = []
     for section in table.sections:
         span = len(table.columns) + 1
         body.append(f'<tr class="section"><td colspan="{span}">{esc(section.title)}</td></tr>')
         for name, cells in section.rows:
-            tds = "".join((f'<td class="rank{c.rank}">' if c.rank else "<td>") + f"{esc(c.text)}</td>"
-                          for c in cells)
-            body.append(f"<tr><th>{esc(name)}</th>{tds}</tr>")
-    legend = " Best red, 2nd blue, 3rd green." if table.ranked else ""
+            tds = "".join(('<td class="control">' if name in table.control or col in table.control else
+                           f'<td class="rank{c.rank}">' if c.rank else "<td>") + f"{esc(c.text)}</td>"
+                          for col, c in zip(table.columns, cells, strict=True))
+            row_head = f'<th class="control">{esc(name)}</th>' if name in table.control else f"<th>{esc(name)}</th>"
+            body.append(f"<tr>{row_head}{tds}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def to_html(table: Table) -> str:
+    esc = html.escape
+    legend = " Best red, 2nd blue, 3rd green; equal colours: not significantly different." if table.ranked else ""
+    notes = "".join(f'<p class="meta">{esc(note)}</p>' for note in table.notes)
+    tests = "" if table.tests is None else (f'<details><summary>p-values</summary><p class="meta">'
+                                            f"{esc(table.tests.caption)}</p>{_html_grid(table.tests)}</details>")
     return (f'<figure class="table" id="{table.name}"><figcaption><b>{esc(table.title)}</b>. '
-            f"{esc(table.caption)}{legend}</figcaption><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></figure>")
+            f"{esc(_legend(table, ''))}{legend}</figcaption>{_html_grid(table)}{notes}{tests}</figure>")
 
 
-def settings_lines(results: Results, model: str) -> list[str]:
-    """The run settings of ``model`` as sorted ``key = value`` lines."""
-    return [f"{k} = {json.dumps(v)}" for k, v in sorted(results.settings(model).items())]
+def settings_lines(results: Results, model: str, resamples: int = stats.RESAMPLES) -> list[str]:
+    """The run settings of ``model`` as sorted ``key = value`` lines with their effective values (a
+    task-default ``max_new_tokens`` as the steps explained per dataset), then the examples per dataset
+    and the statistics used."""
+    steps: dict = defaultdict(set)
+    examples: dict = defaultdict(set)
+    for dataset, _method, _params, example, text, _seconds in results.explanations(model):
+        examples[dataset].add(example)
+        steps[dataset].add(len(json.loads(text)["steps"]))
+    datasets = sorted(examples, key=dataset_key)
+    effective = {"max_new_tokens": "task default (steps explained: " + ", ".join(
+        f"{dataset_name(d)} {'-'.join(map(str, sorted({min(steps[d]), max(steps[d])})))}" for d in datasets) + ")",
+                 "n_layers": "unknown"}
+    lines = [f"{k} = {json.dumps(v) if v is not None else effective.get(k, 'default')}"
+             for k, v in sorted(results.settings(model).items())]
+    lines.append("examples (n) = " + ", ".join(f"{dataset_name(d)} {len(examples[d])}" for d in datasets))
+    lines.append(f"statistics = mean over examples, 95% BCa bootstrap interval ({resamples} resamples, seed "
+                 f"{stats.SEED}; Avg rows resample within datasets); paired sign-flip permutation tests "
+                 f"({stats.PERMUTATIONS} resamples, two-sided); ranks at Holm-adjusted p < {stats.ALPHA}")
+    return lines
