@@ -322,8 +322,9 @@ def test_evaluate_result_dict(tiny_llama):
     m = target.span[1] - target.span[0]
     expl = explanation_for(tiny_llama, target, torch.rand(1, m))
     data = evaluate(expl, tiny_llama, samples=2, routing="fixed").to_dict()
-    assert set(data) == {"metrics", "routing", "samples", "seed", "mode", "coupling", "d0", "scope", "mc_se",
+    assert set(data) == {"metrics", "routing", "samples", "seed", "mode", "coupling", "mc_se", "d0", "scope",
                          "warnings"}
+    assert data["d0"] > 0 and data["scope"] == "span"
     assert set(data["metrics"]) == {"pi_soft_ns", "pi_soft_nc", "soft_ns", "soft_nc", "expected_retained"}
     for name in ("pi_soft_ns", "pi_soft_nc"):
         curve = data["metrics"][name]

@@ -55,8 +55,8 @@ def evaluate(
     from ..runner import EvalConfig, run
 
     cli = {"model": model, "datasets": datasets, "methods": methods, "metrics": metrics, "routing": routing,
-           "n": n, "samples": samples, "coupling": coupling, "seed": seed, "layers": layers, "step_stride": step_stride,
-           "max_new_tokens": max_new_tokens, "target": target, "scope": scope,
+           "n": n, "samples": samples, "coupling": coupling, "seed": seed, "layers": layers,
+           "step_stride": step_stride, "max_new_tokens": max_new_tokens, "target": target, "scope": scope,
            "removal": removal, "out": None if out is None else str(out), "shard": shard,
            "device": device, "dtype": dtype, "device_map": device_map, "load_in_4bit": load_in_4bit}
     base = EvalConfig.from_toml(config) if config is not None else None
