@@ -182,3 +182,19 @@ def test_real_inseq_output_converts(generated, tiny_llama):
     same = Explanation.from_scores(TEXT, columns.numpy(), model=tiny_llama, task="generate", method="inseq-ixg",
                                    signed=True, answer=generated.generated)
     assert aucs(expl, tiny_llama) == aucs(same, tiny_llama)
+
+
+def test_matrix_figure_shows_the_generated_prefix_under_scope_all(tiny_llama, tmp_path):
+    """scope="all" attributes the prompt and the generated prefix (as Inseq attributes the target prefix): the
+    matrix figure's sources end with the generated tokens before the last one, and pandas rows cover them."""
+    from llmattr.plotting import plot_matrix
+
+    expl = llmattr.explain(TEXT, model=tiny_llama, method="input-x-gradient", task="generate", answer=ANSWER,
+                           scope="all")
+    n_prompt, steps = len(expl.token_ids), [s.token for s in expl.steps]
+    assert expl.span[1] == n_prompt + len(steps) - 1
+    assert expl.span_display[-(len(steps) - 1):] == steps[:-1]
+    svg = plot_matrix(expl, tmp_path / "m.svg").read_text(encoding="utf-8")
+    labels = [label.strip() for label in re.findall(r"<text[^>]*>([^<]*)</text>", svg)]
+    for token in steps[:-1]:
+        assert token.strip() in labels, token
