@@ -24,7 +24,7 @@ APPENDIX_D_BOOLQ = (
     "without any punctuation or additional text."
 )
 
-COUNTS = {  # file lines and per-class balance documented in shared/data/SOURCES.md
+COUNTS = {  # file lines and per-class balance documented in llmattr/data/SOURCES.md
     "imdb": (1000, {"Positive": 500, "Negative": 500}),
     "sst2": (656, {"Positive": 328, "Negative": 328}),
     "boolq": (1000, {"true": 500, "false": 500}),
