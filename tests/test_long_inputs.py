@@ -64,19 +64,19 @@ def test_activation_formula_by_hand(tiny_llama):
     assert shapes == Shapes(layers=2, hidden=32, mlp=64, heads=4, kv_heads=2, head_dim=8, element=4)
     forward, cache = 4 * (4 * 32 + 4 * 64), 4 * 2 * 2 * 2 * 8
     assert activation_bytes(shapes, "forward", 10, rows=3) == 3 * 10 * forward + 10 * cache
-    backward = 4 * 2 * (4 * 32 + 2 * 64) + forward
+    backward = 4 * 2 * (8 * 32 + 4 * 64) + forward
     assert activation_bytes(shapes, "backward", 10, rows=3) == 3 * 10 * backward
     assert activation_bytes(shapes, "backward", 10, checkpointing=True) == 10 * 4 * (2 * 32 + 5 * 32 + 6 * 64)
     eager = 4 * 3 * 2 * 4 * 10
     assert activation_bytes(shapes, "deeplift", 10) == 2 * 10 * backward + 10 * eager
 
 
-@pytest.mark.parametrize("limit, expected", [("1GB", 16), ("80KB", 2), ("1KB", 1)])
+@pytest.mark.parametrize("limit, expected", [("1GB", 16), ("120KB", 2), ("1KB", 1)])
 def test_path_batch_follows_the_budget(tiny_llama, monkeypatch, limit, expected):
     """Half the limit (at most 2 GiB) over one row's backward bytes, between 1 and the number of points."""
     monkeypatch.setenv(LIMIT_ENV, limit)
     per_row = activation_bytes(Shapes.of(tiny_llama), "backward", 5)
-    assert per_row == 5 * 4 * (2 * (4 * 32 + 2 * 64) + 4 * 32 + 4 * 64)  # 17,920 bytes: 80 KB / 2 holds two
+    assert per_row == 5 * 4 * (2 * (8 * 32 + 4 * 64) + 4 * 32 + 4 * 64)  # 28,160 bytes: 120 KB / 2 holds two
     assert path_batch(tiny_llama, 5, 16) == expected
     assert methods.get("integrated-gradients", internal_batch_size=3).memory_rows(tiny_llama, 5) == 3
 
@@ -97,10 +97,10 @@ def test_oversize_input_is_refused_before_the_model_runs(tiny_llama, monkeypatch
 
 
 def test_auto_checkpointing_when_only_the_checkpointed_backward_fits(tiny_llama, monkeypatch):
-    """20 tokens: plain backward 71,680 bytes, checkpointed 48,640; a 60 KB limit takes the checkpointed one,
+    """20 tokens: plain backward 112,640 bytes, checkpointed 48,640; a 60 KB limit takes the checkpointed one,
     ``off`` refuses and suggests it, and checkpointing changes no score."""
     method = methods.get("saliency")
-    assert activation_bytes(Shapes.of(tiny_llama), "backward", 20) == 71680
+    assert activation_bytes(Shapes.of(tiny_llama), "backward", 20) == 112640
     assert activation_bytes(Shapes.of(tiny_llama), "backward", 20, checkpointing=True) == 48640
     monkeypatch.setenv(LIMIT_ENV, "60KB")
     assert plan(tiny_llama, method, 20, "auto") is True
