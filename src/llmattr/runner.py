@@ -100,6 +100,11 @@ class EvalConfig:
             positive_int(self.max_new_tokens, "--max-new-tokens")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise LlmattrError(f"--seed must be a whole number, got {self.seed!r}")
+        for key, valid in (("target", TARGET_MODES), ("scope", SCOPES), ("removal", REMOVALS)):
+            if getattr(self, key) not in valid:
+                raise LlmattrError(f"{key} must be one of {', '.join(valid)}; got {getattr(self, key)!r}")
+        if self.coupling not in COUPLINGS:
+            raise LlmattrError(f"unknown coupling {self.coupling!r}; valid: {', '.join(COUPLINGS)}")
 
     @property
     def routings(self) -> tuple[str, ...]:
@@ -465,12 +470,7 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
     start = time.perf_counter()
     cfg.validate()
     rank, world = shard_of(cfg)
-    for key, valid in (("target", TARGET_MODES), ("scope", SCOPES), ("removal", REMOVALS)):
-        if getattr(cfg, key) not in valid:
-            raise LlmattrError(f"{key} must be one of {', '.join(valid)}; got {getattr(cfg, key)!r}")
     routings = cfg.routings
-    if cfg.coupling not in COUPLINGS:
-        raise LlmattrError(f"unknown coupling {cfg.coupling!r}; valid: {', '.join(COUPLINGS)}")
     metrics = get_metrics(cfg.metrics)
     specs = expand_methods(cfg.methods, cfg.layers)
     data = []
