@@ -18,6 +18,7 @@ import statistics
 import time
 
 import torch
+from scipy.stats import f as f_distribution
 
 import llmattr
 from _common import read_jsonl
@@ -57,9 +58,12 @@ def main() -> None:
     for family, name in FAMILIES:
         sd = {c: statistics.stdev(diffs[(c, family)]) for c in COUPLINGS}
         means = ", ".join(f"{c} {statistics.fmean(diffs[(c, family)]):+.4f}" for c in COUPLINGS)
+        ratio = (sd["coupled"] / sd["independent"]) ** 2
+        df = args.seeds - 1  # F interval of a ratio of two independent sample variances
+        low, high = ratio / f_distribution.ppf(0.975, df, df), ratio / f_distribution.ppf(0.025, df, df)
         print(f"  AUC {name}({a}) - AUC {name}({b}): mean {means}; SD over seeds coupled {sd['coupled']:.4f}, "
               f"independent {sd['independent']:.4f}; variance ratio coupled / independent "
-              f"{(sd['coupled'] / sd['independent']) ** 2:.3f}")
+              f"{ratio:.3f} (95% F interval {low:.2f}-{high:.2f})")
 
 
 if __name__ == "__main__":
