@@ -28,7 +28,6 @@ from .gradient import (
     embedding_gradients,
     endpoint_delta,
     reduce_tokens,
-    score_fn,
     span_scores,
 )
 
@@ -113,7 +112,7 @@ class PathMethod(EmbeddingGradientMethod):
 
     def inputs(self, lm: LoadedModel, target: Target, prefix: int = 0) -> tuple[ScoreFn, torch.Tensor, torch.Tensor]:
         x = lm.embed(target.input_ids).detach()
-        f = score_fn(lm, target, self.params["target"], prefix)
+        f = self.score_fn(lm, target, prefix)
         return f, x, baseline_embeds(lm, x, target, self.params["baseline"])
 
     def path(self) -> tuple[torch.Tensor, torch.Tensor]:
