@@ -16,7 +16,6 @@ so the forwards run once.
 from __future__ import annotations
 
 import torch
-from captum._utils.models.model import Model
 from captum.attr import Lime
 
 from .. import objectives
@@ -27,11 +26,14 @@ from ..targets import Target
 from .base import AttributionMethod, register
 
 
-class WeightedRidge(Model):
-    """Captum interpretable model: argmin_b sum_s w_s (y_s - b0 - z_s . b)^2 + alpha ||b||^2, closed form."""
+class WeightedRidge:
+    """Captum interpretable model: argmin_b sum_s w_s (y_s - b0 - z_s . b)^2 + alpha ||b||^2, closed form.
+
+    It implements the interface ``Lime`` calls (``fit`` on a loader of ``(z, y, w)`` batches, then
+    ``representation``), so it needs no Captum base class.
+    """
 
     def __init__(self, alpha: float = 1.0):
-        super().__init__()
         self.alpha = alpha
         self.coef: torch.Tensor | None = None
 
@@ -52,7 +54,8 @@ class WeightedRidge(Model):
         return z.reshape(len(z), -1).float() @ self.coef.T
 
 
-def span_forward(lm: LoadedModel, target: Target, explained: objectives.Objective = objectives.OBJECTIVES["probability"],
+def span_forward(lm: LoadedModel, target: Target,
+                 explained: objectives.Objective = objectives.OBJECTIVES["probability"],
                  foil: torch.Tensor | None = None):
     """f(content embeddings (B, n, d)) -> ``explained`` (the target probability) of every step (B, T); the
     rest stays fixed.
