@@ -54,6 +54,14 @@ def test_objective_and_foil_checks_are_one_line():
             methods.get(name, target="logit")
 
 
+def test_methods_json_says_what_each_method_explains():
+    from llmattr.cli.methods import methods_records
+
+    records = {r["name"]: r["objective"] for r in methods_records()}
+    assert records == {name: methods.REGISTRY[name].objective for name in methods.available()}
+    assert records["grad-ellm"] == "logit" and records["attention"] is None
+
+
 def test_defaults_unchanged():
     """Each method keeps its objective; only the gradient family lists ``target`` among its parameters."""
     assert {n: methods.REGISTRY[n].objective for n in SCORING} == {

@@ -32,7 +32,6 @@ from .gradient import (
     span_scores,
 )
 
-
 PATH_METHODS = ("riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid", "gausslegendre")
 
 
