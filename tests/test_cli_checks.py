@@ -33,6 +33,10 @@ def one_line_error(result, fragment):
     (["--field", "foo=bar"], "unknown --field 'foo'"),
     (["--format", "yaml"], "unknown --format 'yaml'"),
     (["--shots", "1", "--shots-from", "{tmp}/missing.jsonl"], "file not found"),
+    (["--method", "saliency", "--objective", "contrast"], "give --foil WORD"),
+    (["--method", "lime", "--foil", "Negative"], "--foil needs a contrastive objective"),
+    (["--objective", "prob"], "unknown --objective 'prob'"),
+    (["--method", "attention", "--objective", "logit"], "method attention scores no model output"),
 ])
 def test_explain_refuses_before_the_model_loads(args, fragment, tmp_path):
     result = run_cli("explain", "A fine film.", *NO_MODEL, *(a.format(tmp=tmp_path) for a in args))

@@ -35,6 +35,21 @@ def per_step(f, t):
     return lambda e: f(e)[:, t]
 
 
+def test_path_points_are_captums():
+    """Our path points and weights equal Captum's own (read from its private module here, in the test only)."""
+    from captum.attr._utils.approximation_methods import SUPPORTED_METHODS, approximation_parameters
+
+    from llmattr.methods.integrated import PATH_METHODS
+
+    assert set(PATH_METHODS) == set(SUPPORTED_METHODS)
+    for method in PATH_METHODS:
+        step_sizes, alphas = approximation_parameters(method)
+        for n in (2, 5, 16):
+            got = path_alphas(method, n)
+            assert torch.equal(got[0], torch.tensor(alphas(n), dtype=torch.float64)), (method, n)
+            assert torch.equal(got[1], torch.tensor(step_sizes(n), dtype=torch.float64)), (method, n)
+
+
 def test_reduce_tokens_by_hand():
     attr = torch.tensor([[3.0, -4.0], [1.0, 1.0]])
     assert torch.equal(reduce_tokens(attr, "l2"), torch.tensor([5.0, math.sqrt(2)]))

@@ -8,7 +8,7 @@ from functools import lru_cache
 import torch
 from rich.progress import track
 
-from . import methods
+from . import methods, objectives
 from .errors import LlmattrError
 from .explanation import Explanation
 from .models import memory
@@ -94,8 +94,7 @@ def step_probabilities(lm: LoadedModel, target: Target) -> torch.Tensor:
     """The model's probability of each explained token at its step: one forward pass, logits kept only at
     the explained positions (the last ``n_steps`` inputs)."""
     logits = lm.model(input_ids=target.input_ids.to(lm.device), logits_to_keep=target.n_steps).logits[0]
-    probs = logits.float().softmax(-1)
-    return probs.gather(-1, target.target_ids.to(probs.device)[:, None])[:, 0].cpu()
+    return objectives.probability(logits, target.target_ids).cpu()
 
 
 def explain(
@@ -116,6 +115,8 @@ def explain(
     scope: str = "span",
     checkpointing: str = "auto",
     method_params: dict | None = None,
+    objective: str | None = None,
+    foil: str | int | None = None,
     **params,
 ) -> Explanation | list[Explanation]:
     """Explain the model's answer to ``text`` with ``method``.
@@ -134,6 +135,12 @@ def explain(
     the method as its explained quantity (the gradient methods' ``target`` parameter). Method parameters
     come as keywords or as the dict ``method_params`` (which may hold ``target``).
 
+    ``objective``: what the method explains (:mod:`llmattr.objectives`: ``probability``, ``log-prob``,
+    ``logit``, ``contrast``, ``contrast-prob``; default: the method's own), ``foil``: the single-token word
+    (or token id) a contrastive objective compares the target with, e.g. ``objective="contrast",
+    foil="Negative"`` explains ``logit(Positive) - logit(Negative)``. Both are method parameters (``target``,
+    ``foil``), so the Explanation records them in ``params``; methods that score no output refuse them.
+
     ``scope``: what is attributed, and later perturbed and zeroed by the metrics: ``"span"`` (the content,
     default), ``"prompt"`` (every prompt token, template included: paper 000's pipeline) or ``"all"``
     (prompt and generated prefix: the ReAGent evaluator code).
@@ -146,7 +153,11 @@ def explain(
     method_params = {**(method_params or {}), **params}
     if target in ("probability", "logit"):
         method_params["target"], target = target, "label"
+    method_params.update({key: value for key, value in (("target", objective), ("foil", foil)) if value is not None})
     task = get_task(task)
+    if isinstance(method, methods.AttributionMethod) and (objective, foil) != (None, None):
+        raise LlmattrError("objective= and foil= go with a method name; give them to the method instance's "
+                           "constructor (target=, foil=)")
     method_obj = method if isinstance(method, methods.AttributionMethod) else methods.get(method, **method_params)
     if isinstance(text, list | tuple):
         for item in text:
@@ -158,6 +169,8 @@ def explain(
                 for item in track(text, description="explaining", disable=not progress)]
     check_text(text)
     lm = resolve_model(model, device)
+    if method_obj.objective:
+        method_obj.explained(lm)  # a foil that is not one token fails before the generation
     loaded = time.perf_counter()
     example = task.example_from_text(text)
     if shots:

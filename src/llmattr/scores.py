@@ -27,6 +27,14 @@ def minmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.where(span > 0, (x - lo) / span.clamp_min(torch.finfo(x.dtype).tiny), torch.zeros_like(x))
 
 
+def pos_norm(a: torch.Tensor) -> torch.Tensor:
+    """The positive part over its sum along the last axis (paper 004 eq. 13's PosNorm; an alignment metric's
+    normalisation): ``max(a, 0) / sum max(a, 0)``; a row with no positive entry stays all zero."""
+    pos = a.clamp_min(0)
+    total = pos.sum(-1, keepdim=True)
+    return torch.where(total > 0, pos / total.clamp_min(torch.finfo(pos.dtype).tiny), torch.zeros_like(pos))
+
+
 def retain_probs(raw: torch.Tensor, signed: bool) -> tuple[torch.Tensor, list[str]]:
     """Map raw scores ``(..., m)`` to retain probabilities in [0, 1] per step (last axis = tokens).
 

@@ -105,6 +105,23 @@ def make_target(lm: LoadedModel, prompt: Prompt, max_new_tokens: int, answer: st
     return Target(prompt=prompt, target_ids=generate(lm, prompt, max_new_tokens))
 
 
+def foil_id(tokenizer, foil: str | int) -> int:
+    """The token a contrastive objective compares the target with (:mod:`llmattr.objectives`).
+
+    ``foil``: a token id, or a text tokenized as written (as a forced ``answer`` is: in a chat template the
+    answer starts without a space, so SmolLM2's sentiment foil is ``"Negative"``), which must be one token,
+    as the label words must (:meth:`llmattr.tasks.Task.word_ids`).
+    """
+    if isinstance(foil, int) and not isinstance(foil, bool):
+        if not 0 <= foil < len(tokenizer):
+            raise LlmattrError(f"foil token id {foil} is outside the vocabulary (0..{len(tokenizer) - 1})")
+        return foil
+    pieces = tokenizer(str(foil), add_special_tokens=False)["input_ids"]
+    if len(pieces) != 1:
+        raise LlmattrError(f"foil {foil!r} is {len(pieces)} tokens for this tokenizer; give a single-token word")
+    return pieces[0]
+
+
 TARGET_MODES = ("label", "generated", "gold")
 
 

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from ..checks import FIGURE_SUFFIXES, one_of, positive_int, writable_file
 from ..errors import LlmattrError
+from ..objectives import OBJECTIVES
 from ..targets import SCOPES, TARGET_MODES
 from .app import app
 
@@ -117,6 +118,11 @@ def explain(
     shots_from: Path = typer.Option(None, help="--shots: draw the demonstrations from this JSONL/CSV/TSV file "
                                                "(the task's fields and label) instead of the sample data."),
     param: list[str] = typer.Option([], help="Method parameter NAME=VALUE (e.g. layers=4)."),
+    objective: str = typer.Option(None, help="What the method explains: probability, log-prob, logit, contrast "
+                                             "(logit(target) - logit(foil)) or contrast-prob (default: the "
+                                             "method's own; see docs/methods-gradient.md)."),
+    foil: str = typer.Option(None, help="--objective contrast/contrast-prob: the alternative answer, one token "
+                                        "as written (e.g. Negative: 'why Positive rather than Negative')."),
     attention: str = typer.Option(None, help="Grad-ELLM token weights: loosened (default) or softmax."),
     layers: str = typer.Option(None, help="Grad-ELLM: number of last layers to aggregate, or 'all'."),
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
@@ -160,6 +166,10 @@ def explain(
     params = parse_params(param + ([f"layers={layers}"] if layers is not None else []))
     if attention is not None:
         params["attention"] = attention
+    if objective is not None:
+        params["target"] = one_of(objective, OBJECTIVES, "--objective")
+    if foil is not None:
+        params["foil"] = foil
     content = parse_fields(text, field, task_obj.fields + (("label",) if task_obj.label_words else ()))
     if isinstance(content, dict):
         content = {task_obj.fields[0]: content.pop("__text__"), **content}

@@ -12,31 +12,32 @@ from .app import app
 
 
 def methods_table() -> Table:
-    """A rich table: name, family, gradients?, signed?, cost in passes, summary."""
+    """A rich table: name, family, gradients?, signed?, default objective (``-``: none), cost in passes, summary."""
     from .. import methods
 
     table = Table(title="llmattr attribution methods")
-    for column in ("name", "family", "gradients", "signed", "cost", "summary"):
+    for column in ("name", "family", "gradients", "signed", "objective", "cost", "summary"):
         table.add_column(column, overflow="fold")
     for name in methods.available():
         cls = methods.REGISTRY[name]
         table.add_row(name, cls.family, "yes" if cls.needs_gradients else "no", "yes" if cls.signed else "no",
-                      cls.cost, cls.summary)
+                      cls.objective or "-", cls.cost, cls.summary)
     return table
 
 
 def methods_records() -> list[dict]:
-    """One dict per method: name, family, gradients, signed, cost, summary and default parameters."""
+    """One dict per method: name, family, gradients, signed, cost, summary, default parameters and the
+    objective it explains by default (``None``: it scores no model output and refuses ``--objective``)."""
     from .. import methods
 
     return [{"name": name, "family": cls.family, "gradients": cls.needs_gradients, "signed": cls.signed,
-             "cost": cls.cost, "summary": cls.summary, "defaults": dict(cls.defaults)}
+             "cost": cls.cost, "summary": cls.summary, "defaults": dict(cls.defaults), "objective": cls.objective}
             for name, cls in ((name, methods.REGISTRY[name]) for name in methods.available())]
 
 
 @app.command("methods")
 def list_methods(as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of the table.")) -> None:
-    """List every attribution method: family, needs gradients?, signed?, cost in passes, summary."""
+    """List every attribution method: family, needs gradients?, signed?, default objective, cost, summary."""
     if as_json:
         typer.echo(json.dumps(methods_records(), indent=1))
     else:

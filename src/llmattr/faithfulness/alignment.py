@@ -21,7 +21,7 @@ import torch
 
 from ..errors import LlmattrError
 from ..explanation import Explanation
-from ..scores import check_finite
+from ..scores import check_finite, pos_norm
 
 NORMALIZE = ("sum", None)
 
@@ -46,9 +46,7 @@ def normalized(scores, normalize: str | None = "sum") -> torch.Tensor:
         return s
     if normalize != "sum":
         raise LlmattrError(f"normalize must be 'sum' or None; got {normalize!r}")
-    pos = s.clamp_min(0)
-    total = pos.sum(-1, keepdim=True)
-    return torch.where(total > 0, pos / total.clamp_min(torch.finfo(s.dtype).tiny), torch.zeros_like(pos))
+    return pos_norm(s)
 
 
 def dot_product(scores, evidence, normalize: str | None = None) -> torch.Tensor:

@@ -6,9 +6,10 @@ from typing import ClassVar
 
 import torch
 
+from .. import objectives
 from ..errors import LlmattrError
 from ..models.loading import LoadedModel
-from ..targets import Target
+from ..targets import Target, foil_id
 
 REGISTRY: dict[str, type[AttributionMethod]] = {}
 
@@ -18,6 +19,11 @@ class AttributionMethod:
 
     ``attribute`` returns raw scores ``(n_steps, n_span_tokens)`` for the content span of ``target``:
     one row per explained generation step.
+
+    ``objective``: what a method that scores a model output explains by default (a name in
+    :mod:`llmattr.objectives`); its ``target`` parameter picks another, and ``foil`` (a single-token word or a
+    token id) is the alternative a contrastive objective compares the target with. ``None``: the method reads
+    no output score (attention weights, embedding norms, hidden-state distances) and takes neither.
     """
 
     name: ClassVar[str]
@@ -28,13 +34,25 @@ class AttributionMethod:
     cost: ClassVar[str]  # forward/backward passes, in words
     defaults: ClassVar[dict] = {}
     memory_kind: ClassVar[str] = "forward"  # forward | backward | deeplift: see llmattr.models.memory
+    objective: ClassVar[str | None] = None
 
     def __init__(self, **params):
-        unknown = sorted(set(params) - set(self.defaults))
+        scoring = {"target", "foil"} if self.objective else set()
+        unknown = sorted(set(params) - set(self.defaults) - scoring)
+        if unknown and self.objective is None and {"target", "foil"} & set(unknown):
+            raise LlmattrError(f"method {self.name} scores no model output, so it takes no objective or foil")
         if unknown:
-            valid = ", ".join(sorted(self.defaults)) or "none"
+            valid = ", ".join(sorted(set(self.defaults) | scoring)) or "none"
             raise LlmattrError(f"method {self.name} has no parameter {', '.join(unknown)}; valid: {valid}")
         self.params = {**self.defaults, **params}
+        if self.objective:
+            objectives.get(self.params.get("target", self.objective), self.params.get("foil"), f"{self.name} target")
+
+    def explained(self, lm: LoadedModel) -> tuple[objectives.Objective, torch.Tensor | None]:
+        """The objective this method scores and its foil token id (a 0-d tensor; ``None`` without a foil)."""
+        foil = self.params.get("foil")
+        found = objectives.get(self.params.get("target", self.objective), foil)
+        return found, None if foil is None else torch.tensor(foil_id(lm.tokenizer, foil))
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         raise NotImplementedError

@@ -32,7 +32,7 @@ from ..models.probe import eager_attention
 from ..targets import Target
 from .base import register
 from .grad_ellm import step_gradients
-from .gradient import EmbeddingGradientMethod, ScoreFn, baseline_embeds, convergence, score_fn, span_scores
+from .gradient import EmbeddingGradientMethod, ScoreFn, baseline_embeds, convergence, span_scores
 
 T = torch.Tensor
 UNARY = {
@@ -211,7 +211,7 @@ class DeepLift(EmbeddingGradientMethod):
         """Span scores and the summation-to-delta check per step (Captum's convergence delta)."""
         x = lm.embed(target.input_ids).detach()
         x0 = baseline_embeds(lm, x, target, self.params["baseline"])
-        attr, delta = deeplift_attributions(score_fn(lm, target, self.params["target"]), x, x0)
+        attr, delta = deeplift_attributions(self.score_fn(lm, target), x, x0)
         return span_scores(attr, target, self.params["reduction"]), convergence(attr, delta)
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:

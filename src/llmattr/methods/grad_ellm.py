@@ -1,11 +1,16 @@
-"""Grad-ELLM (paper 000, sec. 3.3, eqs. 9-11 and appendix B, eqs. 20-23)."""
+"""Grad-ELLM (paper 000, sec. 3.3, eqs. 9-11 and appendix B, eqs. 20-23).
+
+The gradients are those of the target token's logit ``y^c`` (the paper's quantity) by default; the ``target``
+parameter picks another objective of :mod:`llmattr.objectives` (``contrast`` with a ``foil``:
+``y^c - y^foil``).
+"""
 
 from __future__ import annotations
 
 import torch
 
 from ..errors import LlmattrError
-from ..models.forward import target_logits
+from ..models.forward import logits_at
 from ..models.loading import LoadedModel
 from ..models.probe import LayerRecord, Probe
 from ..scores import minmax
@@ -73,6 +78,7 @@ class GradELLM(AttributionMethod):
     signed = False
     cost = "1 forward + 1 backward (all steps share them)"
     defaults = {"layers": "all", "attention": "loosened", "similarity": "dot", "relu": "per-layer"}
+    objective = "logit"
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -95,10 +101,11 @@ class GradELLM(AttributionMethod):
         positions = target.positions.to(lm.device)
         layers = self._layers(lm.config.get_text_config().num_hidden_layers)
         fields = ("q", "k", "v", "out", "probs" if self.params["attention"] == "softmax" else "q")
+        explained, foil = self.explained(lm)
         with torch.enable_grad(), Probe(record=fields, rows=positions, layers=layers) as probe:
-            logits = target_logits(lm, embeds, positions, target.target_ids)[0]  # (T,)
+            scores = explained(logits_at(lm, embeds, positions)[0], target.target_ids, foil)  # (T,)
         records = [probe.layers[k] for k in layers]
-        grads = step_gradients(logits, [r.out for r in records])  # each (T, 1, S, H, D)
+        grads = step_gradients(scores, [r.out for r in records])  # each (T, 1, S, H, D)
         steps = torch.arange(target.n_steps, device=lm.device)
         total = None
         for record, grad in zip(records, grads, strict=True):

@@ -4,7 +4,8 @@ Every method of the gradient family (this module, ``integrated.py``, ``deeplift.
 
 * ``F_t``: the **probability** of the explained token ``target_ids[t]`` at step ``t`` by default (Inseq's
   default attributed function, through which paper 000 computed its baselines; paper 004 explains the
-  output probability too); ``target="logit"`` explains the logit (Grad-ELLM's quantity);
+  output probability too); ``target`` picks another objective of :mod:`llmattr.objectives` (``logit``:
+  Grad-ELLM's quantity; ``log-prob``; ``contrast`` with a ``foil``: ``logit(y_t) - logit(foil)``);
 * w.r.t. the input embeddings ``lm.embed(target.input_ids)`` as fed to the first layer;
 * with one causal forward for all steps and one backward of batched vector-Jacobian products
   (:func:`llmattr.methods.grad_ellm.step_gradients`); logits only at the explained positions.
@@ -18,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from .. import objectives
 from ..errors import LlmattrError
 from ..models.forward import logits_at, prefix_cache
 from ..models.loading import LoadedModel
@@ -25,7 +27,6 @@ from ..targets import Target
 from .base import AttributionMethod, register
 from .grad_ellm import step_gradients
 
-TARGETS = ("probability", "logit")
 REDUCTIONS = ("l2", "sum", "l1")
 SCOPES = ("all", "span", "unk")
 
@@ -55,18 +56,17 @@ def reduce_tokens(attr: torch.Tensor, reduction: str) -> torch.Tensor:
 
 
 def target_scores(lm: LoadedModel, embeds: torch.Tensor, positions: torch.Tensor, target_ids: torch.Tensor,
-                  target: str = "probability", **kwargs) -> torch.Tensor:
-    """``F_t`` for every batch row ``(B, T)``: probability (float32 softmax) or logit of ``target_ids[t]``
-    at ``positions[t]``; the LM head runs at those positions only."""
-    logits = logits_at(lm, embeds, positions, **kwargs)  # (B, T, V)
-    if target == "probability":
-        logits = torch.softmax(logits.float(), dim=-1)
-    index = target_ids.to(logits.device)[None, :, None].expand(logits.shape[0], -1, 1)
-    return logits.gather(-1, index)[..., 0]
+                  target: str = "probability", foil_ids: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """``F_t`` for every batch row ``(B, T)``: the objective ``target`` (:mod:`llmattr.objectives`) of
+    ``target_ids[t]`` (against ``foil_ids``) at ``positions[t]``; the LM head runs at those positions only."""
+    explained = objectives.get(target, foil_ids)
+    return explained(logits_at(lm, embeds, positions, **kwargs), target_ids, foil_ids)
 
 
-def score_fn(lm: LoadedModel, target: Target, kind: str, prefix: int = 0) -> ScoreFn:
-    """The embedding-level function explained: ``embeds (B, S, D) -> F (B, T)``.
+def score_fn(lm: LoadedModel, target: Target, kind: str, prefix: int = 0,
+             foil_ids: torch.Tensor | None = None) -> ScoreFn:
+    """The embedding-level function explained: ``embeds (B, S, D) -> F (B, T)``, ``F`` the objective ``kind``
+    (against the foil token ``foil_ids`` for a contrastive one).
 
     ``prefix > 0``: the first ``prefix`` tokens (the template before the content span) run once without
     gradients into a key/value cache and the rest attends to it, so the backward pass never enters the
@@ -75,11 +75,11 @@ def score_fn(lm: LoadedModel, target: Target, kind: str, prefix: int = 0) -> Sco
     """
     positions = target.positions.to(lm.device)
     if not prefix:
-        return lambda embeds: target_scores(lm, embeds, positions, target.target_ids, kind)
+        return lambda embeds: target_scores(lm, embeds, positions, target.target_ids, kind, foil_ids)
 
     def f(embeds: torch.Tensor) -> torch.Tensor:
         cache = prefix_cache(lm, embeds[:, :prefix])
-        return target_scores(lm, embeds[:, prefix:], positions - prefix, target.target_ids, kind,
+        return target_scores(lm, embeds[:, prefix:], positions - prefix, target.target_ids, kind, foil_ids,
                              past_key_values=cache, use_cache=True)
     return f
 
@@ -147,19 +147,24 @@ class EmbeddingGradientMethod(AttributionMethod):
     """Base of the methods that differentiate ``F_t`` w.r.t. the input embeddings."""
 
     needs_gradients = True
+    objective = "probability"
     defaults = {"target": "probability", "reduction": "sum"}
     memory_kind = "backward"
 
     def __init__(self, **params):
         super().__init__(**params)
-        for key, valid in (("target", TARGETS), ("reduction", REDUCTIONS), ("baseline", SCOPES)):
+        for key, valid in (("reduction", REDUCTIONS), ("baseline", SCOPES)):
             if key in self.params:
                 check_choice(self.name, key, self.params[key], valid)
+
+    def score_fn(self, lm: LoadedModel, target: Target, prefix: int = 0) -> ScoreFn:
+        """:func:`score_fn` of this method's objective (``target``) and foil."""
+        return score_fn(lm, target, self.params["target"], prefix, self.explained(lm)[1])
 
     def gradients(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, torch.Tensor]:
         """Input embeddings ``(1, S, D)`` and ``dF_t/dx`` ``(T, 1, S, D)``: one forward, one backward."""
         embeds = lm.embed(target.input_ids)
-        f = score_fn(lm, target, self.params["target"], prefix=target.span[0])  # only span gradients are used
+        f = self.score_fn(lm, target, prefix=target.span[0])  # only span gradients are used
         _, grads = embedding_gradients(f, embeds)
         return embeds, grads
 

@@ -10,13 +10,14 @@ algorithm A.3) or for the content span only (``baseline="span"``: template and g
 
 from __future__ import annotations
 
+import numpy as np
 import torch
-from captum.attr._utils.approximation_methods import SUPPORTED_METHODS, approximation_parameters
 
 from ..errors import LlmattrError
 from ..models.loading import LoadedModel
 from ..models.memory import is_oom, path_batch
 from ..models.probe import Probe
+from ..scores import pos_norm
 from ..targets import Target
 from .base import register
 from .gradient import (
@@ -28,15 +29,32 @@ from .gradient import (
     embedding_gradients,
     endpoint_delta,
     reduce_tokens,
-    score_fn,
     span_scores,
 )
 
+PATH_METHODS = ("riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid", "gausslegendre")
+
 
 def path_alphas(method: str, n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Points ``alpha_k`` and weights ``w_k`` of the path integral (Captum's approximation methods)."""
-    step_sizes, alphas = approximation_parameters(method)
-    return torch.tensor(alphas(n_steps), dtype=torch.float64), torch.tensor(step_sizes(n_steps), dtype=torch.float64)
+    """Points ``alpha_k`` and weights ``w_k`` of the path integral, as Captum's ``IntegratedGradients`` sets them.
+
+    ``gausslegendre``: the Gauss-Legendre nodes and weights on [-1, 1] mapped to [0, 1],
+    ``alpha = (1 + x) / 2``, ``w = w_GL / 2``; the Riemann sums: weights ``1/n`` (``riemann_trapezoid``: halved
+    at both ends) at ``alpha`` = ``k/n`` (left, k = 0..n-1), ``(k+1)/n`` (right), ``(k+1/2)/n`` (middle),
+    ``k/(n-1)`` (trapezoid), the points taken in float32 as Captum's ``torch.linspace`` makes them.
+    """
+    n = n_steps
+    if method == "gausslegendre":
+        x, w = np.polynomial.legendre.leggauss(n)
+        return torch.from_numpy(0.5 * (1 + x)), torch.from_numpy(0.5 * w)
+    if n < 2:
+        raise LlmattrError(f"{method} needs n_steps >= 2")
+    start, end = {"riemann_left": (0, 1 - 1 / n), "riemann_right": (1 / n, 1),
+                  "riemann_middle": (1 / (2 * n), 1 - 1 / (2 * n)), "riemann_trapezoid": (0, 1)}[method]
+    weights = torch.full((n,), 1 / n, dtype=torch.float64)
+    if method == "riemann_trapezoid":
+        weights[[0, -1]] /= 2
+    return torch.linspace(start, end, n).double(), weights
 
 
 def emphasis_factor(f_now: torch.Tensor, f_prev: torch.Tensor) -> torch.Tensor:
@@ -44,16 +62,6 @@ def emphasis_factor(f_now: torch.Tensor, f_prev: torch.Tensor) -> torch.Tensor:
     den = f_now.abs() + f_prev.abs()
     return torch.where(den > 0, (f_now - f_prev).abs() / den.clamp_min(torch.finfo(den.dtype).tiny),
                        torch.zeros_like(den))
-
-
-def pos_norm(a: torch.Tensor) -> torch.Tensor:
-    """Paper 004 eq. 13: keep the positive attributions and divide by their sum over the tokens (last axis).
-
-    An all-non-positive row stays all zero.
-    """
-    pos = a.clamp_min(0)
-    total = pos.sum(-1, keepdim=True)
-    return torch.where(total > 0, pos / total.clamp_min(torch.finfo(pos.dtype).tiny), torch.zeros_like(pos))
 
 
 def integrate(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor, alphas: torch.Tensor, weights: torch.Tensor,
@@ -109,11 +117,11 @@ class PathMethod(EmbeddingGradientMethod):
             if not (key == "internal_batch_size" and value == "auto") and (not isinstance(value, int) or value < 1):
                 raise LlmattrError(f"{self.name} {key} must be a positive integer" + " or 'auto'" * (key != "n_steps"))
         if "method" in p:
-            check_choice(self.name, "method", p["method"], tuple(SUPPORTED_METHODS))
+            check_choice(self.name, "method", p["method"], PATH_METHODS)
 
     def inputs(self, lm: LoadedModel, target: Target, prefix: int = 0) -> tuple[ScoreFn, torch.Tensor, torch.Tensor]:
         x = lm.embed(target.input_ids).detach()
-        f = score_fn(lm, target, self.params["target"], prefix)
+        f = self.score_fn(lm, target, prefix)
         return f, x, baseline_embeds(lm, x, target, self.params["baseline"])
 
     def path(self) -> tuple[torch.Tensor, torch.Tensor]:

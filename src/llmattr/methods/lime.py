@@ -4,7 +4,8 @@ Interpretable features are the content tokens; a perturbation keeps each with pr
 default sampler) and replaces a removed token's input embedding by the zero baseline (template tokens
 stay intact). Samples are weighted by Captum's default exponential kernel on the cosine distance of
 the embeddings, and the explained output is the target token's probability (Inseq's default, which
-paper 000 used). The interpretable model is a weighted ridge regression (the ``lime`` package's
+paper 000 used) or the objective ``target`` picks (:mod:`llmattr.objectives`; ``contrast`` with a ``foil``:
+``logit(y_t) - logit(foil)``). The interpretable model is a weighted ridge regression (the ``lime`` package's
 default, Ridge(alpha=1)) solved in closed form, so no scikit-learn is needed.
 
 Batched: ``batch_size`` perturbations per forward, after a template prefix cached once; a forward returns
@@ -15,9 +16,9 @@ so the forwards run once.
 from __future__ import annotations
 
 import torch
-from captum._utils.models.model import Model
 from captum.attr import Lime
 
+from .. import objectives
 from ..errors import LlmattrError
 from ..models.forward import SharedPrefix
 from ..models.loading import LoadedModel
@@ -25,11 +26,14 @@ from ..targets import Target
 from .base import AttributionMethod, register
 
 
-class WeightedRidge(Model):
-    """Captum interpretable model: argmin_b sum_s w_s (y_s - b0 - z_s . b)^2 + alpha ||b||^2, closed form."""
+class WeightedRidge:
+    """Captum interpretable model: argmin_b sum_s w_s (y_s - b0 - z_s . b)^2 + alpha ||b||^2, closed form.
+
+    It implements the interface ``Lime`` calls (``fit`` on a loader of ``(z, y, w)`` batches, then
+    ``representation``), so it needs no Captum base class.
+    """
 
     def __init__(self, alpha: float = 1.0):
-        super().__init__()
         self.alpha = alpha
         self.coef: torch.Tensor | None = None
 
@@ -50,8 +54,11 @@ class WeightedRidge(Model):
         return z.reshape(len(z), -1).float() @ self.coef.T
 
 
-def span_forward(lm: LoadedModel, target: Target):
-    """f(content embeddings (B, n, d)) -> target probability of every step (B, T); the rest stays fixed.
+def span_forward(lm: LoadedModel, target: Target,
+                 explained: objectives.Objective = objectives.OBJECTIVES["probability"],
+                 foil: torch.Tensor | None = None):
+    """f(content embeddings (B, n, d)) -> ``explained`` (the target probability) of every step (B, T); the
+    rest stays fixed.
 
     The template before the span is run once into a shared key/value cache; each forward runs only the
     span and what follows it.
@@ -61,14 +68,13 @@ def span_forward(lm: LoadedModel, target: Target):
         suffix = lm.embed(target.input_ids[:, b:])
     prefix = SharedPrefix.compute(lm, target.input_ids, a)
     positions = target.positions.to(lm.device)
-    targets = target.target_ids.to(lm.device)
 
     def forward(span_embeds: torch.Tensor) -> torch.Tensor:
         rows = span_embeds.shape[0]
         full = torch.cat([span_embeds.to(suffix.dtype), suffix.expand(rows, -1, -1)], 1)
         with torch.no_grad():
             logits = prefix.logits_at(lm, full, positions).float()  # (B, T, V)
-        return torch.softmax(logits, -1).gather(-1, targets[None, :, None].expand(rows, -1, 1))[..., 0]
+        return explained(logits, target.target_ids, foil)
 
     return forward
 
@@ -117,6 +123,7 @@ class LimeMethod(AttributionMethod):
     signed = True
     cost = "n_samples rows after a cached template prefix (batch_size per pass; all steps share them)"
     defaults = {"n_samples": 50, "batch_size": 16, "alpha": 1.0, "seed": 0}
+    objective = "probability"
 
     def memory_rows(self, lm: LoadedModel, tokens: int) -> int:
         return self.params["batch_size"]
@@ -134,7 +141,7 @@ class LimeMethod(AttributionMethod):
         a, b = target.span
         with torch.no_grad():
             span_embeds = lm.embed(target.input_ids)[:, a:b]
-        shared = SharedSteps(span_forward(lm, target))
+        shared = SharedSteps(span_forward(lm, target, *self.explained(lm)))
         p = self.params
         rows = [lime_step(shared.at_step(t), span_embeds, p["n_samples"], p["batch_size"], float(p["alpha"]),
                           int(p["seed"])) for t in range(target.n_steps)]

@@ -3,7 +3,10 @@
 Per step t and probe, scores start at logit-scale s ~ U(0, 1). Each probe step replaces a random
 ``replacing_ratio`` of the content tokens (set R) with sampled tokens, measures the drop of the target
 probability delta = p(y_t | x) - p(y_t | x'), and adds logit((d_i + 1) / 2) to s_i with d_i = delta
-for i in R and -delta otherwise. A probe stops once keeping only its ``keep_top_n`` tokens of highest
+for i in R and -delta otherwise. The ``target`` parameter measures the drop of another objective of
+:mod:`llmattr.objectives` instead (``contrast`` with a ``foil``: of ``logit(y_t) - logit(foil)``); a delta
+outside [-1, 1] (logits, log-probabilities) saturates the update at logit(1 - 1e-6) = 13.8 (``torch.logit``'s
+``eps``). A probe stops once keeping only its ``keep_top_n`` tokens of highest
 softmax(s) (replacing every other content token) still puts y_t among the top
 ``stopping_condition_top_k`` predictions, or after ``max_probe_steps``. The result is softmax(s)
 averaged over the probes that stopped (over all probes when none did). Defaults are paper 000's
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import objectives
 from ..errors import LlmattrError
 from ..models.forward import SharedPrefix, logits_and_prefix
 from ..models.loading import LoadedModel
@@ -107,8 +111,11 @@ def mlm_sampler(lm: LoadedModel, input_ids: torch.Tensor, span: tuple[int, int],
 
 
 def rows_forward(lm: LoadedModel, prefix: SharedPrefix, ids: torch.Tensor, positions: torch.Tensor,
-                 steps: torch.Tensor, targets: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each row (a full sequence for step ``steps[r]``): p(y_t) and whether y_t is in the top k.
+                 steps: torch.Tensor, targets: torch.Tensor, top_k: int,
+                 explained: objectives.Objective = objectives.OBJECTIVES["probability"],
+                 foil: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each row (a full sequence for step ``steps[r]``): ``explained`` (p(y_t)) and whether y_t is in the
+    top k.
 
     The rows share ``prefix`` (the template before the content span), which is not recomputed.
     """
@@ -117,9 +124,8 @@ def rows_forward(lm: LoadedModel, prefix: SharedPrefix, ids: torch.Tensor, posit
     rows = torch.arange(ids.shape[0], device=logits.device)
     logits = logits[rows, steps.to(logits.device)].float()  # (R, V)
     y = targets.to(logits.device)[steps.to(logits.device)]
-    prob = torch.softmax(logits, -1).gather(-1, y[:, None])[:, 0]
     hit = (logits.topk(top_k, dim=-1).indices == y[:, None]).any(-1)
-    return prob.cpu(), hit.cpu()
+    return explained(logits, y, foil).cpu(), hit.cpu()
 
 
 def keep_top_mask(importance: torch.Tensor, keep_top_n: int) -> torch.Tensor:
@@ -140,6 +146,7 @@ class ReAGent(AttributionMethod):
     cost = "up to max_probe_steps + 2 forwards of 2 x steps x num_probes rows"
     defaults = {"keep_top_n": 3, "stopping_condition_top_k": 3, "replacing_ratio": 0.25,
                 "max_probe_steps": 32, "num_probes": 2, "sampler": "auto", "mlm_model": None, "seed": 0}
+    objective = "probability"
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -182,8 +189,8 @@ class ReAGent(AttributionMethod):
         n_rows = target.n_steps * p["num_probes"]
         steps = torch.arange(target.n_steps).repeat_interleave(p["num_probes"])
         original = ids.expand(n_rows, -1)
-        y = target.target_ids.to(clean_logits.device)
-        p_clean = torch.softmax(clean_logits.float(), -1).gather(-1, y[:, None])[:, 0].cpu()
+        explained, foil = self.explained(lm)
+        p_clean = explained(clean_logits.float(), target.target_ids, foil).cpu()
         score = torch.rand(n_rows, b - a, generator=generator)  # logit-scale importance s
         stopped = torch.zeros(n_rows, dtype=torch.bool)
         for probe_step in range(p["max_probe_steps"] + 1):
@@ -195,7 +202,7 @@ class ReAGent(AttributionMethod):
             batch = original[rows].clone()
             batch[:, a:b] = torch.where(replace, sampler.sample(len(rows), generator), batch[:, a:b])
             prob, hit = rows_forward(lm, prefix, batch, positions, steps[rows], target.target_ids,
-                                     p["stopping_condition_top_k"])
+                                     p["stopping_condition_top_k"], explained, foil)
             newly = torch.zeros(n_rows, dtype=torch.bool)
             newly[check] = hit[len(update):]
             delta = p_clean[steps[update]] - prob[: len(update)]

@@ -31,6 +31,7 @@ from ..errors import LlmattrError
 from ..models.forward import decoder_blocks, logits_and_prefix
 from ..models.loading import LoadedModel
 from ..models.probe import Probe
+from ..scores import pos_norm
 from ..targets import Target
 from .base import AttributionMethod, register
 
@@ -185,6 +186,4 @@ class ValueZeroing(AttributionMethod):
         layers = self._layers(lm.model.config.get_text_config().num_hidden_layers)
         dist = value_zeroing_distances(lm, target.input_ids, target.positions, target.span, layers,
                                        self.params["batch_size"])  # (L, T, n)
-        total = dist.sum(-1, keepdim=True)
-        normalised = torch.where(total > 0, dist / total.clamp_min(torch.finfo(dist.dtype).tiny), dist)
-        return normalised.mean(0).cpu()
+        return pos_norm(dist).mean(0).cpu()  # distances are >= 0: each layer's over its sum

@@ -37,14 +37,6 @@ def prefix_cache(lm: LoadedModel, prefix_embeds: torch.Tensor) -> Cache:
     return Cache(layers=[PrefixLayer(layer.keys, layer.values) for layer in cache.layers])
 
 
-def target_logits(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch.Tensor,
-                  target_ids: torch.Tensor, **kwargs) -> torch.Tensor:
-    """Logit of ``target_ids[t]`` at ``positions[t]``, for every batch row: ``(B, T)``."""
-    logits = logits_at(lm, inputs_embeds, positions, **kwargs)
-    index = target_ids.to(logits.device)[None, :, None].expand(logits.shape[0], -1, 1)
-    return logits.gather(-1, index)[..., 0]
-
-
 class PrefixLayer(DynamicLayer):
     """Cache layer with a fixed ``(1 or B, kv_heads, P, D)`` prefix: ``update`` prepends it and stores nothing."""
 
