@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.graph import saved_tensors_hooks
 from torch.overrides import TorchFunctionMode
 
 from ..models.loading import LoadedModel
@@ -69,6 +70,10 @@ def rescale(func, x: T, x0: T, *rest, **kwargs) -> tuple[T, T]:
     return y, m
 
 
+def _drop(_):
+    """Saved-tensor hook of the reference pass: no backward runs through it, so its graph keeps no tensor."""
+
+
 def _linearised(value: T, inputs: list[T], multipliers: list[T], op) -> T:
     """``value`` whose backward is ``op``-linear in ``inputs`` with the given fixed coefficients."""
     lin = op(inputs, multipliers)
@@ -77,7 +82,9 @@ def _linearised(value: T, inputs: list[T], multipliers: list[T], op) -> T:
 
 class DeepLiftMode(TorchFunctionMode):
     """Records (``reference=None``) or replays the reference operands of every input-dependent
-    non-linear call, in call order (both passes run the same code on same-shaped inputs)."""
+    non-linear call, in call order (both passes run the same code on same-shaped inputs). Replaying consumes
+    the list: each call's reference operands are released once its multipliers are computed, so the input
+    pass's graph grows as the recorded reference shrinks (the peak stays near one pass's activations)."""
 
     def __init__(self, reference: list | None = None):
         super().__init__()
@@ -103,7 +110,7 @@ class DeepLiftMode(TorchFunctionMode):
         if self.recording:
             self.operands.append(tensors)
             return func(*args, **kwargs)
-        ref = self.operands[self.calls]
+        ref, self.operands[self.calls] = self.operands[self.calls], None  # consumed: freed as the input pass goes
         self.calls += 1
         if any(isinstance(a, torch.Tensor) and isinstance(r, torch.Tensor) and a.shape != r.shape
                for a, r in zip(args, ref, strict=True)):
@@ -174,8 +181,6 @@ class DeepLiftMode(TorchFunctionMode):
     def attention(func, args, ref, kwargs) -> T:
         """sdpa's ``softmax(q k^T * scale + mask) v`` with the rules above, in :class:`LinearisedAttention`."""
         (q, k, v), (q0, k0, v0) = args[:3], ref[:3]
-        if kwargs.get("enable_gqa"):
-            k, v, k0, v0 = (repeat_heads(t, q.shape[1]) for t in (k, v, k0, v0))
         scale = kwargs.get("scale") or q.shape[-1] ** -0.5
         return LinearisedAttention.apply(q, k, v, q0, k0, v0, kwargs.get("attn_mask"),
                                          bool(kwargs.get("is_causal")), scale)
@@ -222,8 +227,9 @@ def attention_multipliers_vjp(grad: T, q: T, k: T, v: T, q0: T, k0: T, v0: T, ma
     ``g_v = P^T g``, ``g_p = g V^T``, ``g_z = m_e (R g_p + m_r sum_j E g_p)``, ``g_q = g_z K scale``,
     ``g_k = g_z^T Q scale``.
     """
-    dtype = q.dtype
-    q, k, v, q0, k0, v0, grad = (t.float() for t in (q, k, v, q0, k0, v0, grad))
+    dtype, k_heads = q.dtype, k.shape[1]
+    q, q0, grad = q.float(), q0.float(), grad.float()
+    k, v, k0, v0 = (repeat_heads(t.float(), q.shape[1]) for t in (k, v, k0, v0))  # GQA: kv heads repeated
     k_mean, v_mean, q_mean = (k + k0) / 2, (v + v0) / 2, (q + q0) / 2
     batch, heads, n_queries = q.shape[:3]
     n_keys = k.shape[2]
@@ -257,21 +263,25 @@ def attention_multipliers_vjp(grad: T, q: T, k: T, v: T, q0: T, k0: T, v0: T, ma
         g_z = (g_p * torch.where(anchor, r, r0) + g_r * m_r) * m_e * scale
         g_q.append(torch.matmul(g_z, k_mean))
         g_k = g_k + torch.matmul(g_z.transpose(2, 3), q_mean[:, :, rows])
+    # the repeated heads' gradients summed back onto each key/value head
+    g_k, g_v = (t.reshape(batch, k_heads, -1, n_keys, t.shape[-1]).sum(2) for t in (g_k, g_v))
     return torch.cat(g_q, dim=2).to(dtype), g_k.to(dtype), g_v.to(dtype)
 
 
 class LinearisedAttention(torch.autograd.Function):
     """sdpa attention forward (memory-efficient), DeepLIFT multipliers backward (:func:`attention_multipliers_vjp`).
 
-    ``forward(q, k, v, q0, k0, v0, mask, is_causal, scale)``: ``q``, ``k``, ``v`` ``(B, H, S, D)`` of the input
-    pass (keys and values repeated to the query heads), ``q0``, ``k0``, ``v0`` of the reference pass.
+    ``forward(q, k, v, q0, k0, v0, mask, is_causal, scale)``: ``q`` ``(B, H, S, D)``, ``k``, ``v``
+    ``(B, H_kv, S, D)`` of the input pass (GQA: ``H_kv`` divides ``H``), ``q0``, ``k0``, ``v0`` of the reference
+    pass. Keeps these six ``O(S)`` tensors for the backward pass.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, q0, k0, v0, mask, is_causal, scale):
         ctx.save_for_backward(q, k, v, q0, k0, v0, mask)
         ctx.is_causal, ctx.scale = is_causal, scale
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=k.shape[1] != q.shape[1])
 
     @staticmethod
     def backward(ctx, grad):
@@ -290,8 +300,8 @@ def deeplift_attributions(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> tupl
     :func:`llmattr.models.probe.eager_attention` (and for softcapped models) the eager attention's own calls go
     through the rules instead: every layer's ``(S, S)`` probabilities, the same multipliers.
     """
-    with torch.enable_grad(), DeepLiftMode() as ref_mode:
-        f0 = f(x0.detach().requires_grad_(True)).detach()
+    with torch.enable_grad(), DeepLiftMode() as ref_mode, saved_tensors_hooks(_drop, _drop):
+        f0 = f(x0.detach().requires_grad_(True)).detach()  # requires_grad marks the input-dependent calls
     xg = x.detach().requires_grad_(True)
     with torch.enable_grad():
         with DeepLiftMode(ref_mode.operands):
