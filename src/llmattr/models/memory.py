@@ -12,8 +12,9 @@ width, ``H``/``H_kv`` query/key-value heads of width ``D``)::
 (the per-layer ``8 d + 4 f`` is what SmolLM2's forward+backward floor measured: 1.24 MB per token between 1k
 and 2k tokens over its 30 layers in float32, by ``benchmarks/bench_memory.py``; ``8 d + 4 f`` gives 1.29 MB).
 Forward-only methods use ``forward + cache``, gradient methods ``backward`` (or the checkpointed one),
-DeepLIFT two backward graphs (the reference pass's recorded operands, the input pass's linearised graph; its
-attention multipliers are computed a block of query rows at a time, no ``(S, S)`` tensor). The estimate is
+DeepLIFT 2.5 backward graphs (the reference pass's recorded operands, the input pass's linearised graph and its
+coefficients: measured 2.32 times the floor's activations at 1k tokens; its attention multipliers are computed a
+block of query rows at a time, no ``(S, S)`` tensor). The estimate is
 compared with the memory the device has free: CPU available RAM (``psutil``), GPU free memory
 (``torch.cuda.mem_get_info``), or the ``LLMATTR_MEMORY_LIMIT`` environment variable (e.g. ``2GB``), which lowers
 the budget for tests and shared machines.
@@ -100,7 +101,7 @@ def activation_bytes(shapes: Shapes, kind: str, tokens: int, rows: int = 1, chec
         per_token = s.element * (s.layers * s.hidden + 5 * s.hidden + 6 * s.mlp)
     else:
         per_token = s.element * s.layers * (8 * s.hidden + 4 * s.mlp) + forward
-    return (2 if kind == "deeplift" else 1) * rows * tokens * per_token
+    return (5 if kind == "deeplift" else 2) * rows * tokens * per_token // 2
 
 
 def path_batch(lm: LoadedModel, tokens: int, points: int, checkpointing: bool = False) -> int:
