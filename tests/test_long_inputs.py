@@ -10,15 +10,18 @@ import pytest
 import torch
 
 import llmattr
+from conftest import ARCHS
 from llmattr import methods
 from llmattr.api import prepare
 from llmattr.errors import LlmattrError
-from llmattr.methods import integrated
+from llmattr.methods import deeplift, integrated
+from llmattr.methods.gradient import baseline_embeds, score_fn
 from llmattr.methods.value_zeroing import value_zeroing_distances
 from llmattr.models.forward import decoder_blocks, logits_at
 from llmattr.models.memory import LIMIT_ENV, Shapes, activation_bytes, checkpointed, path_batch, plan
 from llmattr.models.probe import eager_attention
 from llmattr.tasks import get_task
+from test_deeplift import sharpened
 
 TEXT = "An engrossing film that is never boring, with a terrific cast."
 CHEAP = {"integrated-gradients": {"n_steps": 4}, "igcg": {"n_steps": 4}, "aieg": {"n_steps": 4},
@@ -46,6 +49,32 @@ def test_every_method_equals_the_eager_computation(tiny_lm):
         torch.testing.assert_close(got / scale, want / scale, atol=1e-4, rtol=0, msg=name)
 
 
+@pytest.mark.parametrize("gain", [1.0, 20.0])
+def test_deeplift_row_blocks_equal_the_eager_rules(tiny_tokenizer, monkeypatch, gain):
+    """DeepLIFT's sdpa path (attention multipliers in the backward pass, here one query row per block) gives the
+    attributions and deltas of the eager path (every ``(S, S)`` call through the rules), on the five
+    architectures (Gemma3's window of 4 included), with plain and sharpened attention (query weights x 20:
+    rows where one pass's normaliser is tiny, so both anchors of the scale product are taken)."""
+    monkeypatch.setattr(deeplift, "ATTENTION_BLOCK", 1)  # one row per block (tiny models: B H S <= 4 * 30)
+    calls = []
+    inner = deeplift.attention_multipliers_vjp
+    monkeypatch.setattr(deeplift, "attention_multipliers_vjp", lambda *a: calls.append(1) or inner(*a))
+    for arch in ARCHS:
+        lm = sharpened(arch, tiny_tokenizer, gain=gain)
+        target = prepare(lm, TEXT, get_task("sentiment"), answer=" movie was")
+        f, x = score_fn(lm, target, "logit"), lm.embed(target.input_ids).detach()
+        x0 = baseline_embeds(lm, x, target, "unk")
+        got, got_delta = deeplift.deeplift_attributions(f, x, x0)
+        assert len(calls) == lm.config.num_hidden_layers, arch  # the eager path was not taken
+        calls.clear()
+        with eager_attention():
+            want, want_delta = deeplift.deeplift_attributions(f, x, x0)
+        assert not calls
+        scale = want.abs().sum((1, 2), keepdim=True)
+        torch.testing.assert_close(got / scale, want / scale, atol=1e-5, rtol=0, msg=arch)
+        torch.testing.assert_close(got_delta, want_delta, atol=1e-5 * float(want_delta.abs().max()), rtol=0)
+
+
 def test_value_zeroing_distances_equal_the_eager_computation(tiny_lm):
     """Value zeroing's 1 - cos distances (~1e-5 on tiny random models, so normalising them would magnify float
     noise) agree to a few float32 steps of cos near 1."""
@@ -67,8 +96,7 @@ def test_activation_formula_by_hand(tiny_llama):
     backward = 4 * 2 * (8 * 32 + 4 * 64) + forward
     assert activation_bytes(shapes, "backward", 10, rows=3) == 3 * 10 * backward
     assert activation_bytes(shapes, "backward", 10, checkpointing=True) == 10 * 4 * (2 * 32 + 5 * 32 + 6 * 64)
-    eager = 4 * 3 * 2 * 4 * 10
-    assert activation_bytes(shapes, "deeplift", 10) == 2 * 10 * backward + 10 * eager
+    assert activation_bytes(shapes, "deeplift", 10) == 5 * 10 * backward // 2  # linear: no (S, S) term
 
 
 @pytest.mark.parametrize("limit, expected", [("1GB", 16), ("120KB", 2), ("1KB", 1)])

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.graph import saved_tensors_hooks
 from torch.overrides import TorchFunctionMode
 
 from ..models.loading import LoadedModel
-from ..models.probe import eager_attention
+from ..models.probe import repeat_heads
 from ..targets import Target
 from .base import register
 from .grad_ellm import step_gradients
@@ -47,10 +48,30 @@ SOFTMAX = {torch.softmax, T.softmax, F.softmax}
 NORMALISERS = {torch.rsqrt, T.rsqrt, torch.reciprocal, T.reciprocal}
 NEAR_ZERO = 1e-7  # relative, about one float32 step: x and x0 equal or adjacent -> the gradient
 SCALE = "_llmattr_deeplift_scale"  # marks a normaliser's output (rsqrt / reciprocal)
+ATTENTION_BLOCK = 2**22  # score elements (batch x heads x rows x keys) per block of the attention multipliers
 
 
 def _grad_arg(x) -> bool:
     return isinstance(x, torch.Tensor) and x.requires_grad
+
+
+def rescale(func, x: T, x0: T, *rest, **kwargs) -> tuple[T, T]:
+    """``f(x)`` and the rescale multiplier ``(f(x) - f(x0)) / (x - x0)`` (the derivative ``f'(x)`` where ``x``
+    and ``x0`` are equal or adjacent float32 numbers)."""
+    y, y0 = func(x, *rest, **kwargs), func(x0, *rest, **kwargs)
+    dx = x - x0
+    far = dx.abs() > NEAR_ZERO * torch.maximum(x.abs(), x0.abs())
+    m = (y - y0) / torch.where(far, dx, 1)
+    if not bool(far.all()):
+        with torch.enable_grad():
+            xd = x.detach().requires_grad_(True)
+            (slope,) = torch.autograd.grad(func(xd, *rest, **kwargs).sum(), xd)
+        m = torch.where(far, m, slope)
+    return y, m
+
+
+def _drop(_):
+    """Saved-tensor hook of the reference pass: no backward runs through it, so its graph keeps no tensor."""
 
 
 def _linearised(value: T, inputs: list[T], multipliers: list[T], op) -> T:
@@ -61,7 +82,9 @@ def _linearised(value: T, inputs: list[T], multipliers: list[T], op) -> T:
 
 class DeepLiftMode(TorchFunctionMode):
     """Records (``reference=None``) or replays the reference operands of every input-dependent
-    non-linear call, in call order (both passes run the same code on same-shaped inputs)."""
+    non-linear call, in call order (both passes run the same code on same-shaped inputs). Replaying consumes
+    the list: each call's reference operands are released once its multipliers are computed, so the input
+    pass's graph grows as the recorded reference shrinks (the peak stays near one pass's activations)."""
 
     def __init__(self, reference: list | None = None):
         super().__init__()
@@ -79,13 +102,15 @@ class DeepLiftMode(TorchFunctionMode):
             kind = "divide"
         elif (func in SOFTMAX or func is F.layer_norm) and _grad_arg(args[0]):
             kind = "softmax" if func in SOFTMAX else "layer_norm"
+        elif func is F.scaled_dot_product_attention and _grad_arg(args[0]):
+            kind = "attention"
         else:
             return func(*args, **kwargs)
         tensors = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
         if self.recording:
             self.operands.append(tensors)
             return func(*args, **kwargs)
-        ref = self.operands[self.calls]
+        ref, self.operands[self.calls] = self.operands[self.calls], None  # consumed: freed as the input pass goes
         self.calls += 1
         if any(isinstance(a, torch.Tensor) and isinstance(r, torch.Tensor) and a.shape != r.shape
                for a, r in zip(args, ref, strict=True)):
@@ -95,17 +120,8 @@ class DeepLiftMode(TorchFunctionMode):
     @staticmethod
     def unary(func, args, ref, kwargs) -> T:
         """Rescale rule: multiplier ``(f(x) - f(x0)) / (x - x0)``, the derivative where they coincide."""
-        x, x0 = args[0], ref[0]
-        rest = args[1:]
-        y, y0 = func(x.detach(), *rest, **kwargs), func(x0, *rest, **kwargs)
-        dx = x.detach() - x0
-        far = dx.abs() > NEAR_ZERO * torch.maximum(x.detach().abs(), x0.abs())
-        m = (y - y0) / torch.where(far, dx, 1)
-        if not bool(far.all()):
-            with torch.enable_grad():
-                xd = x.detach().requires_grad_(True)
-                (slope,) = torch.autograd.grad(func(xd, *rest, **kwargs).sum(), xd)
-            m = torch.where(far, m, slope)
+        x = args[0]
+        y, m = rescale(func, x.detach(), ref[0], *args[1:], **kwargs)
         out = _linearised(y, [x], [m], lambda i, c: i[0] * c[0])
         if func in NORMALISERS:
             setattr(out, SCALE, True)
@@ -161,6 +177,14 @@ class DeepLiftMode(TorchFunctionMode):
         r = self.unary(torch.reciprocal, [s], [s0], {})
         return self.product(torch.mul, [e, r], [e0, torch.reciprocal(s0)], {})
 
+    @staticmethod
+    def attention(func, args, ref, kwargs) -> T:
+        """sdpa's ``softmax(q k^T * scale + mask) v`` with the rules above, in :class:`LinearisedAttention`."""
+        (q, k, v), (q0, k0, v0) = args[:3], ref[:3]
+        scale = kwargs.get("scale") or q.shape[-1] ** -0.5
+        return LinearisedAttention.apply(q, k, v, q0, k0, v0, kwargs.get("attn_mask"),
+                                         bool(kwargs.get("is_causal")), scale)
+
     def layer_norm(self, func, args, ref, kwargs) -> T:
         """``(x - mean) * rsqrt(var + eps) * w + b`` with the rescale and product rules."""
         x, x0 = args[0], ref[0]
@@ -178,17 +202,108 @@ class DeepLiftMode(TorchFunctionMode):
         return y + bias if bias is not None else y
 
 
+def visible_block(mask: T | None, is_causal: bool, rows: slice, n_keys: int, device) -> T | None:
+    """sdpa's mask for the query rows ``rows``: boolean (True = attend) or additive, broadcastable to
+    ``(B, H, R, S)``; ``None`` when every key is visible."""
+    if mask is not None:
+        return mask[..., rows, :]
+    if not is_causal:
+        return None
+    queries = torch.arange(rows.start, rows.stop, device=device)
+    return torch.arange(n_keys, device=device)[None, :] <= queries[:, None]  # top-left causal, as sdpa's
+
+
+def attention_multipliers_vjp(grad: T, q: T, k: T, v: T, q0: T, k0: T, v0: T, mask: T | None,
+                              is_causal: bool, scale: float) -> tuple[T, T, T]:
+    """Vector-Jacobian product of DeepLIFT's linearisation of ``o = softmax(z) v``, ``z = q k^T * scale + mask``,
+    computed for ``ATTENTION_BLOCK`` score elements at a time (query rows in blocks): no ``(S, S)`` tensor
+    outlives its block.
+
+    The rules of :class:`DeepLiftMode` (the eager path's decomposition), per block of rows:
+    ``dz = (dq K^T + Q dk^T) scale`` with ``K = (k + k0)/2``, ``Q = (q + q0)/2``; ``e = exp(z - c)`` (``c`` the
+    row maximum of both passes) with the rescale multiplier ``m_e``; ``s = sum e``; ``r = 1/s`` with ``m_r``;
+    ``p = e r`` anchored on the smaller scale (``dp = R de + E dr`` with ``(R, E) = (r, e0)`` where ``r <= r0``,
+    ``(r0, e)`` elsewhere); ``do = dp V + P dv`` with ``V = (v + v0)/2``, ``P = (p + p0)/2``. Transposed:
+    ``g_v = P^T g``, ``g_p = g V^T``, ``g_z = m_e (R g_p + m_r sum_j E g_p)``, ``g_q = g_z K scale``,
+    ``g_k = g_z^T Q scale``.
+    """
+    dtype, k_heads = q.dtype, k.shape[1]
+    q, q0, grad = q.float(), q0.float(), grad.float()
+    k, v, k0, v0 = (repeat_heads(t.float(), q.shape[1]) for t in (k, v, k0, v0))  # GQA: kv heads repeated
+    k_mean, v_mean, q_mean = (k + k0) / 2, (v + v0) / 2, (q + q0) / 2
+    batch, heads, n_queries = q.shape[:3]
+    n_keys = k.shape[2]
+    low = torch.finfo(torch.float32).min
+    g_q, g_k, g_v = [], torch.zeros_like(k), torch.zeros_like(v)  # out of place: the T steps' vmap batches grad
+    step = max(1, ATTENTION_BLOCK // (batch * heads * n_keys))
+    for start in range(0, n_queries, step):
+        rows = slice(start, min(start + step, n_queries))
+        visible = visible_block(mask, is_causal, rows, n_keys, q.device)
+        z = torch.matmul(q[:, :, rows], k.transpose(2, 3)) * scale
+        z0 = torch.matmul(q0[:, :, rows], k0.transpose(2, 3)) * scale
+        if visible is not None and visible.dtype == torch.bool:
+            z, z0 = torch.where(visible, z, low), torch.where(visible, z0, low)
+        elif visible is not None:
+            z, z0 = z + visible, z0 + visible
+        c = torch.maximum(z.amax(-1, keepdim=True), z0.amax(-1, keepdim=True))
+        c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
+        e, m_e = rescale(torch.exp, (z - c).clamp_min(low), (z0 - c).clamp_min(low))
+        e0 = torch.exp(z0 - c)
+        s0 = e0.sum(-1, keepdim=True)
+        r, m_r = rescale(torch.reciprocal, e.sum(-1, keepdim=True), s0)
+        r0 = torch.reciprocal(s0)
+        anchor = r <= r0
+        p_mean = (e * r + torch.softmax(z0, -1)) / 2
+        # index_select, not a slice: a slice over all rows is an alias, which has no batching rule in the
+        # T steps' vmap (grad is batched)
+        g = grad.index_select(2, torch.arange(rows.start, rows.stop, device=grad.device))
+        g_v = g_v + torch.matmul(p_mean.transpose(2, 3), g)
+        g_p = torch.matmul(g, v_mean.transpose(2, 3))
+        g_r = (g_p * torch.where(anchor, e0, e)).sum(-1, keepdim=True)
+        g_z = (g_p * torch.where(anchor, r, r0) + g_r * m_r) * m_e * scale
+        g_q.append(torch.matmul(g_z, k_mean))
+        g_k = g_k + torch.matmul(g_z.transpose(2, 3), q_mean[:, :, rows])
+    # the repeated heads' gradients summed back onto each key/value head
+    g_k, g_v = (t.reshape(batch, k_heads, -1, n_keys, t.shape[-1]).sum(2) for t in (g_k, g_v))
+    return torch.cat(g_q, dim=2).to(dtype), g_k.to(dtype), g_v.to(dtype)
+
+
+class LinearisedAttention(torch.autograd.Function):
+    """sdpa attention forward (memory-efficient), DeepLIFT multipliers backward (:func:`attention_multipliers_vjp`).
+
+    ``forward(q, k, v, q0, k0, v0, mask, is_causal, scale)``: ``q`` ``(B, H, S, D)``, ``k``, ``v``
+    ``(B, H_kv, S, D)`` of the input pass (GQA: ``H_kv`` divides ``H``), ``q0``, ``k0``, ``v0`` of the reference
+    pass. Keeps these six ``O(S)`` tensors for the backward pass.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, q0, k0, v0, mask, is_causal, scale):
+        ctx.save_for_backward(q, k, v, q0, k0, v0, mask)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=k.shape[1] != q.shape[1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, q0, k0, v0, mask = ctx.saved_tensors
+        g_q, g_k, g_v = attention_multipliers_vjp(grad, q, k, v, q0, k0, v0, mask, ctx.is_causal, ctx.scale)
+        return g_q, g_k, g_v, None, None, None, None, None, None
+
+
 def deeplift_attributions(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepLIFT attributions ``(x - x0) * m`` ``(T, *x.shape[1:])`` and ``F(x) - F(x0)`` ``(T,)``.
 
     ``f`` maps a batch ``(1, ...)`` to ``(1, T)``; one reference forward, one input forward, one backward
-    (the T steps' multipliers are batched vector-Jacobian products). Attention runs eagerly (its softmax
-    needs the rule above; sdpa's fused kernel would be linearised), so memory grows with the square of the length.
+    (the T steps' multipliers are batched vector-Jacobian products). Attention runs in sdpa's memory-efficient
+    kernel; its multipliers are computed in the backward pass a block of query rows at a time
+    (:class:`LinearisedAttention`), so memory grows linearly with the length. Inside
+    :func:`llmattr.models.probe.eager_attention` (and for softcapped models) the eager attention's own calls go
+    through the rules instead: every layer's ``(S, S)`` probabilities, the same multipliers.
     """
-    with torch.enable_grad(), eager_attention(), DeepLiftMode() as ref_mode:
-        f0 = f(x0.detach().requires_grad_(True)).detach()
+    with torch.enable_grad(), DeepLiftMode() as ref_mode, saved_tensors_hooks(_drop, _drop):
+        f0 = f(x0.detach().requires_grad_(True)).detach()  # requires_grad marks the input-dependent calls
     xg = x.detach().requires_grad_(True)
-    with torch.enable_grad(), eager_attention():
+    with torch.enable_grad():
         with DeepLiftMode(ref_mode.operands):
             out = f(xg)
         (multipliers,) = step_gradients(out.sum(0), [xg])  # (T, 1, ...)

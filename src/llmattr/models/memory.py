@@ -8,15 +8,16 @@ width, ``H``/``H_kv`` query/key-value heads of width ``D``)::
     cache     (a key/value cache of the sequence):             S e 2 L H_kv D
     backward  (every layer's saved activations):               R S e (L (8 d + 4 f) + 4 d + 4 f)
     checkpointed backward (block inputs kept, one block redone): R S e (L d + 5 d + 6 f)
-    eager attention (DeepLIFT only; (S, S) per head and layer): R S e 3 L H S
 
 (the per-layer ``8 d + 4 f`` is what SmolLM2's forward+backward floor measured: 1.24 MB per token between 1k
 and 2k tokens over its 30 layers in float32, by ``benchmarks/bench_memory.py``; ``8 d + 4 f`` gives 1.29 MB).
 Forward-only methods use ``forward + cache``, gradient methods ``backward`` (or the checkpointed one),
-DeepLIFT two backward graphs plus the eager attention. The estimate is compared with the memory the device
-has free: CPU available RAM (``psutil``), GPU free memory (``torch.cuda.mem_get_info``), or the
-``LLMATTR_MEMORY_LIMIT`` environment variable (e.g. ``2GB``), which lowers the budget for tests and shared
-machines.
+DeepLIFT 2.5 backward graphs (the reference pass's recorded operands, the input pass's linearised graph and its
+coefficients: measured 2.32 times the floor's activations at 1k tokens; its attention multipliers are computed a
+block of query rows at a time, no ``(S, S)`` tensor). The estimate is
+compared with the memory the device has free: CPU available RAM (``psutil``), GPU free memory
+(``torch.cuda.mem_get_info``), or the ``LLMATTR_MEMORY_LIMIT`` environment variable (e.g. ``2GB``), which lowers
+the budget for tests and shared machines.
 """
 
 from __future__ import annotations
@@ -100,9 +101,7 @@ def activation_bytes(shapes: Shapes, kind: str, tokens: int, rows: int = 1, chec
         per_token = s.element * (s.layers * s.hidden + 5 * s.hidden + 6 * s.mlp)
     else:
         per_token = s.element * s.layers * (8 * s.hidden + 4 * s.mlp) + forward
-    if kind == "deeplift":
-        return 2 * rows * tokens * per_token + rows * tokens * s.element * 3 * s.layers * s.heads * tokens
-    return rows * tokens * per_token
+    return (5 if kind == "deeplift" else 2) * rows * tokens * per_token // 2
 
 
 def path_batch(lm: LoadedModel, tokens: int, points: int, checkpointing: bool = False) -> int:
