@@ -25,13 +25,13 @@ import time
 from collections import defaultdict
 
 import torch
+from llmattr.runner import load_dataset
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, PreTrainedTokenizerFast
 
 from llmattr import methods as registry
 from llmattr.api import attribute, prepare
 from llmattr.faithfulness import evaluate
 from llmattr.models.loading import LoadedModel, converted_folder, default_gguf, load_model, wrap_model
-from llmattr.runner import load_dataset
 
 _COMMON = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=8, rms_norm_eps=1e-5, tie_word_embeddings=False)

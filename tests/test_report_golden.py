@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from llmattr.api import catalog
 from llmattr.report import build_report
 from llmattr.report.html import strip_timings
 
@@ -31,7 +32,7 @@ def rendered(out: Path) -> dict[str, bytes]:
     """The report's comparable files, normalised as the module docstring says."""
     store = out / STORE.name
     shutil.copy(STORE, store)  # render from a copy: the committed file is never opened for writing
-    _, written = build_report([store], out / "report", ("md", "latex", "csv", "html"))
+    _, written = build_report([store], out / "report", ("md", "latex", "csv", "html"), catalog=catalog())
     files = {}
     for path in written:
         if path.suffix == ".png" or path.stem == "table6_time":

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -44,6 +45,12 @@ class Estimate:
     @property
     def half_width(self) -> float | None:
         return None if self.low is None else (self.high - self.low) / 2
+
+
+def stable_seed(*parts: object) -> int:
+    """A 63-bit seed from the parts' text (SHA-256; independent of PYTHONHASHSEED and of the order of work)."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def mc_standard_error(samples: np.ndarray) -> np.ndarray:

@@ -37,12 +37,13 @@ try:
     import fcntl  # POSIX advisory locks; Windows has none, there concurrent writers are not detected
 except ImportError:
     fcntl = None
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__
 from .errors import LlmattrError
+from .specs import method_label
+from .version import __version__
 
 SCHEMA_VERSION = 2  # 2: results.mc_se
 NONE = -1  # sentinel for "no pi" / "no step" (primary-key columns cannot hold NULL duplicates)
@@ -270,10 +271,12 @@ class Results:
 
     Shards of one run (``results.rank*.sqlite``) are merged; a row present in two stores with two
     different values, or two stores with different settings for one model, is refused.
+    ``method_defaults`` (each method's default parameters) make the method labels (:meth:`label`).
     """
 
-    def __init__(self, paths: Iterable[str | Path]):
+    def __init__(self, paths: Iterable[str | Path], method_defaults: Mapping[str, Mapping] | None = None):
         self.paths = expand(paths)
+        self.method_defaults = dict(method_defaults or {})
         if not self.paths:
             raise LlmattrError("no store given: pass results.sqlite (or several, or a glob)")
         self.conn = sqlite3.connect(":memory:")
@@ -307,6 +310,10 @@ class Results:
         self.conn.execute("DETACH DATABASE src")
 
     # ------------------------------------------------------------------ queries
+    def label(self, method: str, params: dict | str) -> str:
+        """The method's name plus its parameters that differ from its defaults."""
+        return method_label(method, params, self.method_defaults.get(method))
+
     def models(self) -> list[str]:
         rows = self.conn.execute("SELECT DISTINCT model FROM explanations ORDER BY model")
         return [r[0] for r in rows]

@@ -14,7 +14,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
 from conftest import CORPUS, build_tiny  # noqa: E402
-from llmattr.runner import EvalConfig, run  # noqa: E402
+from llmattr.evaluation import EvalConfig, run  # noqa: E402
 
 
 def tiny_tokenizer():

@@ -36,8 +36,12 @@ from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
 from ..scores import check_finite
+from ..specs import MetricRow, TableSpec
+from ..store import Row
 from ..targets import Target, visible
+from ..tasks import TASKS, get_task
 from .engine import PerturbationEngine
+from .registry import Metric, MetricContext, register
 
 REMOVALS = ("zero", "delete")
 DI_STEPS = 20
@@ -233,8 +237,6 @@ def ranking_metrics(scores: Explanation | torch.Tensor, lm: LoadedModel, target:
 
 def default_labels(lm: LoadedModel, task_name: str | None, example: dict | None = None) -> torch.Tensor | None:
     """Label word ids of a task: its ``label_words``; BLiMP: (target, foil) of the example; else None."""
-    from ..tasks import get_task
-
     if not task_name:
         return None
     task = get_task(task_name)
@@ -307,3 +309,82 @@ def aggregate(results: list[RankingMetrics], gold: list | None = None) -> dict:
         pred = torch.tensor([getattr(r, f"{key}_pred") for r in results])
         out[f"{key}_accuracy"] = (pred == y).double().mean(0).tolist()
     return out
+
+
+# ----------------------------------------------------------------------------- registered metrics
+def _shared(ctx: MetricContext) -> RankingMetrics:
+    """All ranking metrics of the explanation's first step in one batched call, shared by the three
+    ranking metrics of one explanation."""
+    removal = ctx.options.removal
+    return ctx.shared(("ranking", removal), lambda: ranking_metrics(ctx.explanation, ctx.lm, removal=removal))
+
+
+def gold_index(expl: Explanation) -> int | None:
+    """Index of the gold label among the task's label words (None when there is no gold label)."""
+    task = TASKS.get(expl.task or "")
+    label = expl.example.get("label")
+    words = list(task.label_words) if task is not None else []
+    return words.index(label) if label in words else None
+
+
+def _deletion_insertion_rows(ctx: MetricContext, routing: str) -> list[Row]:
+    """Deletion/insertion flip-probability curves, their AUCs and the AUCs of the change in flip probability
+    from the clean input (paper 000 appendix E's quantity; Table 4)."""
+    r = _shared(ctx)
+    rows = []
+    for name, curve in (("deletion", r.deletion), ("insertion", r.insertion)):
+        rows += [Row(name, v, pi=f) for f, v in zip(curve.fractions, curve.flip, strict=True)]
+        rows += [Row(f"{name}_auc", curve.auc), Row(f"{name}_change_auc", curve.change_auc)]
+    return rows
+
+
+def _comp_suff_rows(ctx: MetricContext, routing: str) -> list[Row]:
+    """Comprehensiveness/sufficiency confidence drops per K and, with a gold label, whether the perturbed
+    prediction is correct (paper 003 eqs. 5-8; averaged over K and examples in its Tables 1, 4-6)."""
+    r = _shared(ctx)
+    gold = gold_index(ctx.explanation)
+    rows = []
+    for name, drops, preds in (("comprehensiveness", r.comprehensiveness, r.comprehensiveness_pred),
+                               ("sufficiency", r.sufficiency, r.sufficiency_pred)):
+        rows += [Row(name, v, pi=k) for k, v in zip(r.k_grid, drops, strict=True)]
+        if gold is not None:
+            rows += [Row(f"{name}_acc", float(p == gold), pi=k) for k, p in zip(r.k_grid, preds, strict=True)]
+    return rows
+
+
+def _log_odds_rows(ctx: MetricContext, routing: str) -> list[Row]:
+    """Paper 004 appendix A.4 at the top 20%: log-odds, comprehensiveness and sufficiency."""
+    r = _shared(ctx)
+    return [Row("log_odds", r.log_odds), Row("comprehensiveness_top_k", r.comprehensiveness_top_k),
+            Row("sufficiency_top_k", r.sufficiency_top_k)]
+
+
+PER_COLUMN = "Averaged over all perturbation ratios; ranks per column."
+register(Metric(
+    "deletion-insertion", _deletion_insertion_rows, options=("removal",),
+    summary="deletion/insertion flip-probability AUC (paper 000 app. E; Table 4)",
+    tables=(TableSpec("table4_deletion_insertion", "Table 4: deletion and insertion AUC",
+                      "Flip probability along 5% steps by rank, and its change from the clean input "
+                      "(Δ, paper 000 appendix E's quantity); ranks on every row.", "datasets_by_methods",
+                      (MetricRow("deletion_auc", "Deletion", True, ".4f"),
+                       MetricRow("insertion_auc", "Insertion", False, ".4f"),
+                       MetricRow("deletion_change_auc", "Deletion Δ", True, ".4f"),
+                       MetricRow("insertion_change_auc", "Insertion Δ", False, ".4f")),
+                      order=40, mark_all_rows=True),)))
+register(Metric(
+    "comp-suff", _comp_suff_rows, options=("removal",),
+    summary="comprehensiveness/sufficiency per K with accuracy (paper 003 Tables 1, 4-6)",
+    tables=(TableSpec("table_comprehensiveness", "Comprehensiveness (paper 003 Tables 1 and 4)", PER_COLUMN,
+                      "methods_by_datasets", (MetricRow("comprehensiveness", "Comp CD", True),
+                                              MetricRow("comprehensiveness_acc", "Comp Acc", False)), order=50),
+            TableSpec("table_sufficiency", "Sufficiency (paper 003 Tables 5 and 6)", PER_COLUMN,
+                      "methods_by_datasets", (MetricRow("sufficiency", "Suff CD", False),
+                                              MetricRow("sufficiency_acc", "Suff Acc", True)), order=60))))
+register(Metric(
+    "log-odds", _log_odds_rows, options=("removal",),
+    summary="log-odds, comprehensiveness, sufficiency at top 20% (paper 004 A.4)",
+    tables=(TableSpec("table_log_odds", "Log-odds, comprehensiveness and sufficiency at the top 20% "
+                      "(paper 004 appendix A.4)", "Ranks per column.", "methods_by_datasets",
+                      (MetricRow("log_odds", "Log-odds", False),
+                       MetricRow("comprehensiveness_top_k", "Comprehensiveness", True),
+                       MetricRow("sufficiency_top_k", "Sufficiency", False)), order=70),)))

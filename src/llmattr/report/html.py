@@ -15,7 +15,6 @@ from collections import defaultdict
 
 from ..explanation import Explanation
 from ..plotting import method_colors
-from ..runner import method_label
 from ..store import Results
 from .figures import Figure
 from .tables import Table, dataset_key, dataset_name, settings_lines, to_html
@@ -55,7 +54,7 @@ def qualitative(results: Results, model: str, per_dataset: int = 3, fraction: fl
     """Fig. 4: the first examples (by id) that every method explained, top tokens marked per method."""
     by_example: dict = defaultdict(dict)
     for dataset, method, params, example, text, _seconds in results.explanations(model):
-        by_example[(dataset, example)][method_label(method, params)] = text
+        by_example[(dataset, example)][results.label(method, params)] = text
     labels = sorted({label for methods in by_example.values() for label in methods})
     colors = method_colors(labels)  # the figures' colours
     legend = "".join(f'<span><i style="background:{colors[label]}"></i>{html.escape(label)}</span>'
