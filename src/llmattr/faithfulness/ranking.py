@@ -34,6 +34,7 @@ import torch
 
 from ..errors import LlmattrError
 from ..explanation import Explanation
+from ..models.forward import padded_last_probs
 from ..models.loading import LoadedModel
 from ..scores import check_finite
 from ..specs import MetricRow, TableSpec
@@ -41,6 +42,7 @@ from ..store import Row
 from ..targets import Target, visible
 from ..tasks import TASKS, get_task
 from .engine import PerturbationEngine
+from .inputs import target_from_explanation
 from .registry import Metric, MetricContext, register
 
 REMOVALS = ("zero", "delete")
@@ -72,20 +74,6 @@ def class_probs(probs: torch.Tensor, label_ids: torch.Tensor | None, token_id: i
 
 
 # ----------------------------------------------------------------------------- perturbed forwards
-@torch.no_grad()
-def padded_last_probs(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
-    """Next-token probabilities ``(N, V)`` after each row of a left-padded ``(N, S)`` batch (mask 0 = pad);
-    position ids count only the unpadded tokens, logits are computed at the last position only."""
-    positions = (mask.cumsum(1) - 1).clamp_min(0)
-    out = []
-    for start in range(0, ids.shape[0], batch_size):
-        rows = slice(start, start + batch_size)
-        logits = lm.model(input_ids=ids[rows].to(lm.device), attention_mask=mask[rows].to(lm.device),
-                          position_ids=positions[rows].to(lm.device), use_cache=False, logits_to_keep=1).logits
-        out.append(torch.softmax(logits[:, -1].float(), dim=-1).cpu())
-    return torch.cat(out)
-
-
 def deleted_probs(lm: LoadedModel, target: Target, step: int, keep: torch.Tensor,
                   batch_size: int = 64) -> torch.Tensor:
     """Next-token probabilities ``(N, V)`` at step ``step`` with the span tokens where ``keep`` is 0 deleted.
@@ -250,8 +238,6 @@ def default_labels(lm: LoadedModel, task_name: str | None, example: dict | None 
 def _inputs(scores, lm, target, label_ids, step) -> tuple[torch.Tensor, Target, torch.Tensor | None]:
     """Raw scores ``(m,)``, the target and the label ids, from an Explanation or plain tensors."""
     if isinstance(scores, Explanation):
-        from . import target_from_explanation
-
         if not 0 <= step < len(scores.steps):
             raise LlmattrError(f"step {step} is outside the explanation's {len(scores.steps)} step(s)")
         if label_ids is None:

@@ -18,7 +18,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .. import stats  # noqa: E402
-from ..explanation import Explanation  # noqa: E402
 from ..plotting import method_colors, plot_pi_curves  # noqa: E402
 from ..specs import LAYER_SWEEP  # noqa: E402
 from ..store import Results  # noqa: E402
@@ -141,8 +140,8 @@ def score_distributions(results: Results, model: str, out: Path) -> list[Figure]
     scores: dict = defaultdict(list)
     examples: dict = defaultdict(int)
     for _dataset, method, params, _example, text, _seconds in results.explanations(model):
-        expl = Explanation.from_json(text)
-        scores[results.label(method, params)].extend(v for step in expl.steps for v in step.scores)
+        steps = json.loads(text)["steps"]
+        scores[results.label(method, params)].extend(v for step in steps for v in step["scores"])
         examples[results.label(method, params)] += 1
     if not scores:
         return []
