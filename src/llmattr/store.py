@@ -159,18 +159,20 @@ def _connect(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
-def _check_meta(conn: sqlite3.Connection, path: str | Path, strict_version: bool) -> None:
-    """Record schema/version in a new store; refuse a store of another schema (or version, if strict)."""
+def _check_meta(conn: sqlite3.Connection, path: str | Path, write: bool) -> None:
+    """Refuse a store of another schema; a writer also records schema/version in a new store and refuses a
+    store written by another llmattr version."""
     meta = dict(conn.execute("SELECT key, value FROM meta"))
-    if not meta:
+    if write and not meta:
         with conn:
             conn.executemany("INSERT INTO meta VALUES (?, ?)",
                              [("schema", str(SCHEMA_VERSION)), ("llmattr_version", __version__)])
         return
     if meta.get("schema") != str(SCHEMA_VERSION):
+        advice = ": use another --out file or the llmattr version that wrote it" if write else ""
         raise LlmattrError(f"{path} has store schema {meta.get('schema')}, this llmattr reads schema "
-                           f"{SCHEMA_VERSION}: use another --out file or the llmattr version that wrote it")
-    if strict_version and meta.get("llmattr_version") != __version__:
+                           f"{SCHEMA_VERSION}{advice}")
+    if write and meta.get("llmattr_version") != __version__:
         raise LlmattrError(f"{path} was written by llmattr {meta.get('llmattr_version')}, this is "
                            f"{__version__}: write to another --out file rather than mixing versions")
 
@@ -187,7 +189,7 @@ class Store:
         self.lock = _lock(self.path)
         try:
             self.conn = _connect(self.path)
-            _check_meta(self.conn, self.path, strict_version=True)
+            _check_meta(self.conn, self.path, write=True)
         except sqlite3.DatabaseError as err:
             self.lock.close()
             raise LlmattrError(f"{path} is not an llmattr results store ({err}); "
@@ -288,7 +290,7 @@ class Results:
     def _merge(self, path: Path) -> None:
         try:
             src = sqlite3.connect(str(path))
-            _check_meta_readonly(src, path)
+            _check_meta(src, path, write=False)
         except sqlite3.DatabaseError as err:
             raise LlmattrError(f"{path} is not an llmattr results store ({err})") from err
         for model, text in src.execute("SELECT model, settings FROM settings"):
@@ -321,11 +323,6 @@ class Results:
     def settings(self, model: str) -> dict:
         return self._settings.get(model, {})
 
-    def metrics(self, model: str) -> set[tuple[str, str]]:
-        """(metric, routing) pairs present for ``model``."""
-        sql = "SELECT DISTINCT metric, routing FROM results WHERE model = ?"
-        return set(self.conn.execute(sql, (model,)))
-
     def values(self, model: str, metric: str, routing: str) -> Iterator[tuple]:
         """(dataset, method, params, example, pi, step, value, mc_se) rows, in key order."""
         return self.conn.execute(
@@ -340,9 +337,3 @@ class Results:
             "SELECT dataset, method, params, example, explanation, attribution_s FROM explanations "
             "WHERE model = ? ORDER BY dataset, method, params, example", (model,))
 
-
-def _check_meta_readonly(conn: sqlite3.Connection, path: Path) -> None:
-    meta = dict(conn.execute("SELECT key, value FROM meta"))
-    if meta.get("schema") != str(SCHEMA_VERSION):
-        raise LlmattrError(f"{path} has store schema {meta.get('schema')}; "
-                           f"this llmattr reads schema {SCHEMA_VERSION}")

@@ -44,6 +44,7 @@ from ..tasks import TASKS, get_task
 from .engine import PerturbationEngine
 from .inputs import target_from_explanation
 from .registry import Metric, MetricContext, register
+from .soft import curve_auc
 
 REMOVALS = ("zero", "delete")
 DI_STEPS = 20
@@ -156,15 +157,11 @@ class RankingMetrics:
         return asdict(self)
 
 
-def _auc(fractions: torch.Tensor, y: torch.Tensor) -> float:
-    """Trapezoid area over the fraction axis [0, 1] (reads on the flip probability's own scale)."""
-    return float(torch.trapezoid(y, fractions))
-
-
 def _curve(fractions: torch.Tensor, flip: torch.Tensor, clean_flip: torch.Tensor) -> Curve:
     """The flip-probability curve and its change from the clean input's flip probability."""
     change = flip - clean_flip
-    return Curve(fractions.tolist(), flip.tolist(), _auc(fractions, flip), change.tolist(), _auc(fractions, change))
+    xs = fractions.tolist()  # from 0 to 1: the AUC is the trapezoid area itself, on the flip probability's scale
+    return Curve(xs, flip.tolist(), float(curve_auc(flip, xs)), change.tolist(), float(curve_auc(change, xs)))
 
 
 # ----------------------------------------------------------------------------- entry point

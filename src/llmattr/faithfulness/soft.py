@@ -166,7 +166,8 @@ def soft_samples(engine: PerturbationEngine, s_tilde: torch.Tensor, samples: int
 
 # ---------------------------------------------------------------------------------------- results
 def curve_auc(values: torch.Tensor, pis: list[float]) -> torch.Tensor:
-    """Trapezoid area under the pi-curve(s) along the first axis divided by the span of the grid."""
+    """Trapezoid area under the curve(s) along the first axis divided by the span of the grid (the pi grid;
+    the ranking metrics' fractions 0..1, whose span is 1), so the AUC reads on the metric's own scale."""
     if len(pis) == 1:
         return values[0]
     return torch.trapezoid(values, torch.tensor(pis, dtype=torch.float64), dim=0) / (pis[-1] - pis[0])

@@ -252,6 +252,18 @@ def _tests_table(name: str, corner: str, columns: list[str], sections: list[Sect
     return Table(f"{name}_tests", "p-values", TESTS_CAPTION, corner, cols, out)
 
 
+def dataset_groups(values: dict, m: MetricRow, datasets: list[str], labels: list[str], ranked: bool, cfg: Stats,
+                   best: dict, section: str) -> list[list[Cell]]:
+    """The cells of metric ``m`` for each dataset, one comparison group per dataset (its "best vs 2nd" text
+    goes into ``best[(section, dataset)]``)."""
+    out = []
+    for d in datasets:
+        group = {label: {d: values[(d, label)]} for label in labels if (d, label) in values}
+        cells, best[(section, dataset_name(d))] = group_cells(group, labels, m.fmt, m.higher, ranked, cfg)
+        out.append(cells)
+    return out
+
+
 def datasets_by_methods(results: Results, model: str, name: str, title: str, caption: str,
                         metrics: list[MetricRow], routing: str, mark_all_rows: bool,
                         cfg: Stats = Stats()) -> Table | None:
@@ -266,13 +278,10 @@ def datasets_by_methods(results: Results, model: str, name: str, title: str, cap
     data, datasets, labels = grid
     sections, best = [], {}
     for m in metrics:
-        values, rows = data[m.metric], []
+        values = data[m.metric]
         section = f"{m.title} {'↑' if m.higher else '↓'}"
-        for d in datasets:
-            group = {label: {d: values[(d, label)]} for label in labels if (d, label) in values}
-            cells, best[(section, dataset_name(d))] = group_cells(group, labels, m.fmt, m.higher, mark_all_rows,
-                                                                  cfg)
-            rows.append((dataset_name(d), cells))
+        rows = list(zip(map(dataset_name, datasets),
+                        dataset_groups(values, m, datasets, labels, mark_all_rows, cfg, best, section), strict=True))
         avg = {label: {d: values[(d, label)] for d in datasets} for label in labels
                if all((d, label) in values for d in datasets)}
         cells, best[(section, "Avg")] = group_cells(avg, labels, m.fmt, m.higher, True, cfg)
@@ -293,11 +302,7 @@ def methods_by_datasets(results: Results, model: str, name: str, title: str, cap
     sections, best = [], {}
     for m in metrics:
         section = f"{m.title} {'↑' if m.higher else '↓'}"
-        columns = []
-        for d in datasets:
-            group = {label: {d: data[m.metric][(d, label)]} for label in labels if (d, label) in data[m.metric]}
-            cells, best[(section, dataset_name(d))] = group_cells(group, labels, m.fmt, m.higher, True, cfg)
-            columns.append(cells)
+        columns = dataset_groups(data[m.metric], m, datasets, labels, True, cfg, best, section)
         sections.append(Section(section, [(label, [col[i] for col in columns]) for i, label in enumerate(labels)]))
     names = [dataset_name(d) for d in datasets]
     return Table(name, title, caption, "Method", names, sections, control=tuple(filter(is_control, labels)),
