@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import api, render
+from . import render
 from .display import display_tokens, span_display
 from .errors import LlmattrError
 from .scores import retain_probs
@@ -252,3 +252,8 @@ class Explanation:
             return cls.from_dict(json.loads(text))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise LlmattrError(f"{where} is not an llmattr Explanation JSON ({type(err).__name__}: {err})") from err
+
+
+# The one known cycle (docs/architecture.md): ``Explanation.from_scores`` runs the API's pipeline, and the API
+# builds Explanations. Imported after the class, so either module can be imported first.
+from . import api  # noqa: E402
