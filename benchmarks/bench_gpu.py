@@ -29,9 +29,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, PreTr
 
 from llmattr import methods as registry
 from llmattr.api import attribute, prepare
+from llmattr.evaluation import load_dataset
 from llmattr.faithfulness import evaluate
 from llmattr.models.loading import LoadedModel, converted_folder, default_gguf, load_model, wrap_model
-from llmattr.runner import load_dataset
 
 _COMMON = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=8, rms_norm_eps=1e-5, tie_word_embeddings=False)
@@ -134,7 +134,7 @@ def run(args) -> dict:
                     expl, seconds = timed(lambda m=method: attribute(lm, target, registry.get(m), data.task), device)  # noqa: B023
                     costs[name][method].append(seconds)
                     before = counter.tokens
-                    _, seconds = timed(lambda e=expl: evaluate(e, model=lm, samples=args.samples,  # noqa: B023
+                    _, seconds = timed(lambda e=expl: evaluate(e, lm, samples=args.samples,  # noqa: B023
                                                                step_stride=args.step_stride), device)
                 except Exception as error:  # noqa: BLE001 - one failing method must not lose the table
                     failed[method] = f"{type(error).__name__}: {str(error)[:200]}"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from llmattr.evaluation.accuracy import label_accuracy
 from llmattr.models.loading import load_model
 from llmattr.tasks import get_task, load_split
-from llmattr.tasks.scoring import label_accuracy
 
 
 def main() -> None:

@@ -3,10 +3,12 @@ control column, formats, determinism, figures, HTML top tokens."""
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
 
+from llmattr.api import catalog
 from llmattr.errors import LlmattrError
 from llmattr.explanation import Explanation, Step
 from llmattr.report import build_report, parse_formats
@@ -61,7 +63,7 @@ def strata(method: str, *datasets: str) -> dict:
 
 def test_table1_means_intervals_tests_and_shared_ranks(tmp_path):
     fill(tmp_path / "r.sqlite")
-    table = paper_tables(Results([tmp_path / "r.sqlite"]), "tiny")[0]
+    table = paper_tables(Results([tmp_path / "r.sqlite"]), "tiny", tables=catalog().tables)[0]
     assert table.name == "table1_pi_soft_auc"
     assert table.columns == ["attention", "grad-ellm", "saliency", "random"] and table.control == ("random",)
     rows = dict(table.sections[0].rows)
@@ -112,7 +114,7 @@ def test_exact_ties_share_a_rank(tmp_path):
                 store.write(Unit("tiny", "sst2", f"e{i}", method, canonical({})), explanation(method, [0.5] * 4),
                             0.1, [MetricOutput("pi-soft", "dynamic", 0.1, [Row("pi_soft_ns_auc", 0.1 * i),
                                                                           Row("pi_soft_nc_auc", 0.1 * i)])])
-    table = paper_tables(Results([tmp_path / "r.sqlite"]), "tiny")[0]
+    table = paper_tables(Results([tmp_path / "r.sqlite"]), "tiny", tables=catalog().tables)[0]
     avg = dict(table.sections[0].rows)["Avg"]
     assert [c.rank for c in avg] == [1, 1] and avg[0].p_next == 1.0 and table.control == ()
 
@@ -120,8 +122,8 @@ def test_exact_ties_share_a_rank(tmp_path):
 def test_report_is_deterministic_and_keeps_timings_apart(tmp_path):
     fill(tmp_path / "a.sqlite", seconds=0.5)
     fill(tmp_path / "b.sqlite", seconds=0.7)  # same results, other wall times
-    _, first = build_report([tmp_path / "a.sqlite"], tmp_path / "ra", parse_formats("all"))
-    _, second = build_report([tmp_path / "b.sqlite"], tmp_path / "rb", parse_formats("all"))
+    _, first = build_report([tmp_path / "a.sqlite"], tmp_path / "ra", parse_formats("all"), catalog=catalog())
+    _, second = build_report([tmp_path / "b.sqlite"], tmp_path / "rb", parse_formats("all"), catalog=catalog())
     names = sorted(p.name for p in first)
     assert names == sorted(p.name for p in second)
     assert {"report.md", "report.html", "tables.tex", "table6_time.md", "fig6_score_distribution.png",
@@ -145,7 +147,7 @@ def test_report_is_deterministic_and_keeps_timings_apart(tmp_path):
 
 
 def test_top_tokens_marks_top_ten_percent():
-    expl = Explanation.from_json(explanation("grad-ellm", [0.2, 0.9, 0.2, 0.0]))
+    expl = json.loads(explanation("grad-ellm", [0.2, 0.9, 0.2, 0.0]))  # the report reads stored JSON
     assert top_tokens(expl) == {1}  # ceil(10% of 4) = 1 token
     assert top_tokens(expl, fraction=0.5) == {0, 1}  # tie at 0.2 broken by position
 
@@ -158,7 +160,7 @@ def test_bad_input():
 def test_empty_store_is_refused(tmp_path):
     Store(tmp_path / "e.sqlite").close()
     with pytest.raises(LlmattrError, match="no finished examples"):
-        build_report([tmp_path / "e.sqlite"], tmp_path / "out")
+        build_report([tmp_path / "e.sqlite"], tmp_path / "out", catalog=catalog())
 
 
 def test_layer_sweep_figure(tmp_path):
@@ -172,7 +174,7 @@ def test_layer_sweep_figure(tmp_path):
             store.write(Unit("tiny", "sst2", "ex", "grad-ellm", params), explanation("grad-ellm", [0.1, 0.9, 0.2, 0.0]),
                         0.1, [MetricOutput("pi-soft", "dynamic", 0.1, [Row("pi_soft_ns_auc", value),
                                                                       Row("pi_soft_nc_auc", value)])])
-    figures = layer_sweep(Results([tmp_path / "r.sqlite"]), "tiny", tmp_path)
+    figures = layer_sweep(Results([tmp_path / "r.sqlite"], catalog().method_defaults), "tiny", tmp_path)
     assert [f.path.name for f in figures] == ["fig5_layers_grad-ellm.png"]
     assert "mean over n = 1 examples, error bars = 95% bootstrap interval" in figures[0].caption
 
@@ -186,7 +188,7 @@ def test_a_method_has_one_colour_in_every_figure_and_the_html(tmp_path, monkeypa
     monkeypatch.setattr(figures, "plot_pi_curves",
                         lambda results, path, title=None, colors=None: seen.append(colors) or draw(results, path,
                                                                                                     title, colors))
-    build_report([tmp_path / "r.sqlite"], tmp_path / "out", parse_formats("html"))
+    build_report([tmp_path / "r.sqlite"], tmp_path / "out", parse_formats("html"), catalog=catalog())
     colors = method_colors(["random", "attention", "grad-ellm", "saliency"])
     assert list(colors) == ["attention", "grad-ellm", "random", "saliency"] and len(set(colors.values())) == 4
     assert len(seen) == 2 and all(c == colors for c in seen)  # both datasets' pi-curves

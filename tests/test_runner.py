@@ -13,20 +13,12 @@ from pathlib import Path
 import pytest
 
 from conftest import build_tiny
+from llmattr.api import catalog
 from llmattr.errors import LlmattrError
+from llmattr.evaluation import EvalConfig, expand_methods, parse_method, run, shard_of, shard_path
+from llmattr.faithfulness import METRICS, Metric, MetricContext, register
 from llmattr.report import build_report
 from llmattr.report.html import strip_timings
-from llmattr.runner import (
-    METRICS,
-    EvalConfig,
-    MetricAdapter,
-    expand_methods,
-    parse_method,
-    register_metric,
-    run,
-    shard_of,
-    shard_path,
-)
 from llmattr.store import Row
 
 SMALL = dict(datasets=["sst2"], methods=["grad-ellm", "random"], metrics=["pi-soft"], n=2, samples=2,
@@ -46,8 +38,8 @@ def tiny_folder(tmp_path_factory, tiny_tokenizer) -> Path:
 @pytest.fixture
 def toy_metric():
     """A cheap deterministic metric adapter (mean retain probability), registered for one test."""
-    adapter = register_metric(MetricAdapter(
-        "toy", lambda lm, expl, routing, cfg: [Row("toy_mean", float(expl.score_matrix().mean()))]))
+    adapter = register(Metric(
+        "toy", lambda ctx, routing: [Row("toy_mean", float(ctx.explanation.score_matrix().mean()))]))
     yield adapter
     METRICS.pop("toy")
 
@@ -77,7 +69,7 @@ def count_done(path: Path) -> int:
 
 def report_files(stores: list[Path], out: Path) -> dict[str, bytes]:
     """Every report file except the timing table, the HTML with its timing section stripped."""
-    _, written = build_report(stores, out, ("md", "csv", "html"))
+    _, written = build_report(stores, out, ("md", "csv", "html"), catalog=catalog())
     files = {}
     for path in written:
         if path.stem == "table6_time":
@@ -156,7 +148,7 @@ def test_rerun_skips_and_new_metric_reuses_explanations(tiny_llama, tmp_path, to
     query = "SELECT explanation FROM explanations ORDER BY example"
     with sqlite3.connect(tmp_path / "r.sqlite") as conn:
         before = conn.execute(query).fetchall()
-    register_metric(MetricAdapter("toy2", lambda lm, expl, routing, cfg: [Row("toy_max", 1.0)]))
+    register(Metric("toy2", lambda ctx, routing: [Row("toy_max", 1.0)]))
     try:
         more = run(EvalConfig.from_mapping({"metrics": "toy,toy2"}, cfg), lm=tiny_llama, progress=False)
     finally:
@@ -227,16 +219,16 @@ def test_ranking_adapters_rows(tiny_llama, monkeypatch):
     monkeypatch.setitem(TASKS, task.name, task)
     expl = explain("a good film", model=tiny_llama, method="random", task=task)
     expl.example["label"] = "Negative"
-    cfg = EvalConfig()
+    ctx = MetricContext(tiny_llama, expl, EvalConfig().metric_options())
     ref = ranking_metrics(expl, tiny_llama)
-    di = METRICS["deletion-insertion"].compute(tiny_llama, expl, "none", cfg)
+    di = METRICS["deletion-insertion"].compute(ctx, "none")
     assert len(di) == 2 * (21 + 2)
     assert {r.metric: r.value for r in di if r.pi is None} == {
         "deletion_auc": ref.deletion.auc, "insertion_auc": ref.insertion.auc,
         "deletion_change_auc": ref.deletion.change_auc, "insertion_change_auc": ref.insertion.change_auc}
-    cs = METRICS["comp-suff"].compute(tiny_llama, expl, "none", cfg)
+    cs = METRICS["comp-suff"].compute(ctx, "none")
     acc = [r for r in cs if r.metric == "comprehensiveness_acc"]
     assert [r.value for r in acc] == [float(p == 1) for p in ref.comprehensiveness_pred]
     assert [r.pi for r in acc] == list(ref.k_grid) and len(cs) == 4 * 9
-    lo = METRICS["log-odds"].compute(tiny_llama, expl, "none", cfg)
+    lo = METRICS["log-odds"].compute(ctx, "none")
     assert [r.metric for r in lo] == ["log_odds", "comprehensiveness_top_k", "sufficiency_top_k"]

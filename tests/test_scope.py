@@ -11,9 +11,9 @@ import llmattr
 from llmattr import methods
 from llmattr.api import attribute, prepare
 from llmattr.errors import LlmattrError
+from llmattr.evaluation import EvalConfig, run, run_settings
 from llmattr.faithfulness import evaluate
 from llmattr.faithfulness.soft import hellinger
-from llmattr.runner import EvalConfig, run, run_settings
 from llmattr.tasks import get_task
 
 TEXT = "A terrific film."
@@ -90,8 +90,8 @@ def test_evaluate_refuses_a_scope_the_explanation_does_not_attribute(tiny_llama)
 
 
 def test_runner_stores_scope_and_removal(tiny_llama, tmp_path, shared_data):
+    from llmattr.faithfulness import METRICS, MetricContext, get_metrics
     from llmattr.faithfulness.ranking import ranking_metrics
-    from llmattr.runner import METRICS, get_metrics
     from llmattr.store import Store
 
     cfg = EvalConfig(datasets=["sst2"], methods=["random"], metrics=["soft", "log-odds"], n=2, samples=2,
@@ -105,7 +105,7 @@ def test_runner_stores_scope_and_removal(tiny_llama, tmp_path, shared_data):
     expl = llmattr.Explanation.from_json(text)
     assert expl.scope == "prompt" and expl.span[0] == 0 and expl.classification["predicted"] in ("Positive",
                                                                                                  "Negative")
-    rows = METRICS["log-odds"].compute(tiny_llama, expl, "none", cfg)
+    rows = METRICS["log-odds"].compute(MetricContext(tiny_llama, expl, cfg.metric_options()), "none")
     assert rows[0].value == ranking_metrics(expl, tiny_llama, removal="delete").log_odds
     with pytest.raises(LlmattrError, match="removal must be one of"):
         run(EvalConfig(removal="drop", out=str(tmp_path / "x.sqlite")), lm=tiny_llama, progress=False)

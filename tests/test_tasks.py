@@ -205,7 +205,7 @@ def test_cli_explain_paper_tasks_on_the_embedded_model(task, text, tmp_path, smo
 
 
 def test_label_predictions_batch_matches_single_prompts(tiny_llama, tiny_tokenizer):
-    from llmattr.tasks.scoring import label_accuracy, label_predictions
+    from llmattr.evaluation.accuracy import label_accuracy, label_predictions
 
     task = Task(name="pos-the", user_template="Text: {text}", fields=("text",), kind="classification",
                 label_words=("Positive", "the"))

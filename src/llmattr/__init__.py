@@ -1,10 +1,22 @@
-"""llmattr: which input tokens a decoder-only LLM relied on, and how faithful that explanation is."""
+"""llmattr: which input tokens a decoder-only LLM relied on, and how faithful that explanation is.
 
-from .api import explain
+The public names load their modules on first use (PEP 562), so ``import llmattr.report`` or ``llmattr
+--help`` do not load torch and the models.
+"""
+
+from importlib import import_module
+
 from .errors import LlmattrError
-from .explanation import Explanation, Step
-from .faithfulness import evaluate
-from .models import load_model, wrap_model
+from .version import __version__
 
-__version__ = "0.1.0"
+_PUBLIC = {"explain": "api", "evaluate": "api", "Explanation": "explanation", "Step": "explanation",
+           "load_model": "models", "wrap_model": "models"}
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(import_module(f".{_PUBLIC[name]}", __name__), name)
+    raise AttributeError(f"module 'llmattr' has no attribute {name!r}")
+
+
 __all__ = ["Explanation", "LlmattrError", "Step", "evaluate", "explain", "load_model", "wrap_model", "__version__"]

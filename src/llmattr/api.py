@@ -8,12 +8,13 @@ from functools import lru_cache
 import torch
 from rich.progress import track
 
-from . import methods, objectives
+from . import faithfulness, methods, objectives
 from .errors import LlmattrError
 from .explanation import Explanation
 from .models import memory
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
+from .specs import Catalog
 from .targets import SCOPES, TARGET_MODES, Target, label_target, make_target, with_scope
 from .tasks import Task, few_shot, get_task
 
@@ -252,3 +253,19 @@ def from_scores(text: str | dict, scores, model: str | LoadedModel = "default", 
     given = GivenScores(raw, method, signed, params, columns)
     return explain(text, model, given, task, max_new_tokens=raw.shape[0], answer=answer, device=device,
                    **explain_args)
+
+
+def evaluate(explanation: Explanation, model: str | LoadedModel = "default", metrics=("pi-soft-nc", "pi-soft-ns"),
+             **options) -> faithfulness.SoftResult | faithfulness.MetricResult:
+    """Score an Explanation with the model it explains (``"default"``, a spec, or a LoadedModel): the soft
+    metrics by default, or any registered metric by name (:func:`llmattr.faithfulness.evaluate`)."""
+    if not isinstance(explanation, Explanation):
+        raise LlmattrError(f"evaluate() takes an Explanation (llmattr.explain's result), got "
+                           f"{type(explanation).__name__}")
+    return faithfulness.evaluate(explanation, resolve_model(model), metrics=metrics, **options)
+
+
+def catalog() -> Catalog:
+    """What ``llmattr report`` needs from the registries: every registered metric's tables and each
+    method's defaults (for method labels)."""
+    return Catalog(faithfulness.table_specs(), {name: cls.defaults for name, cls in methods.REGISTRY.items()})

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import api, render
+from . import render
+from .display import display_tokens, span_display
 from .errors import LlmattrError
 from .scores import retain_probs
 
@@ -100,25 +101,14 @@ class Explanation:
 
     @property
     def display_tokens(self) -> list[str]:
-        """Each prompt token as the characters of the text it covers (by its character offsets).
-
-        Decoding byte-level tokens one by one splits multi-byte characters (Arabic, CJK, emoji) into
-        ``\ufffd``; here a character shared by several tokens is shown on the first of them and the others
-        show ``""``. Tokens without characters (control tokens) keep their decoded form.
-        """
-        if len(self.offsets) != len(self.tokens) or not self.text:
-            return list(self.tokens)
-        pieces, shown = [], 0
-        for token, (s, e) in zip(self.tokens, self.offsets, strict=True):
-            pieces.append(self.text[max(s, shown): e] if e > s else token)
-            shown = max(shown, e)
-        return pieces
+        """Each prompt token as the characters of the text it covers (:func:`llmattr.display.display_tokens`)."""
+        return display_tokens(self.tokens, self.offsets, self.text)
 
     @property
     def span_display(self) -> list[str]:
         """:attr:`display_tokens` of the content span (what heatmaps show; ``scope="all"``: then the generated
         prefix)."""
-        return (self.display_tokens + [s.token for s in self.steps[:-1]])[self.span[0]: self.span[1]]
+        return span_display(self.tokens, self.offsets, self.text, self.span, [s.token for s in self.steps])
 
     def _word_spans(self) -> tuple[list[list[int]], list[str]]:
         """Span token indices grouped by the text's own words, and each group's word.
@@ -262,3 +252,8 @@ class Explanation:
             return cls.from_dict(json.loads(text))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise LlmattrError(f"{where} is not an llmattr Explanation JSON ({type(err).__name__}: {err})") from err
+
+
+# The one known cycle (docs/architecture.md): ``Explanation.from_scores`` runs the API's pipeline, and the API
+# builds Explanations. Imported after the class, so either module can be imported first.
+from . import api  # noqa: E402

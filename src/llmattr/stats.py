@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -44,6 +45,16 @@ class Estimate:
     @property
     def half_width(self) -> float | None:
         return None if self.low is None else (self.high - self.low) / 2
+
+
+def stable_seed(*parts: object, bits: int = 63) -> int:
+    """A seed from the parts' text (SHA-256; independent of PYTHONHASHSEED and of the order of work).
+
+    ``x`` = the first 8 digest bytes, little-endian. ``bits=63``: ``x >> 1`` (Monte-Carlo masks);
+    ``bits=31``: ``x mod 2**31`` (the per-unit attribution seed of ``evaluate``, as every store holds it).
+    """
+    x = int.from_bytes(hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()[:8], "little")
+    return x >> 1 if bits == 63 else x & ((1 << bits) - 1)
 
 
 def mc_standard_error(samples: np.ndarray) -> np.ndarray:

@@ -37,12 +37,13 @@ try:
     import fcntl  # POSIX advisory locks; Windows has none, there concurrent writers are not detected
 except ImportError:
     fcntl = None
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__
 from .errors import LlmattrError
+from .specs import method_label
+from .version import __version__
 
 SCHEMA_VERSION = 2  # 2: results.mc_se
 NONE = -1  # sentinel for "no pi" / "no step" (primary-key columns cannot hold NULL duplicates)
@@ -158,18 +159,20 @@ def _connect(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
-def _check_meta(conn: sqlite3.Connection, path: str | Path, strict_version: bool) -> None:
-    """Record schema/version in a new store; refuse a store of another schema (or version, if strict)."""
+def _check_meta(conn: sqlite3.Connection, path: str | Path, write: bool) -> None:
+    """Refuse a store of another schema; a writer also records schema/version in a new store and refuses a
+    store written by another llmattr version."""
     meta = dict(conn.execute("SELECT key, value FROM meta"))
-    if not meta:
+    if write and not meta:
         with conn:
             conn.executemany("INSERT INTO meta VALUES (?, ?)",
                              [("schema", str(SCHEMA_VERSION)), ("llmattr_version", __version__)])
         return
     if meta.get("schema") != str(SCHEMA_VERSION):
+        advice = ": use another --out file or the llmattr version that wrote it" if write else ""
         raise LlmattrError(f"{path} has store schema {meta.get('schema')}, this llmattr reads schema "
-                           f"{SCHEMA_VERSION}: use another --out file or the llmattr version that wrote it")
-    if strict_version and meta.get("llmattr_version") != __version__:
+                           f"{SCHEMA_VERSION}{advice}")
+    if write and meta.get("llmattr_version") != __version__:
         raise LlmattrError(f"{path} was written by llmattr {meta.get('llmattr_version')}, this is "
                            f"{__version__}: write to another --out file rather than mixing versions")
 
@@ -186,7 +189,7 @@ class Store:
         self.lock = _lock(self.path)
         try:
             self.conn = _connect(self.path)
-            _check_meta(self.conn, self.path, strict_version=True)
+            _check_meta(self.conn, self.path, write=True)
         except sqlite3.DatabaseError as err:
             self.lock.close()
             raise LlmattrError(f"{path} is not an llmattr results store ({err}); "
@@ -270,10 +273,12 @@ class Results:
 
     Shards of one run (``results.rank*.sqlite``) are merged; a row present in two stores with two
     different values, or two stores with different settings for one model, is refused.
+    ``method_defaults`` (each method's default parameters) make the method labels (:meth:`label`).
     """
 
-    def __init__(self, paths: Iterable[str | Path]):
+    def __init__(self, paths: Iterable[str | Path], method_defaults: Mapping[str, Mapping] | None = None):
         self.paths = expand(paths)
+        self.method_defaults = dict(method_defaults or {})
         if not self.paths:
             raise LlmattrError("no store given: pass results.sqlite (or several, or a glob)")
         self.conn = sqlite3.connect(":memory:")
@@ -285,7 +290,7 @@ class Results:
     def _merge(self, path: Path) -> None:
         try:
             src = sqlite3.connect(str(path))
-            _check_meta_readonly(src, path)
+            _check_meta(src, path, write=False)
         except sqlite3.DatabaseError as err:
             raise LlmattrError(f"{path} is not an llmattr results store ({err})") from err
         for model, text in src.execute("SELECT model, settings FROM settings"):
@@ -307,17 +312,16 @@ class Results:
         self.conn.execute("DETACH DATABASE src")
 
     # ------------------------------------------------------------------ queries
+    def label(self, method: str, params: dict | str) -> str:
+        """The method's name plus its parameters that differ from its defaults."""
+        return method_label(method, params, self.method_defaults.get(method))
+
     def models(self) -> list[str]:
         rows = self.conn.execute("SELECT DISTINCT model FROM explanations ORDER BY model")
         return [r[0] for r in rows]
 
     def settings(self, model: str) -> dict:
         return self._settings.get(model, {})
-
-    def metrics(self, model: str) -> set[tuple[str, str]]:
-        """(metric, routing) pairs present for ``model``."""
-        sql = "SELECT DISTINCT metric, routing FROM results WHERE model = ?"
-        return set(self.conn.execute(sql, (model,)))
 
     def values(self, model: str, metric: str, routing: str) -> Iterator[tuple]:
         """(dataset, method, params, example, pi, step, value, mc_se) rows, in key order."""
@@ -333,9 +337,3 @@ class Results:
             "SELECT dataset, method, params, example, explanation, attribution_s FROM explanations "
             "WHERE model = ? ORDER BY dataset, method, params, example", (model,))
 
-
-def _check_meta_readonly(conn: sqlite3.Connection, path: Path) -> None:
-    meta = dict(conn.execute("SELECT key, value FROM meta"))
-    if meta.get("schema") != str(SCHEMA_VERSION):
-        raise LlmattrError(f"{path} has store schema {meta.get('schema')}; "
-                           f"this llmattr reads schema {SCHEMA_VERSION}")

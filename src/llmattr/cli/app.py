@@ -2,6 +2,8 @@
 
 import typer
 
+from ..version import __version__
+
 app = typer.Typer(
     name="llmattr", add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
     help="Explain which input tokens an LLM relied on, and measure how faithful the explanation is.",
@@ -10,8 +12,6 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from .. import __version__
-
         typer.echo(f"llmattr {__version__}")
         raise typer.Exit()
 

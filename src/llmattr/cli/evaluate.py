@@ -52,7 +52,7 @@ def evaluate(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Evaluate attribution methods on datasets; every finished example is stored at once, reruns resume."""
-    from ..runner import EvalConfig, run
+    from ..evaluation import EvalConfig, run
 
     cli = {"model": model, "datasets": datasets, "methods": methods, "metrics": metrics, "routing": routing,
            "n": n, "samples": samples, "coupling": coupling, "seed": seed, "layers": layers,

@@ -35,24 +35,6 @@ def parse_fields(text: str, fields: list[str], valid: tuple[str, ...] = ()) -> s
     return {"__text__": text, **example}
 
 
-def parse_params(items: list[str]) -> dict:
-    """``--param NAME=VALUE`` method parameters (numbers are converted)."""
-    params: dict = {}
-    for item in items:
-        if "=" not in item:
-            raise LlmattrError(f"--param expects NAME=VALUE, got {item!r}")
-        name, value = item.split("=", 1)
-        for cast in (int, float):
-            try:
-                params[name.strip()] = cast(value)
-                break
-            except ValueError:
-                continue
-        else:
-            params[name.strip()] = value
-    return params
-
-
 def run_evaluation(expl, lm, console: Console, routing: str, samples: int, seed: int) -> dict:
     """``--evaluate``: pi-Soft-NC/NS of the explanation; prints the AUCs and returns the result."""
     from ..faithfulness import evaluate
@@ -148,6 +130,7 @@ def explain(
                                                         "messages on stderr)."),
 ) -> None:
     """Explain the model's answer to TEXT: answer, token heatmap, optional HTML and JSON."""
+    from .. import methods
     from ..api import explain as run_explain
     from ..models.loading import load_model
     from ..models.memory import check_checkpointing
@@ -163,7 +146,7 @@ def explain(
         raise LlmattrError(f"--target must be one of {', '.join(TARGET_MODES)}; got {target!r}")
     if scope not in SCOPES:
         raise LlmattrError(f"--scope must be one of {', '.join(SCOPES)}; got {scope!r}")
-    params = parse_params(param + ([f"layers={layers}"] if layers is not None else []))
+    params = methods.parse_params(param + ([f"layers={layers}"] if layers is not None else []), "--param NAME=VALUE")
     if attention is not None:
         params["attention"] = attention
     if objective is not None:
@@ -184,8 +167,6 @@ def explain(
             writable_file(path, option, FIGURE_SUFFIXES if option in ("--plot", "--figure") else None)
     if shots_from is not None and not shots_from.is_file():
         raise LlmattrError(f"--shots-from {shots_from}: file not found")
-    from .. import methods
-
     methods.get(method, **params)  # fail fast on a bad method before loading the model
     check_checkpointing(checkpointing)
     with console.status(f"loading model {model} ..."):

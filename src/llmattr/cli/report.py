@@ -21,15 +21,17 @@ def report(
                                                              "(seeded)."),
 ) -> None:
     """Write the paper-shaped tables, figures and HTML report; print the task accuracy and Table 1."""
+    from ..api import catalog
     from ..report import build_report, parse_formats
     from ..report.tables import paper_tables, to_markdown
 
     formats = parse_formats(format)
+    known = catalog()
     results, written = build_report(stores, out if out is not None else Path(stores[0]).parent / "report",
-                                    formats, bootstrap)
+                                    formats, bootstrap, catalog=known)
     console = Console()
     for model in results.models():
-        for table in paper_tables(results, model, bootstrap):
+        for table in paper_tables(results, model, bootstrap, tables=known.tables):
             if table.name in ("table_accuracy", "table1_pi_soft_auc"):
                 console.print(to_markdown(table), markup=False, highlight=False, soft_wrap=True)
     folders = sorted({str(p.parent) for p in written})

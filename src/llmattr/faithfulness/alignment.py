@@ -19,9 +19,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .. import methods
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..scores import check_finite, pos_norm
+from ..specs import MetricRow, TableSpec
+from ..store import Row
+from .registry import Metric, MetricContext, register
 
 NORMALIZE = ("sum", None)
 
@@ -119,11 +123,27 @@ def per_layer_scores(lm, target, method: str, layers: list[int] | None = None, s
                      **params) -> torch.Tensor:
     """``(L, m)`` scores of ``method`` (one with a ``layer`` parameter, e.g. ``logat``, ``normxlogit``) at
     each layer (default: every layer), for explained step ``step``."""
-    from .. import methods
-
     n_layers = lm.config.get_text_config().num_hidden_layers
     layers = list(range(n_layers)) if layers is None else layers
     if "layer" not in methods.get(method).defaults:
         raise LlmattrError(f"method {method} has no layer parameter; per-layer alignment needs one")
     return torch.stack([methods.get(method, layer=layer, **params).attribute(lm, target)[step].double()
                         for layer in layers])
+
+
+def _alignment_rows(ctx: MetricContext, routing: str) -> list[Row]:
+    """Dot product and AP of each explained step with the example's gold evidence (BLiMP loaders)."""
+    result = explanation_alignment(ctx.explanation)
+    return [Row(name, v, step=i) for name, values in (("dot_product", result.dot_product),
+                                                      ("average_precision", result.average_precision))
+            for i, v in enumerate(values)]
+
+
+register(Metric(
+    "alignment", _alignment_rows,
+    summary="dot product and average precision with gold evidence words (paper 003 sec. 5.2; BLiMP datasets)",
+    tables=(TableSpec("table_alignment", "Alignment with gold evidence (paper 003 Table 3)",
+                      "Dot product of the sum-normalised scores with the 0/1 evidence vector, and average "
+                      "precision (eq. 9) of the evidence in the ranking; ranks per column.",
+                      "methods_by_datasets", (MetricRow("dot_product", "Dot product", True),
+                                              MetricRow("average_precision", "AP", True)), order=80),)))

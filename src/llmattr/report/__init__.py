@@ -13,10 +13,11 @@ Files written to the output folder (per model; a sub-folder per model when a sto
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..errors import LlmattrError
+from ..specs import Catalog, TableSpec
 from ..stats import RESAMPLES
 from ..store import Results
 from . import figures, html, tables
@@ -40,10 +41,10 @@ def _slug(text: str) -> str:
 
 
 def write_model_report(results: Results, model: str, out: Path, formats: list[str],
-                       resamples: int = RESAMPLES) -> list[Path]:
-    """Write one model's tables, figures and HTML into ``out``; return the paths written."""
+                       resamples: int = RESAMPLES, *, table_specs: Sequence[TableSpec]) -> list[Path]:
+    """Write one model's tables (``table_specs``), figures and HTML into ``out``; return the paths written."""
     out.mkdir(parents=True, exist_ok=True)
-    all_tables = tables.paper_tables(results, model, resamples)
+    all_tables = tables.paper_tables(results, model, resamples, tables=table_specs)
     fixed = [t for t in all_tables if t.deterministic]
     timing = [t for t in all_tables if not t.deterministic]
     figs = figures.all_figures(results, model, out, resamples)
@@ -71,12 +72,14 @@ def _write(path: Path, text: str) -> Path:
 
 
 def build_report(stores: Iterable[str | Path], out: str | Path, formats: Iterable[str] = ("md", "html"),
-                 resamples: int = RESAMPLES) -> tuple[Results, list[Path]]:
+                 resamples: int = RESAMPLES, *, catalog: Catalog) -> tuple[Results, list[Path]]:
     """Merge ``stores`` (files or globs) and write the report of every model into ``out``, with
-    ``resamples`` bootstrap resamples per confidence interval."""
+    ``resamples`` bootstrap resamples per confidence interval. ``catalog`` (:func:`llmattr.api.catalog`:
+    the registered metrics' tables and the methods' defaults) says what to render; the report itself
+    imports no model, method or metric code."""
     if resamples < 1:
         raise LlmattrError("--bootstrap must be at least 1 resample (default 2000)")
-    results = Results(stores)
+    results = Results(stores, catalog.method_defaults)
     models = results.models()
     if not models:
         names = ", ".join(map(str, results.paths))
@@ -85,7 +88,7 @@ def build_report(stores: Iterable[str | Path], out: str | Path, formats: Iterabl
     written = []
     for model in models:
         folder = out if len(models) == 1 else out / _slug(model)
-        written += write_model_report(results, model, folder, list(formats), resamples)
+        written += write_model_report(results, model, folder, list(formats), resamples, table_specs=catalog.tables)
     return results, written
 
 

@@ -18,9 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .. import stats  # noqa: E402
-from ..explanation import Explanation  # noqa: E402
 from ..plotting import method_colors, plot_pi_curves  # noqa: E402
-from ..runner import LAYER_SWEEP, method_label  # noqa: E402
+from ..specs import LAYER_SWEEP  # noqa: E402
 from ..store import Results  # noqa: E402
 from .tables import curve_values, dataset_key, dataset_name, example_values, scalar_means  # noqa: E402
 
@@ -97,7 +96,7 @@ def layer_sweep(results: Results, model: str, out: Path, resamples: int = stats.
             k = n_layers if layers == "all" else int(layers) if layers.isdigit() else None
             if method not in LAYER_SWEEP or k is None:
                 continue
-            rest = method_label(method, {**p, "layers": "all"})
+            rest = results.label(method, {**p, "layers": "all"})
             series[(rest, metric, dataset)][k] = stats.estimate({"": examples}, resamples)
     swept = sorted({rest for (rest, _, _), points in series.items() if len(points) > 1})
     figures = []
@@ -131,7 +130,7 @@ def _by_params(results: Results, model: str, metric: str) -> dict[tuple, dict[st
     raw params)."""
     labels = {}
     for dataset, method, params, *_ in results.values(model, metric, "dynamic"):
-        labels[(dataset, method_label(method, params))] = (dataset, method, params)
+        labels[(dataset, results.label(method, params))] = (dataset, method, params)
     values = example_values(results, model, metric, "dynamic")
     return {labels[key]: examples for key, examples in values.items()}
 
@@ -141,9 +140,9 @@ def score_distributions(results: Results, model: str, out: Path) -> list[Figure]
     scores: dict = defaultdict(list)
     examples: dict = defaultdict(int)
     for _dataset, method, params, _example, text, _seconds in results.explanations(model):
-        expl = Explanation.from_json(text)
-        scores[method_label(method, params)].extend(v for step in expl.steps for v in step.scores)
-        examples[method_label(method, params)] += 1
+        steps = json.loads(text)["steps"]
+        scores[results.label(method, params)].extend(v for step in steps for v in step["scores"])
+        examples[results.label(method, params)] += 1
     if not scores:
         return []
     labels = sorted(scores)

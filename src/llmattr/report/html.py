@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import math
 from collections import defaultdict
 
-from ..explanation import Explanation
+from ..display import span_display
 from ..plotting import method_colors
-from ..runner import method_label
 from ..store import Results
 from .figures import Figure
 from .tables import Table, dataset_key, dataset_name, settings_lines, to_html
@@ -40,9 +40,10 @@ figure{margin:1em 0} figcaption{font-size:14px;margin-bottom:.3em} img{max-width
 """
 
 
-def top_tokens(expl: Explanation, fraction: float = 0.1) -> set[int]:
-    """Indices (within the content span) of the top ``fraction`` tokens by mean retain probability."""
-    steps = [s.scores for s in expl.steps]
+def top_tokens(expl: dict, fraction: float = 0.1) -> set[int]:
+    """Indices (within the content span) of the top ``fraction`` tokens by mean retain probability of an
+    Explanation's JSON dict."""
+    steps = [s["scores"] for s in expl["steps"]]
     m = len(steps[0]) if steps else 0
     if m == 0:
         return set()
@@ -55,7 +56,7 @@ def qualitative(results: Results, model: str, per_dataset: int = 3, fraction: fl
     """Fig. 4: the first examples (by id) that every method explained, top tokens marked per method."""
     by_example: dict = defaultdict(dict)
     for dataset, method, params, example, text, _seconds in results.explanations(model):
-        by_example[(dataset, example)][method_label(method, params)] = text
+        by_example[(dataset, example)][results.label(method, params)] = text
     labels = sorted({label for methods in by_example.values() for label in methods})
     colors = method_colors(labels)  # the figures' colours
     legend = "".join(f'<span><i style="background:{colors[label]}"></i>{html.escape(label)}</span>'
@@ -65,25 +66,26 @@ def qualitative(results: Results, model: str, per_dataset: int = 3, fraction: fl
         complete = sorted(ex for (d, ex), methods in by_example.items()
                           if d == dataset and len(methods) == len(labels))
         for example in complete[:per_dataset]:
-            expls = {label: Explanation.from_json(text)
-                     for label, text in by_example[(dataset, example)].items()}
+            expls = {label: json.loads(text) for label, text in by_example[(dataset, example)].items()}
             parts.append(_example_html(dataset, example, expls, colors, fraction))
     return "\n".join(parts)
 
 
-def _example_html(dataset: str, example: str, expls: dict[str, Explanation], colors: dict,
+def _example_html(dataset: str, example: str, expls: dict[str, dict], colors: dict,
                   fraction: float) -> str:
     labels = sorted(expls)
     first = expls[labels[0]]
     tops = {label: top_tokens(expls[label], fraction) for label in labels}
     tokens = []
-    for i, token in enumerate(first.span_display):
+    shown = span_display(first["tokens"], first.get("offsets", []), first.get("text", ""), first["span"],
+                         [s["token"] for s in first["steps"]])
+    for i, token in enumerate(shown):
         bars = "".join(f'<i style="background:{colors[label]}"></i>' if i in tops[label] else "<i></i>"
                        for label in labels)
         tokens.append(f'<span class="tok"><span class="bars">{bars}</span><span>{html.escape(token)}</span></span>')
-    gold = first.example.get("label")
+    gold = first.get("example", {}).get("label")
     meta = (f"{html.escape(dataset_name(dataset))} · {html.escape(example)} · model answer "
-            f"<b>{html.escape(first.generated)}</b>")
+            f"<b>{html.escape(first.get('generated', ''))}</b>")
     if gold:
         meta += f" · gold <b>{html.escape(str(gold))}</b>"
     return f'<div class="example"><p class="meta">{meta}</p>{"".join(tokens)}</div>'

@@ -21,11 +21,11 @@ import io
 import json
 import math
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .. import stats
-from ..runner import method_label
+from ..specs import MetricRow, TableSpec
 from ..store import NONE, Results
 
 DATASET_ORDER = ("imdb", "sst2", "boolq", "tellmewhy", "wikibio")
@@ -62,7 +62,7 @@ def per_example(results: Results, model: str, metric: str, routing: str) -> dict
     """``{(dataset, label): {example: {pi: value}}}``, each value the mean over generation steps."""
     acc: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for dataset, method, params, example, pi, _step, value, _se in results.values(model, metric, routing):
-        acc[(dataset, method_label(method, params))][example][pi].append(value)
+        acc[(dataset, results.label(method, params))][example][pi].append(value)
     return {key: {ex: {pi: mean(v) for pi, v in points.items()} for ex, points in examples.items()}
             for key, examples in acc.items()}
 
@@ -105,7 +105,7 @@ def mc_errors(results: Results, model: str, metric: str, routing: str) -> dict[t
     out: dict = defaultdict(list)
     for dataset, method, params, _example, pi, _step, _value, se in results.values(model, metric, routing):
         if se is not None and pi == NONE:
-            out[(dataset, method_label(method, params))].append(se)
+            out[(dataset, results.label(method, params))].append(se)
     return dict(out)
 
 
@@ -151,16 +151,6 @@ class Table:
     @property
     def ranked(self) -> bool:
         return any(c.rank for s in self.sections for _, cells in s.rows for c in cells)
-
-
-@dataclass(frozen=True)
-class MetricRow:
-    """One metric of a table: stored name, display name, direction and number format."""
-
-    metric: str
-    title: str
-    higher: bool
-    fmt: str = ".3f"
 
 
 @dataclass(frozen=True)
@@ -262,6 +252,18 @@ def _tests_table(name: str, corner: str, columns: list[str], sections: list[Sect
     return Table(f"{name}_tests", "p-values", TESTS_CAPTION, corner, cols, out)
 
 
+def dataset_groups(values: dict, m: MetricRow, datasets: list[str], labels: list[str], ranked: bool, cfg: Stats,
+                   best: dict, section: str) -> list[list[Cell]]:
+    """The cells of metric ``m`` for each dataset, one comparison group per dataset (its "best vs 2nd" text
+    goes into ``best[(section, dataset)]``)."""
+    out = []
+    for d in datasets:
+        group = {label: {d: values[(d, label)]} for label in labels if (d, label) in values}
+        cells, best[(section, dataset_name(d))] = group_cells(group, labels, m.fmt, m.higher, ranked, cfg)
+        out.append(cells)
+    return out
+
+
 def datasets_by_methods(results: Results, model: str, name: str, title: str, caption: str,
                         metrics: list[MetricRow], routing: str, mark_all_rows: bool,
                         cfg: Stats = Stats()) -> Table | None:
@@ -276,13 +278,10 @@ def datasets_by_methods(results: Results, model: str, name: str, title: str, cap
     data, datasets, labels = grid
     sections, best = [], {}
     for m in metrics:
-        values, rows = data[m.metric], []
+        values = data[m.metric]
         section = f"{m.title} {'↑' if m.higher else '↓'}"
-        for d in datasets:
-            group = {label: {d: values[(d, label)]} for label in labels if (d, label) in values}
-            cells, best[(section, dataset_name(d))] = group_cells(group, labels, m.fmt, m.higher, mark_all_rows,
-                                                                  cfg)
-            rows.append((dataset_name(d), cells))
+        rows = list(zip(map(dataset_name, datasets),
+                        dataset_groups(values, m, datasets, labels, mark_all_rows, cfg, best, section), strict=True))
         avg = {label: {d: values[(d, label)] for d in datasets} for label in labels
                if all((d, label) in values for d in datasets)}
         cells, best[(section, "Avg")] = group_cells(avg, labels, m.fmt, m.higher, True, cfg)
@@ -303,11 +302,7 @@ def methods_by_datasets(results: Results, model: str, name: str, title: str, cap
     sections, best = [], {}
     for m in metrics:
         section = f"{m.title} {'↑' if m.higher else '↓'}"
-        columns = []
-        for d in datasets:
-            group = {label: {d: data[m.metric][(d, label)]} for label in labels if (d, label) in data[m.metric]}
-            cells, best[(section, dataset_name(d))] = group_cells(group, labels, m.fmt, m.higher, True, cfg)
-            columns.append(cells)
+        columns = dataset_groups(data[m.metric], m, datasets, labels, True, cfg, best, section)
         sections.append(Section(section, [(label, [col[i] for col in columns]) for i, label in enumerate(labels)]))
     names = [dataset_name(d) for d in datasets]
     return Table(name, title, caption, "Method", names, sections, control=tuple(filter(is_control, labels)),
@@ -343,7 +338,7 @@ def timing_table(results: Results, model: str, cfg: Stats = Stats()) -> Table | 
     (the pooled examples), with bootstrap intervals."""
     times: dict = defaultdict(dict)
     for dataset, method, params, example, _expl, seconds in results.explanations(model):
-        times[(dataset, method_label(method, params))][example] = seconds
+        times[(dataset, results.label(method, params))][example] = seconds
     if not times:
         return None
     datasets = sorted({d for d, _ in times}, key=dataset_key)
@@ -386,57 +381,25 @@ def accuracy_table(results: Results, model: str, cfg: Stats = Stats()) -> Table 
 
 
 # ---------------------------------------------------------------------------------------- the tables
-def paper_tables(results: Results, model: str, resamples: int = stats.RESAMPLES) -> list[Table]:
-    """Every table whose metrics are in the store, in paper order (timings last); ``resamples``
-    bootstrap resamples per confidence interval."""
+def metric_table(results: Results, model: str, spec: TableSpec, cfg: Stats) -> Table | None:
+    """The table ``spec`` (a registered metric's :class:`~llmattr.specs.TableSpec`) in its layout."""
+    rows = list(spec.rows)
+    if spec.layout == "datasets_by_methods":
+        return datasets_by_methods(results, model, spec.name, spec.title, spec.caption, rows, spec.routing,
+                                   mark_all_rows=spec.mark_all_rows, cfg=cfg)
+    layout = metrics_by_methods if spec.layout == "metrics_by_methods" else methods_by_datasets
+    return layout(results, model, spec.name, spec.title, spec.caption, rows, spec.routing, cfg=cfg)
+
+
+def paper_tables(results: Results, model: str, resamples: int = stats.RESAMPLES, *,
+                 tables: Sequence[TableSpec]) -> list[Table]:
+    """Task accuracy, then every table of ``tables`` (the registered metrics', in report order) whose
+    metrics are in the store, then the timings; ``resamples`` bootstrap resamples per confidence interval."""
     cfg = Stats(resamples=resamples)
-    auc = [MetricRow("pi_soft_ns_auc", "AUC π-Soft-NS", True),
-           MetricRow("pi_soft_nc_auc", "AUC π-Soft-NC", True)]
-    best = "Ranks on the Avg row."
-    tables = [
-        accuracy_table(results, model, cfg),
-        datasets_by_methods(results, model, "table1_pi_soft_auc",
-                            "Table 1: AUC of π-Soft-NC/NS curves (dynamic routing)",
-                            "Mean over examples of the per-example AUC (trapezoid / span of the π grid). "
-                            + best,
-                            auc, "dynamic", mark_all_rows=False, cfg=cfg),
-        metrics_by_methods(results, model, "table2_soft",
-                           "Table 2: original Soft-NC/NS and E[R] (dynamic routing)",
-                           "No transformation of the scores (α = 1); E[R] = expected number of retained "
-                           "tokens.",
-                           [MetricRow("soft_ns", "Soft-NS", True), MetricRow("soft_nc", "Soft-NC", True),
-                            MetricRow("expected_retained", "E[R]", False, ".1f")], "dynamic", cfg=cfg),
-        datasets_by_methods(results, model, "table8_fixed_routing",
-                            "Table 8: AUC of π-Soft-NC/NS curves (fixed routing)",
-                            f"Attention probabilities cached from the clean input and replayed. {best}",
-                            auc, "fixed", mark_all_rows=False, cfg=cfg),
-        datasets_by_methods(results, model, "table4_deletion_insertion",
-                            "Table 4: deletion and insertion AUC",
-                            "Flip probability along 5% steps by rank, and its change from the clean input "
-                            "(Δ, paper 000 appendix E's quantity); ranks on every row.",
-                            [MetricRow("deletion_auc", "Deletion", True, ".4f"),
-                             MetricRow("insertion_auc", "Insertion", False, ".4f"),
-                             MetricRow("deletion_change_auc", "Deletion Δ", True, ".4f"),
-                             MetricRow("insertion_change_auc", "Insertion Δ", False, ".4f")], "none",
-                            mark_all_rows=True, cfg=cfg),
-        methods_by_datasets(results, model, "table_comprehensiveness",
-                            "Comprehensiveness (paper 003 Tables 1 and 4)",
-                            "Averaged over all perturbation ratios; ranks per column.",
-                            [MetricRow("comprehensiveness", "Comp CD", True),
-                             MetricRow("comprehensiveness_acc", "Comp Acc", False)], "none", cfg=cfg),
-        methods_by_datasets(results, model, "table_sufficiency", "Sufficiency (paper 003 Tables 5 and 6)",
-                            "Averaged over all perturbation ratios; ranks per column.",
-                            [MetricRow("sufficiency", "Suff CD", False),
-                             MetricRow("sufficiency_acc", "Suff Acc", True)], "none", cfg=cfg),
-        methods_by_datasets(results, model, "table_log_odds", "Log-odds, comprehensiveness and sufficiency "
-                            "at the top 20% (paper 004 appendix A.4)", "Ranks per column.",
-                            [MetricRow("log_odds", "Log-odds", False),
-                             MetricRow("comprehensiveness_top_k", "Comprehensiveness", True),
-                             MetricRow("sufficiency_top_k", "Sufficiency", False)], "none", cfg=cfg),
-        timing_table(results, model, cfg),
-    ]
-    return [t for t in tables if t is not None and any(c.value is not None for s in t.sections
-                                                          for _, cells in s.rows for c in cells)]
+    built = [accuracy_table(results, model, cfg), *(metric_table(results, model, spec, cfg) for spec in tables),
+             timing_table(results, model, cfg)]
+    return [t for t in built if t is not None and any(c.value is not None for s in t.sections
+                                                         for _, cells in s.rows for c in cells)]
 
 
 # ---------------------------------------------------------------------------------------- renderers

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .base import GENERATE, SENTIMENT, Task
+from ..errors import LlmattrError
+from .base import BUILTIN, GENERATE, SENTIMENT, Task
 from .blimp import PARADIGMS
 
 GLUE = "nyu-mll/glue"
@@ -87,3 +88,20 @@ def blimp_task(short: str) -> Task:
 
 PAPER_TASKS = {t.name: t for t in (IMDB, SST2, TELLMEWHY, WIKIBIO, MNLI, QNLI, STSB, STSB_REGRESSION)}
 PAPER_TASKS.update({f"blimp-{short}": blimp_task(short) for short in PARADIGMS})
+
+
+TASKS: dict[str, Task] = {**BUILTIN, **PAPER_TASKS}  # every task by name
+
+
+def register_task(task: Task) -> Task:
+    TASKS[task.name] = task
+    return task
+
+
+def get_task(name: str | Task) -> Task:
+    """A task by name (``sentiment``, ``boolq``, ``generate``, ``sst2``, ``blimp-darn``, ...)."""
+    if isinstance(name, Task):
+        return name
+    if name not in TASKS:
+        raise LlmattrError(f"unknown task {name!r}; valid: {', '.join(sorted(TASKS))}")
+    return TASKS[name]

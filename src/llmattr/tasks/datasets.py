@@ -18,6 +18,7 @@ from pathlib import Path
 from ..errors import LlmattrError
 from .base import Task
 from .blimp import pair_example
+from .catalog import get_task
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
 
@@ -161,8 +162,6 @@ def load_examples(task: str | Task, source: str | Path | None = None, n: int | N
     (``sst2``), or ``hf``/``hf:<id>`` (Hugging Face ``datasets``; needs the hub). ``columns`` maps task
     fields (and ``label``) to the file's columns or ``{column}`` format strings.
     """
-    from . import get_task
-
     task = get_task(task)
     rows, _ = resolve_rows(task, source, split)
     rows = [row for row in rows if all(row.get(k) == v for k, v in task.select.items())]
@@ -198,8 +197,6 @@ def render_demonstrations(task: Task, demos: list[dict]) -> str:
 def few_shot(task: str | Task, k: int, seed: int = 0, exclude: list[dict] = (), source=None,
              columns: dict | None = None) -> str:
     """Few-shot text of ``k`` demonstrations from ``source`` (default: the task's sample file)."""
-    from . import get_task
-
     task = get_task(task)
     if not k:
         return ""
@@ -210,8 +207,6 @@ def few_shot(task: str | Task, k: int, seed: int = 0, exclude: list[dict] = (), 
 def load_split(task: str | Task, n: int, shots: int = 0, seed: int = 0, source=None,
                columns: dict | None = None) -> tuple[list[dict], str]:
     """``n`` evaluated examples and the few-shot text of ``shots`` demonstrations drawn from the rest."""
-    from . import get_task
-
     task = get_task(task)
     pool = load_examples(task, source, columns=columns)
     classes = task.label_words if task.kind == "classification" else ()

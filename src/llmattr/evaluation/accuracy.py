@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import LlmattrError
+from ..models.forward import padded_last_probs
 from ..prompting import build_prompt
-from .base import Task
+from ..tasks import Task
 
 
 def label_predictions(lm, task: Task, examples: list[dict], demonstrations: str = "",
@@ -16,8 +17,6 @@ def label_predictions(lm, task: Task, examples: list[dict], demonstrations: str 
     The prompts are left-padded into batches of ``batch_size`` (one forward per batch, logits at the
     last position only).
     """
-    from ..faithfulness.ranking import padded_last_probs
-
     if not examples:
         raise LlmattrError("no examples to score")
     label_ids = task.label_ids(lm.tokenizer)

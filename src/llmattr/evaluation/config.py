@@ -1,0 +1,98 @@
+"""The configuration of ``llmattr evaluate``: CLI options and TOML file keys, validated before any load."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import tomllib
+
+from ..checks import positive_int
+from ..errors import LlmattrError
+from ..faithfulness.engine import ROUTINGS
+from ..faithfulness.ranking import REMOVALS
+from ..faithfulness.registry import MetricOptions
+from ..faithfulness.soft import COUPLINGS
+from ..targets import SCOPES, TARGET_MODES
+
+
+@dataclass
+class EvalConfig:
+    """Everything ``llmattr evaluate`` needs; the CLI options and the TOML config file hold the same keys."""
+
+    model: str = "default"
+    datasets: list[str] = field(default_factory=lambda: ["sst2"])
+    methods: list[str] = field(default_factory=lambda: ["grad-ellm"])
+    metrics: list[str] = field(default_factory=lambda: ["pi-soft"])
+    routing: str = "dynamic"
+    n: int = 50
+    samples: int = 15
+    seed: int = 0
+    coupling: str = "coupled"
+    layers: list[str] | None = None
+    step_stride: int = 5
+    max_new_tokens: int | None = None
+    target: str = "label"
+    scope: str = "span"
+    removal: str = "zero"
+    out: str = "results.sqlite"
+    shard: str | None = None
+    device: str = "auto"
+    dtype: str | None = None
+    device_map: str | None = None
+    load_in_4bit: bool = False
+
+    @classmethod
+    def from_mapping(cls, data: dict, base: EvalConfig | None = None) -> EvalConfig:
+        """A config from a dict (TOML file or CLI values); ``None`` values keep ``base``'s."""
+        names = {f.name for f in fields(cls)}
+        data = {k.replace("-", "_"): v for k, v in data.items() if v is not None}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            valid = ", ".join(sorted(names))
+            raise LlmattrError(f"unknown config key(s) {', '.join(unknown)}; valid: {valid}")
+        for key in ("datasets", "methods", "metrics", "layers"):
+            if isinstance(data.get(key), str | int):
+                data[key] = split_list(str(data[key]))
+        return replace(base or cls(), **data)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> EvalConfig:
+        try:
+            with open(path, "rb") as handle:
+                return cls.from_mapping(tomllib.load(handle))
+        except FileNotFoundError as err:
+            raise LlmattrError(f"config file not found: {path}") from err
+        except tomllib.TOMLDecodeError as err:
+            raise LlmattrError(f"{path} is not valid TOML: {err}") from err
+
+    def validate(self) -> None:
+        """Refuse bad values before the model loads and before anything is stored."""
+        for name in ("n", "samples", "step_stride"):
+            positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
+        if self.max_new_tokens is not None:
+            positive_int(self.max_new_tokens, "--max-new-tokens")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise LlmattrError(f"--seed must be a whole number, got {self.seed!r}")
+        for key, valid in (("target", TARGET_MODES), ("scope", SCOPES), ("removal", REMOVALS)):
+            if getattr(self, key) not in valid:
+                raise LlmattrError(f"{key} must be one of {', '.join(valid)}; got {getattr(self, key)!r}")
+        if self.coupling not in COUPLINGS:
+            raise LlmattrError(f"unknown coupling {self.coupling!r}; valid: {', '.join(COUPLINGS)}")
+
+    @property
+    def routings(self) -> tuple[str, ...]:
+        if self.routing == "both":
+            return ROUTINGS
+        if self.routing not in ROUTINGS:
+            raise LlmattrError(f"unknown routing {self.routing!r}; valid: dynamic, fixed, both")
+        return (self.routing,)
+
+    def metric_options(self) -> MetricOptions:
+        """The options the metrics read (:class:`~llmattr.faithfulness.registry.MetricOptions`)."""
+        return MetricOptions(**{f.name: getattr(self, f.name) for f in fields(MetricOptions)})
+
+
+def split_list(text: str) -> list[str]:
+    """``"a,b, c"`` -> ``["a", "b", "c"]`` (empty items dropped)."""
+    return [item.strip() for item in text.split(",") if item.strip()]

@@ -1,0 +1,162 @@
+"""The evaluation loop of ``llmattr evaluate``: datasets x methods x metrics into a resumable store.
+
+One *unit* is (dataset, example, method with its params). For each unit the loop computes the
+Explanation once (or reuses the stored one), then every requested metric (:mod:`llmattr.faithfulness`'s
+registry) under every requested routing that the store does not yet hold, and writes all of it in one
+transaction (:mod:`llmattr.store`).
+
+Randomness: before each attribution the torch RNG is seeded from (seed, dataset, example, method,
+params); the metrics get the user's seed and derive their own per-example generators from it. So
+results do not depend on the order of work, on resuming, or on how examples are sharded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from rich import progress as rp
+
+from ..api import attribute, prepare
+from ..errors import LlmattrError
+from ..explanation import Explanation
+from ..faithfulness import Metric, MetricContext, get_metrics
+from ..models.loading import LoadedModel, load_model
+from ..stats import stable_seed
+from ..store import MetricOutput, Store, Unit
+from .config import EvalConfig
+from .datasets import Dataset, DatasetLoader, load_dataset
+from .sharding import shard_device, shard_of, shard_path
+from .specs import MethodSpec, expand_methods
+
+
+@dataclass
+class Summary:
+    """What a run did: units computed, skipped because already stored, and failed (with reasons)."""
+
+    out: Path
+    computed: int = 0
+    skipped: int = 0
+    failed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class _Pending:
+    dataset: Dataset
+    example: dict
+    spec: MethodSpec
+    unit: Unit
+    needed: list[tuple[Metric, str]]
+
+
+def run_settings(cfg: EvalConfig, metrics: list[Metric], lm: LoadedModel) -> dict:
+    """The settings that change stored values (a store refuses a run whose settings differ), plus the
+    model's number of layers (``layers=all`` in the Fig. 5 sweep)."""
+    keys = sorted({"seed", "max_new_tokens", "target", "scope", *(k for m in metrics for k in m.options)})
+    text_config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+    n_layers = getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "n_layer", None)
+    return {"n_layers": n_layers, **{key: getattr(cfg, key) for key in keys}}
+
+
+def _plan(store: Store, model_id: str, data: list[Dataset], specs: list[MethodSpec],
+          metrics: list[Metric], routings: tuple[str, ...]) -> tuple[list[_Pending], dict, int]:
+    """Units still to do, the per-(dataset, method) totals, and how many are already done."""
+    pending, totals, done = [], {}, 0
+    wanted = [(m, r) for m in metrics for r in m.routings(routings)]
+    for ds in data:
+        for spec in specs:
+            totals[(ds.name, spec)] = len(ds.examples)
+        for example in ds.examples:
+            for spec in specs:
+                unit = Unit(model_id, ds.name, str(example["id"]), spec.name, spec.key)
+                have = store.done(unit)
+                needed = [(m, r) for m, r in wanted if (m.name, r) not in have]
+                if needed:
+                    pending.append(_Pending(ds, example, spec, unit, needed))
+                else:
+                    done += 1
+    return pending, totals, done
+
+
+def _explain(lm: LoadedModel, item: _Pending, target_cache: dict, cfg: EvalConfig) -> Explanation:
+    """Attribute one unit; the target (greedy generation) is shared by all methods of an example."""
+    task = item.dataset.task
+    key = (item.dataset.name, item.unit.example)
+    if key not in target_cache:
+        target_cache.clear()
+        fields_ = {name: item.example[name] for name in task.fields}
+        target_cache[key] = prepare(lm, fields_, task, cfg.max_new_tokens, target=cfg.target,
+                                    gold=item.example.get("label"), scope=cfg.scope)
+    torch.manual_seed(stable_seed(cfg.seed, *item.unit.as_tuple()[1:], bits=31))
+    return attribute(lm, target_cache[key], item.spec.build(), task, dict(item.example))
+
+
+def _progress(disable: bool) -> rp.Progress:
+    return rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
+                       rp.TimeElapsedColumn(), rp.TextColumn("ETA"), rp.TimeRemainingColumn(),
+                       disable=disable)
+
+
+def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = load_dataset,
+        progress: bool = True) -> Summary:
+    """Evaluate ``cfg``: every (dataset, example, method, metric, routing) not yet in the store.
+
+    Names are validated before the model loads. This process takes examples ``rank::world`` of each
+    dataset (``--shard`` or torchrun/accelerate env) and writes its own store file.
+    """
+    start = time.perf_counter()
+    cfg.validate()
+    rank, world = shard_of(cfg)
+    routings = cfg.routings
+    metrics = get_metrics(cfg.metrics)
+    specs = expand_methods(cfg.methods, cfg.layers)
+    data = []
+    for name in dict.fromkeys(cfg.datasets):
+        ds = loader(name, cfg.n, cfg.seed)
+        data.append(Dataset(ds.name, ds.task, ds.examples[rank::world]))
+    summary = Summary(out=shard_path(cfg.out, rank, world))
+    with Store(summary.out) as store:  # refuses a foreign file or a store another run writes, before the load
+        if lm is None:
+            lm = load_model(cfg.model, device=shard_device(cfg.device), dtype=cfg.dtype,
+                            device_map=cfg.device_map, load_in_4bit=cfg.load_in_4bit)
+        store.check_settings(lm.model_id, run_settings(cfg, metrics, lm))
+        pending, totals, summary.skipped = _plan(store, lm.model_id, data, specs, metrics, routings)
+        left = {key: 0 for key in totals}
+        for item in pending:
+            left[(item.dataset.name, item.spec)] += 1
+        bar = _progress(disable=not progress)
+        tasks = {key: bar.add_task(f"{key[0]} {key[1].label}", total=total,
+                                   completed=total - left[key]) for key, total in totals.items()}
+        target_cache: dict = {}
+        with bar:
+            for item in pending:
+                try:
+                    _run_unit(lm, item, store, target_cache, cfg)
+                    summary.computed += 1
+                except LlmattrError as err:
+                    summary.failed.append(f"{item.unit.dataset}/{item.unit.example} {item.spec.name}: {err}")
+                bar.advance(tasks[(item.dataset.name, item.spec)])
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _run_unit(lm: LoadedModel, item: _Pending, store: Store, target_cache: dict, cfg: EvalConfig) -> None:
+    """Explanation (stored or new), then every missing metric x routing, written in one transaction."""
+    stored = store.explanation(item.unit)
+    if stored is None:
+        expl = _explain(lm, item, target_cache, cfg)
+        attribution_s = float(expl.timings.get("attribution_s", 0.0))
+        text = expl.to_json()
+    else:
+        text, attribution_s = stored
+        expl = Explanation.from_json(text)
+    ctx = MetricContext(lm, expl, cfg.metric_options())
+    outputs = []
+    for metric, routing in item.needed:
+        t0 = time.perf_counter()
+        rows = metric.compute(ctx, routing)
+        outputs.append(MetricOutput(metric.name, routing, time.perf_counter() - t0, rows))
+    store.write(item.unit, text, attribution_s, outputs)

@@ -1,0 +1,55 @@
+"""Method specs of ``llmattr evaluate``: ``name[:key=value]...`` with its canonical parameters and label."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .. import methods as method_registry
+from ..errors import LlmattrError
+from ..specs import LAYER_SWEEP, method_label
+from ..store import canonical
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method name with its full parameters as canonical JSON (``key``, the store's params column).
+
+    On the CLI: ``name[:param=value]...``, e.g. ``grad-ellm:layers=4:attention=softmax``.
+    """
+
+    name: str
+    key: str
+
+    @property
+    def params(self) -> dict:
+        return json.loads(self.key)
+
+    @property
+    def label(self) -> str:
+        return method_label(self.name, self.key, method_registry.REGISTRY[self.name].defaults)
+
+    def build(self) -> method_registry.AttributionMethod:
+        return method_registry.get(self.name, **self.params)
+
+
+def parse_method(text: str) -> MethodSpec:
+    """Parse ``name[:key=value]...``; unknown names and parameters list the valid ones."""
+    name, *items = text.split(":")
+    params = method_registry.parse_params(items, f"in {text!r}, e.g. grad-ellm:layers=4")
+    method = method_registry.get(name.strip(), **params)  # validates name and parameters
+    return MethodSpec(method.name, canonical(method.params))
+
+
+def expand_methods(texts: list[str], layers: list[str] | None = None) -> list[MethodSpec]:
+    """Method specs in the given order; ``layers`` sweeps the number of aggregated layers of Grad-ELLM."""
+    specs: list[MethodSpec] = []
+    for text in texts:
+        spec = parse_method(text)
+        variants = [spec]
+        if layers and spec.name in LAYER_SWEEP and ":layers=" not in text:
+            variants = [parse_method(f"{text}:layers={k}") for k in layers]
+        specs.extend(v for v in variants if v not in specs)
+    if not specs:
+        raise LlmattrError(f"no method given; valid: {', '.join(method_registry.available())}")
+    return specs

@@ -1,0 +1,68 @@
+"""Declarations shared by the registries and the report, free of torch: method labels and table layouts.
+
+The report renders from a store alone, so what it needs to know about methods and metrics is plain data
+here: a method's label (:func:`method_label`, from the method registry's defaults) and the tables a
+metric feeds (:class:`TableSpec`, declared by each metric beside its code in
+:mod:`llmattr.faithfulness`). Neither the report nor this module imports torch, the methods or the
+evaluation loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+LAYER_SWEEP = ("grad-ellm",)  # methods whose ``layers`` is the number of last layers aggregated (Fig. 5)
+LAYOUTS = ("datasets_by_methods", "metrics_by_methods", "methods_by_datasets")
+
+
+def method_label(name: str, params: dict | str, defaults: Mapping | None) -> str:
+    """``name`` plus the parameters that differ from the method's ``defaults`` (all of them if unknown)."""
+    params = json.loads(params) if isinstance(params, str) else params
+    defaults = defaults if defaults is not None else {}
+    extra = [f"{k}={v}" for k, v in sorted(params.items()) if k not in defaults or defaults[k] != v]
+    return ":".join([name, *extra])
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One stored value name in a table: stored name, display name, direction and number format."""
+
+    metric: str
+    title: str
+    higher: bool
+    fmt: str = ".3f"
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A report table fed by a metric: rows (stored value names), the routing they were computed under,
+    and the layout (``datasets_by_methods``: paper 000 Tables 1/4/8; ``metrics_by_methods``: Table 2;
+    ``methods_by_datasets``: paper 003 Tables 1, 4-6). ``order`` places it among the report's tables;
+    ``mark_all_rows`` ranks every row of a ``datasets_by_methods`` table (else the Avg row only)."""
+
+    name: str
+    title: str
+    caption: str
+    layout: str
+    rows: tuple[MetricRow, ...]
+    routing: str = "none"
+    order: float = 100.0
+    mark_all_rows: bool = False
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown table layout {self.layout!r}; valid: {', '.join(LAYOUTS)}")
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What the report knows beyond the store: the tables of the registered metrics and each method's
+    default parameters (for labels). :func:`llmattr.api.catalog` builds it from the registries."""
+
+    tables: tuple[TableSpec, ...] = ()
+    method_defaults: Mapping[str, Mapping] | None = None
+
+    def label(self, name: str, params: dict | str) -> str:
+        return method_label(name, params, (self.method_defaults or {}).get(name))

@@ -1,0 +1,79 @@
+"""The metric registry: a metric is one registration, and evaluate (API, loop, CLI) and the report find it."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from typer.testing import CliRunner
+
+import llmattr
+from llmattr.api import catalog
+from llmattr.cli import app
+from llmattr.evaluation import EvalConfig, run
+from llmattr.faithfulness import METRICS, Metric, MetricResult, register
+from llmattr.report import build_report
+from llmattr.specs import MetricRow, TableSpec
+from llmattr.store import Row
+
+
+def top_share(ctx, routing: str) -> list[Row]:
+    """Share of the first step's retain probability on its highest-scored token (hand-checkable)."""
+    scores = ctx.explanation.steps[0].scores
+    return [Row("top_share", max(scores) / sum(scores))]
+
+
+@pytest.fixture
+def toy_metric():
+    """A metric registered by a test, the way a new metric module registers itself."""
+    metric = register(Metric("top-share", top_share, summary="share of the top token",
+                             tables=(TableSpec("table_top_share", "Top-token share", "A toy metric.",
+                                               "datasets_by_methods", (MetricRow("top_share", "Top share", True),),
+                                               order=90),)))
+    yield metric
+    METRICS.pop("top-share")
+
+
+def test_a_registered_metric_is_evaluated_stored_and_reported(tiny_llama, tmp_path, toy_metric, monkeypatch):
+    expl = llmattr.explain("a good film", model=tiny_llama, method="random", task="sentiment")
+    result = llmattr.evaluate(expl, tiny_llama, metrics=["top-share"])
+    assert isinstance(result, MetricResult)
+    scores = expl.steps[0].scores
+    assert result.to_dict() == {"top-share": {"top_share": max(scores) / sum(scores)}}
+
+    out = tmp_path / "r.sqlite"
+    monkeypatch.setattr("llmattr.evaluation.loop.load_model", lambda *args, **kwargs: tiny_llama)
+    cli = CliRunner().invoke(app, ["evaluate", "--datasets", "sst2", "--methods", "random,attention", "--metrics",
+                                   "top-share", "--n", "2", "--out", str(out), "--quiet"])
+    assert cli.exit_code == 0, cli.output
+    with sqlite3.connect(out) as conn:
+        stored = conn.execute("SELECT count(*) FROM results WHERE metric = 'top_share'").fetchone()[0]
+    assert stored == 4  # 2 examples x 2 methods
+    report = CliRunner().invoke(app, ["report", str(out), "--out", str(tmp_path / "rep"), "--format", "md"])
+    assert report.exit_code == 0, report.output
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "### Top-token share" in text and "Top share ↑" in text
+
+
+def test_alignment_runs_from_evaluate_on_blimp(tiny_llama, tmp_path):
+    """Alignment needs gold evidence: the BLiMP datasets carry it, so `evaluate --metrics alignment` works
+    there, its rows equal the metric function's, and the report has its table."""
+    from llmattr.faithfulness.alignment import explanation_alignment
+
+    cfg = EvalConfig(datasets=["blimp-darn"], methods=["random"], metrics=["alignment"], n=2,
+                     out=str(tmp_path / "a.sqlite"))
+    summary = run(cfg, lm=tiny_llama, progress=False)
+    assert summary.computed == 2 and not summary.failed
+    with sqlite3.connect(cfg.out) as conn:
+        text = conn.execute("SELECT explanation FROM explanations ORDER BY example LIMIT 1").fetchone()[0]
+        ap = conn.execute("SELECT value FROM results WHERE metric = 'average_precision' ORDER BY example "
+                          "LIMIT 1").fetchone()[0]
+    assert ap == explanation_alignment(llmattr.Explanation.from_json(text)).average_precision[0]
+    _, written = build_report([cfg.out], tmp_path / "rep", ("md",), catalog=catalog())
+    assert "Alignment with gold evidence" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_alignment_without_evidence_is_one_clear_error(tiny_llama):
+    expl = llmattr.explain("a good film", model=tiny_llama, method="random", task="sentiment")
+    with pytest.raises(llmattr.LlmattrError, match="no gold evidence"):
+        llmattr.evaluate(expl, tiny_llama, metrics=["alignment"])
