@@ -117,7 +117,7 @@ def test_explanation_of_another_tokenizer_is_refused(generated):
 def test_from_scores_round_trip_gives_the_same_aucs(generated, tiny_llama):
     """Plain numpy scores through from_scores = the same scores produced inside llmattr."""
     raw = generated.to_numpy(raw=True)
-    given = Explanation.from_scores(TEXT, raw, model=tiny_llama, task="generate", method=generated.method,
+    given = llmattr.from_scores(TEXT, raw, model=tiny_llama, task="generate", method=generated.method,
                                     signed=True, answer=ANSWER)
     assert given.token_ids == generated.token_ids and [s.token_id for s in given.steps] == \
         [s.token_id for s in generated.steps]
@@ -125,8 +125,8 @@ def test_from_scores_round_trip_gives_the_same_aucs(generated, tiny_llama):
     assert aucs(given, tiny_llama) == aucs(generated, tiny_llama)
     m = generated.span[1] - generated.span[0]
     with pytest.raises(LlmattrError, match=f"x {m} content tokens"):
-        Explanation.from_scores(TEXT, raw[:, :-1], model=tiny_llama, task="generate", answer=ANSWER)
-    one = Explanation.from_scores(TEXT, list(range(m)), model=tiny_llama, task="generate")
+        llmattr.from_scores(TEXT, raw[:, :-1], model=tiny_llama, task="generate", answer=ANSWER)
+    one = llmattr.from_scores(TEXT, list(range(m)), model=tiny_llama, task="generate")
     assert len(one.steps) == 1 and one.steps[0].raw == [float(i) for i in range(m)]
 
 
@@ -142,7 +142,7 @@ def test_captum_result_converts_to_the_same_aucs(generated, tiny_llama):
              if result.input_tokens[k: k + b - a] == tok.convert_ids_to_tokens(generated.span_ids)][-1]
     columns = np.asarray(result.token_attr, dtype=np.float64)[:, start: start + b - a]
     np.testing.assert_array_equal(expl.to_numpy(raw=True), columns)
-    same = Explanation.from_scores(TEXT, columns, model=tiny_llama, task="generate", method=generated.method,
+    same = llmattr.from_scores(TEXT, columns, model=tiny_llama, task="generate", method=generated.method,
                                    signed=True, answer=generated.generated)
     assert aucs(expl, tiny_llama) == aucs(same, tiny_llama)
 
@@ -179,7 +179,7 @@ def test_real_inseq_output_converts(generated, tiny_llama):
     expl = from_inseq(out, TEXT, model=tiny_llama, task="generate", method="inseq-ixg", signed=True)
     columns = seq.target_attributions.T.nan_to_num(0.0)[:, expl.span[0]: expl.span[1]]
     np.testing.assert_allclose(expl.to_numpy(raw=True), columns.double().numpy())
-    same = Explanation.from_scores(TEXT, columns.numpy(), model=tiny_llama, task="generate", method="inseq-ixg",
+    same = llmattr.from_scores(TEXT, columns.numpy(), model=tiny_llama, task="generate", method="inseq-ixg",
                                    signed=True, answer=generated.generated)
     assert aucs(expl, tiny_llama) == aucs(same, tiny_llama)
 

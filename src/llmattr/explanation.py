@@ -207,13 +207,6 @@ class Explanation:
         else:
             render.print_explanation(self, numbers=numbers, shared_scale=shared_scale)
 
-    @classmethod
-    def from_scores(cls, text: str | dict, scores, model="default", task="sentiment", **kwargs) -> Explanation:
-        """An Explanation of ``text`` holding attribution ``scores`` computed elsewhere (numpy, torch or
-        lists; one row per explained step, one column per content token), ready for every metric.
-        See :func:`llmattr.api.from_scores` for the options (``answer``, ``method``, ``signed``)."""
-        return api.from_scores(text, scores, model=model, task=task, **kwargs)
-
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -253,7 +246,3 @@ class Explanation:
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise LlmattrError(f"{where} is not an llmattr Explanation JSON ({type(err).__name__}: {err})") from err
 
-
-# The one known cycle (docs/architecture.md): ``Explanation.from_scores`` runs the API's pipeline, and the API
-# builds Explanations. Imported after the class, so either module can be imported first.
-from . import api  # noqa: E402
