@@ -198,8 +198,10 @@ def group_cells(data: Mapping[str, stats.Strata | None], labels: list[str], fmt:
     return [cells.get(label, Cell(None, "–")) for label in labels], best
 
 
-def metric_grid(results: Results, model: str, metrics: list[MetricRow],
-                routing: str) -> tuple[dict, list[str], list[str]] | None:
+Grid = tuple[dict, list[str], list[str]]  # per-metric values by (dataset, label); datasets; labels
+
+
+def metric_grid(results: Results, model: str, metrics: list[MetricRow], routing: str) -> Grid | None:
     """Per-example values of each metric per (dataset, method label), with the sorted datasets and
     labels (control last); None if empty."""
     data = {m.metric: example_values(results, model, m.metric, routing) for m in metrics}
@@ -264,17 +266,13 @@ def dataset_groups(values: dict, m: MetricRow, datasets: list[str], labels: list
     return out
 
 
-def datasets_by_methods(results: Results, model: str, name: str, title: str, caption: str,
-                        metrics: list[MetricRow], routing: str, mark_all_rows: bool,
-                        cfg: Stats = Stats()) -> Table | None:
+def datasets_by_methods(grid: Grid, metrics: list[MetricRow], cfg: Stats,
+                        mark_all_rows: bool) -> tuple[str, list[str], list[Section], dict, bool]:
     """Paper 000 Tables 1/4/8: one section per metric, rows = datasets + Avg, columns = methods.
 
     ``mark_all_rows``: best/2nd/3rd on every row (Table 4), else on the Avg row only (Tables 1, 8). The
     Avg cell of a method (only when it has every dataset) resamples within datasets.
     """
-    grid = metric_grid(results, model, metrics, routing)
-    if grid is None:
-        return None
     data, datasets, labels = grid
     sections, best = [], {}
     for m in metrics:
@@ -287,36 +285,25 @@ def datasets_by_methods(results: Results, model: str, name: str, title: str, cap
         cells, best[(section, "Avg")] = group_cells(avg, labels, m.fmt, m.higher, True, cfg)
         rows.append(("Avg", cells))
         sections.append(Section(section, rows))
-    tests = _tests_table(name, "Dataset", labels, sections, True, best)
-    return Table(name, title, caption, "Dataset", labels, sections, control=tuple(filter(is_control, labels)),
-                 tests=tests, notes=mc_notes(results, model, metrics, routing))
+    return "Dataset", labels, sections, best, True
 
 
-def methods_by_datasets(results: Results, model: str, name: str, title: str, caption: str,
-                        metrics: list[MetricRow], routing: str, cfg: Stats = Stats()) -> Table | None:
+def methods_by_datasets(grid: Grid, metrics: list[MetricRow], cfg: Stats,
+                        mark_all_rows: bool) -> tuple[str, list[str], list[Section], dict, bool]:
     """Paper 003 Tables 1, 4-6: rows = methods, columns = datasets, a section per metric, ranks per column."""
-    grid = metric_grid(results, model, metrics, routing)
-    if grid is None:
-        return None
     data, datasets, labels = grid
     sections, best = [], {}
     for m in metrics:
         section = f"{m.title} {'↑' if m.higher else '↓'}"
         columns = dataset_groups(data[m.metric], m, datasets, labels, True, cfg, best, section)
         sections.append(Section(section, [(label, [col[i] for col in columns]) for i, label in enumerate(labels)]))
-    names = [dataset_name(d) for d in datasets]
-    return Table(name, title, caption, "Method", names, sections, control=tuple(filter(is_control, labels)),
-                 tests=_tests_table(name, "Method", names, sections, False, best),
-                 notes=mc_notes(results, model, metrics, routing))
+    return "Method", [dataset_name(d) for d in datasets], sections, best, False
 
 
-def metrics_by_methods(results: Results, model: str, name: str, title: str, caption: str,
-                       metrics: list[MetricRow], routing: str, cfg: Stats = Stats()) -> Table | None:
+def metrics_by_methods(grid: Grid, metrics: list[MetricRow], cfg: Stats,
+                       mark_all_rows: bool) -> tuple[str, list[str], list[Section], dict, bool]:
     """Paper 000 Table 2: a section per dataset, rows = Soft-NS, Soft-NC, E[R], columns = methods (no
     marks, as in the paper; p-values vs the control and best vs 2nd for the ↑ metrics)."""
-    grid = metric_grid(results, model, metrics, routing)
-    if grid is None:
-        return None
     data, datasets, labels = grid
     sections, best = [], {}
     for d in datasets:
@@ -328,9 +315,7 @@ def metrics_by_methods(results: Results, model: str, name: str, title: str, capt
                                                               False, cfg)
             rows.append((row, cells))
         sections.append(Section(dataset_name(d), rows))
-    return Table(name, title, caption, "Metric", labels, sections, control=tuple(filter(is_control, labels)),
-                 tests=_tests_table(name, "Metric", labels, sections, True, best),
-                 notes=mc_notes(results, model, metrics, routing))
+    return "Metric", labels, sections, best, True
 
 
 def timing_table(results: Results, model: str, cfg: Stats = Stats()) -> Table | None:
@@ -384,11 +369,20 @@ def accuracy_table(results: Results, model: str, cfg: Stats = Stats()) -> Table 
 def metric_table(results: Results, model: str, spec: TableSpec, cfg: Stats) -> Table | None:
     """The table ``spec`` (a registered metric's :class:`~llmattr.specs.TableSpec`) in its layout."""
     rows = list(spec.rows)
-    if spec.layout == "datasets_by_methods":
-        return datasets_by_methods(results, model, spec.name, spec.title, spec.caption, rows, spec.routing,
-                                   mark_all_rows=spec.mark_all_rows, cfg=cfg)
-    layout = metrics_by_methods if spec.layout == "metrics_by_methods" else methods_by_datasets
-    return layout(results, model, spec.name, spec.title, spec.caption, rows, spec.routing, cfg=cfg)
+    grid = metric_grid(results, model, rows, spec.routing)
+    if grid is None:
+        return None
+    layout = LAYOUTS[spec.layout]
+    corner, columns, sections, best, by_row = layout(grid, rows, cfg, spec.mark_all_rows)
+    labels = grid[2]
+    return Table(spec.name, spec.title, spec.caption, corner, columns, sections,
+                 control=tuple(filter(is_control, labels)),
+                 tests=_tests_table(spec.name, corner, columns, sections, by_row, best),
+                 notes=mc_notes(results, model, rows, spec.routing))
+
+
+LAYOUTS = {"datasets_by_methods": datasets_by_methods, "metrics_by_methods": metrics_by_methods,
+           "methods_by_datasets": methods_by_datasets}  # specs.LAYOUTS, by name
 
 
 def paper_tables(results: Results, model: str, resamples: int = stats.RESAMPLES, *,
