@@ -23,8 +23,7 @@ CORPUS = [
 ARCHS = ("llama", "mistral", "qwen2", "gemma3", "gpt2")
 
 
-@pytest.fixture(scope="session")
-def tiny_tokenizer():
+def make_tiny_tokenizer():
     """A byte-level BPE tokenizer trained in-process, with a ChatML template (SmolLM2's format)."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
@@ -37,6 +36,11 @@ def tiny_tokenizer():
     tok.chat_template = CHAT_TEMPLATE
     tok.add_tokens(["Negative"])  # both sentiment label words one token each (the label-word target needs it)
     return tok
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return make_tiny_tokenizer()
 
 
 def tiny_config(arch: str, vocab_size: int, **overrides):

@@ -13,30 +13,14 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
-from conftest import CORPUS, build_tiny  # noqa: E402
+from conftest import build_tiny, make_tiny_tokenizer  # noqa: E402
 from llmattr.evaluation import EvalConfig, run  # noqa: E402
-
-
-def tiny_tokenizer():
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    from conftest import CHAT_TEMPLATE
-
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(CORPUS * 5, vocab_size=400, min_frequency=1,
-                            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|im_start|>",
-                                  eos_token="<|im_end|>", pad_token="<|im_end|>", unk_token="<|endoftext|>")
-    tok.chat_template = CHAT_TEMPLATE
-    tok.add_tokens(["Negative"])
-    return tok
 
 
 def main() -> None:
     out = HERE / "report_store.sqlite"
     out.unlink(missing_ok=True)
-    lm = build_tiny("llama", tiny_tokenizer(), max_position_embeddings=2048)
+    lm = build_tiny("llama", make_tiny_tokenizer(), max_position_embeddings=2048)
     cfg = EvalConfig(datasets=["sst2", "imdb"], methods=["grad-ellm", "attention", "random"],
                      metrics=["pi-soft", "soft", "deletion-insertion", "comp-suff", "log-odds"],
                      routing="both", n=3, samples=2, step_stride=5, out=str(out), device="cpu")
