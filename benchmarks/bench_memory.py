@@ -27,7 +27,9 @@ many passes of the full length run fewer of them, each with the rows and the len
 * every other method (attention, logit methods, value zeroing, saliency, input x gradient, Grad-ELLM,
   DeepLIFT, random) runs unbounded, with its defaults.
 
-The seconds printed are those of the bounded run, not of the real one.
+Every method runs as ``llmattr explain`` runs it: the memory guard plans the run (``checkpointing="auto"``:
+activation checkpointing only where the plain backward does not fit the available memory, recorded as
+``checkpointing`` in the run's parameters). The seconds printed are those of the bounded run, not of the real one.
 
 Usage: ``python benchmarks/bench_memory.py [--lengths 512,1024,2048,4096,8192] [--methods attention,saliency]
 [--path-points 2] [--evaluator-lengths 1024,4096] [--device cpu] [--out results.jsonl] [--full]``;
@@ -102,6 +104,7 @@ def worker(name: str, length: int, points: int, device: str, full: bool) -> dict
     from llmattr import methods
     from llmattr.api import prepare
     from llmattr.faithfulness.engine import PerturbationEngine
+    from llmattr.models import memory
     from llmattr.models.loading import load_model
     from llmattr.tasks import get_task
 
@@ -129,8 +132,11 @@ def worker(name: str, length: int, points: int, device: str, full: bool) -> dict
         params["sequences"] = 64 if full else engine.batch_size  # bounded: one full pass of perturbed sequences
         keep = torch.full((params["sequences"], m), 0.5)
         engine.probs(torch.bernoulli(keep, generator=torch.Generator().manual_seed(0)))
-    else:
-        methods.get(name, **params).attribute(lm, target)
+    else:  # as llmattr.explain runs it: the memory guard's plan, activation checkpointing "auto"
+        method = methods.get(name, **params)
+        params["checkpointing"] = memory.plan(lm, method, tokens, "auto")
+        with method.checkpointing(lm, params["checkpointing"]):
+            method.attribute(lm, target)
     seconds = time.perf_counter() - start
     gpu = torch.cuda.max_memory_allocated() / 2**20 if device != "cpu" else None
     return {"name": name, "length": length, "peak_mb": rss_mb(), "base_mb": base, "gpu_mb": gpu, "tokens": tokens,

@@ -15,6 +15,7 @@ from llmattr.errors import LlmattrError
 from llmattr.methods import integrated
 from llmattr.methods.gradient import baseline_embeds, embedding_gradients, reduce_tokens, score_fn
 from llmattr.methods.integrated import emphasis_factor, integrate, net_attention, path_alphas, pos_norm
+from llmattr.models.memory import prefix_cache_pays
 from llmattr.models.probe import eager_attention
 from llmattr.targets import Target
 from llmattr.tasks import get_task
@@ -259,6 +260,7 @@ def test_cached_prefix_leaves_span_gradients_unchanged(tiny_lm):
     x = tiny_lm.embed(tgt.input_ids).detach()
     rows = torch.stack([x[0], 0.5 * x[0]])  # two path points, as IG feeds them
     a = tgt.span[0]
+    assert prefix_cache_pays(tiny_lm, a, int(tgt.input_ids.shape[1]))  # short: the cached path
     full_f, full_g = embedding_gradients(score_fn(tiny_lm, tgt, "probability"), rows)
     fast_f, fast_g = embedding_gradients(score_fn(tiny_lm, tgt, "probability", prefix=a), rows)
     torch.testing.assert_close(fast_f, full_f, rtol=1e-5, atol=1e-7)

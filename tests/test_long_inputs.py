@@ -15,10 +15,19 @@ from llmattr import methods
 from llmattr.api import prepare
 from llmattr.errors import LlmattrError
 from llmattr.methods import deeplift, integrated
-from llmattr.methods.gradient import baseline_embeds, score_fn
+from llmattr.methods.gradient import baseline_embeds, embedding_gradients, score_fn
 from llmattr.methods.value_zeroing import value_zeroing_distances
 from llmattr.models.forward import decoder_blocks, logits_at
-from llmattr.models.memory import LIMIT_ENV, Shapes, activation_bytes, checkpointed, path_batch, plan
+from llmattr.models.memory import (
+    LIMIT_ENV,
+    Shapes,
+    activation_bytes,
+    checkpointed,
+    parse_bytes,
+    path_batch,
+    plan,
+    prefix_cache_pays,
+)
 from llmattr.models.probe import eager_attention
 from llmattr.tasks import get_task
 from test_deeplift import sharpened
@@ -99,6 +108,29 @@ def test_activation_formula_by_hand(tiny_llama):
     assert activation_bytes(shapes, "deeplift", 10) == 5 * 10 * backward // 2  # linear: no (S, S) term
 
 
+def test_prefix_cache_pays_by_hand(tiny_llama):
+    """The cache saves P rows of backward activations (5,632 bytes a token for the tiny Llama) and costs a float32
+    (S - P, S) mask per layer (2 layers): with P = 30 it pays up to S = 161, not at S = 162."""
+    per_token = 4 * 2 * (8 * 32 + 4 * 64) + 4 * (4 * 32 + 4 * 64)
+    assert activation_bytes(Shapes.of(tiny_llama), "backward", 1) == per_token == 5632
+    assert 2 * (161 - 30) * 161 * 4 < 30 * per_token < 2 * (162 - 30) * 162 * 4
+    assert prefix_cache_pays(tiny_llama, 30, 161) and not prefix_cache_pays(tiny_llama, 30, 162)
+    assert prefix_cache_pays(tiny_llama, 30, 162, rows=2) and not prefix_cache_pays(tiny_llama, 0, 10)
+
+
+def test_long_input_runs_the_prefix_through_the_graph(tiny_llama):
+    """Past the break-even length score_fn(prefix=...) takes the full causal pass (no mask per layer): the prefix
+    tokens get their gradients, F and the span gradients are the full pass's."""
+    tiny_llama.model.config.max_position_embeddings = 1024  # rotary positions: any length runs
+    tgt = prepare(tiny_llama, "A terrific film. " * 60, get_task("sentiment"), answer=" movie")
+    a, n = tgt.span[0], int(tgt.input_ids.shape[1])
+    assert not prefix_cache_pays(tiny_llama, a, n)
+    x = tiny_llama.embed(tgt.input_ids).detach()
+    full_f, full_g = embedding_gradients(score_fn(tiny_llama, tgt, "probability"), x)
+    long_f, long_g = embedding_gradients(score_fn(tiny_llama, tgt, "probability", prefix=a), x)
+    assert torch.equal(long_f, full_f) and torch.equal(long_g, full_g) and bool(long_g[:, :, :a].abs().sum() > 0)
+
+
 @pytest.mark.parametrize("limit, expected", [("1GB", 16), ("120KB", 2), ("1KB", 1)])
 def test_path_batch_follows_the_budget(tiny_llama, monkeypatch, limit, expected):
     """Half the limit (at most 2 GiB) over one row's backward bytes, between 1 and the number of points."""
@@ -149,6 +181,52 @@ def test_checkpointed_backward_gives_the_same_scores(tiny_llama, name):
         again = method.attribute(tiny_llama, target)
     torch.testing.assert_close(again, plain, atol=1e-6 * plain.abs().amax().item(), rtol=0)
     assert "forward" not in vars(decoder_blocks(tiny_llama.model)[0])  # restored
+
+
+def test_checkpointed_deeplift_equals_the_plain_passes(tiny_lm, monkeypatch):
+    """Blockwise DeepLIFT (each block's reference and linearised input pass rebuilt in the backward pass) gives
+    the plain two-pass multipliers on every architecture, for one and for three explained steps; each block's
+    rule runs twice (the forward, then the backward's recomputation)."""
+    runs = []
+    rule = deeplift._linearised_block
+    monkeypatch.setattr(deeplift, "_linearised_block", lambda *a, **k: runs.append(1) or rule(*a, **k))
+    method = methods.get("deeplift")
+    for tgt in (prepare(tiny_lm, TEXT, get_task("sentiment"), answer=" movie was"),
+                prepare(tiny_lm, TEXT, get_task("sentiment"), answer="Positive")):
+        plain, plain_info = method.attribute_with_info(tiny_lm, tgt)
+        runs.clear()
+        with method.checkpointing(tiny_lm, True):
+            again, info = method.attribute_with_info(tiny_lm, tgt)
+        assert len(runs) == 2 * len(decoder_blocks(tiny_lm.model)) and not method.blockwise
+        scale = float(plain.abs().sum()) + 1e-30
+        torch.testing.assert_close(again, plain, atol=64 * torch.finfo(torch.float32).eps * scale, rtol=0)
+        delta = torch.tensor(plain_info["target_delta"]).abs().sum().item()
+        got, want = (torch.tensor(i["convergence_delta"]) for i in (info, plain_info))
+        torch.testing.assert_close(got, want, atol=64 * torch.finfo(torch.float32).eps * delta, rtol=0)
+
+
+def test_deeplift_checkpoints_when_only_the_blockwise_passes_fit(tiny_llama, monkeypatch):
+    """Per token: plain DeepLIFT 14,080 bytes (2.5 backward graphs), blockwise 7,168 (two hidden states per layer,
+    one block's graph). For the 97-token prompt a 1 MB limit runs the blockwise passes, with the same scores;
+    ``off`` refuses."""
+    method = methods.get("deeplift")
+    shapes = Shapes.of(tiny_llama)
+    assert activation_bytes(shapes, "deeplift", 1) == 5 * 5632 // 2 == 14080
+    assert activation_bytes(shapes, "deeplift", 1, checkpointing=True) == 4 * (2 * 2 * 32 + 24 * 32 + 14 * 64) == 7168
+    plain = llmattr.explain(TEXT, model=tiny_llama, method="deeplift", task="sentiment", answer="Positive")
+    tokens = len(plain.token_ids)
+    assert tokens * 7168 < parse_bytes("1MB") < tokens * 14080
+    monkeypatch.setenv(LIMIT_ENV, "1MB")
+    assert plan(tiny_llama, method, tokens, "auto") is True
+    with pytest.raises(LlmattrError, match="--checkpointing on"):
+        plan(tiny_llama, method, tokens, "off")
+    runs = []
+    rule = deeplift._linearised_block
+    monkeypatch.setattr(deeplift, "_linearised_block", lambda *a, **k: runs.append(1) or rule(*a, **k))
+    again = llmattr.explain(TEXT, model=tiny_llama, method="deeplift", task="sentiment", answer="Positive")
+    assert len(runs) == 4  # 2 blocks, each run and recomputed
+    raw = plain.score_matrix(raw=True)
+    torch.testing.assert_close(again.score_matrix(raw=True), raw, atol=64 * 1.2e-7 * float(raw.abs().sum()), rtol=0)
 
 
 def test_out_of_memory_halves_the_path_chunk(tiny_llama, monkeypatch):

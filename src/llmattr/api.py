@@ -69,7 +69,7 @@ def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod
     """
     use_checkpointing = memory.plan(lm, method, int(target.input_ids.shape[1]), checkpointing)
     start = time.perf_counter()
-    with memory.checkpointed(lm, use_checkpointing):
+    with method.checkpointing(lm, use_checkpointing):
         raw, step_info = method.attribute_with_info(lm, target)
     seconds = time.perf_counter() - start
     if raw.shape != (target.n_steps, target.span[1] - target.span[0]):

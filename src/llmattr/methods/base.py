@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import ClassVar
 
 import torch
 
 from .. import objectives
 from ..errors import LlmattrError
+from ..models import memory
 from ..models.loading import LoadedModel
 from ..targets import Target, foil_id
 
@@ -66,6 +68,11 @@ class AttributionMethod:
     def memory_rows(self, lm: LoadedModel, tokens: int) -> int:
         """Sequences of ``tokens`` one pass holds at once (the memory guard's ``R``)."""
         return 1
+
+    def checkpointing(self, lm: LoadedModel, enable: bool) -> AbstractContextManager:
+        """The context a run goes in when the memory guard chose activation checkpointing (``enable``): every
+        decoder block recomputed in the backward pass (:func:`llmattr.models.memory.checkpointed`)."""
+        return memory.checkpointed(lm, enable)
 
 
 def parse_params(items: list[str], usage: str) -> dict:

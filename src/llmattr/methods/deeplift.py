@@ -23,11 +23,18 @@ gives ``sum_i (x_i - x0_i) m_i = F(x) - F(x0)`` (summation-to-delta) up to float
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+
 import torch
 import torch.nn.functional as F
+from torch.autograd import forward_ad
 from torch.autograd.graph import saved_tensors_hooks
 from torch.overrides import TorchFunctionMode
+from torch.utils.checkpoint import checkpoint
 
+from ..models.forward import patched_blocks
 from ..models.loading import LoadedModel
 from ..models.probe import repeat_heads
 from ..targets import Target
@@ -63,10 +70,9 @@ def rescale(func, x: T, x0: T, *rest, **kwargs) -> tuple[T, T]:
     far = dx.abs() > NEAR_ZERO * torch.maximum(x.abs(), x0.abs())
     m = (y - y0) / torch.where(far, dx, 1)
     if not bool(far.all()):
-        with torch.enable_grad():
-            xd = x.detach().requires_grad_(True)
-            (slope,) = torch.autograd.grad(func(xd, *rest, **kwargs).sum(), xd)
-        m = torch.where(far, m, slope)
+        with forward_ad.dual_level():  # forward mode: no graph, so also exact inside a checkpointed block
+            dual = func(forward_ad.make_dual(x, torch.ones_like(x)), *rest, **kwargs)
+            m = torch.where(far, m, forward_ad.unpack_dual(dual).tangent)
     return y, m
 
 
@@ -91,9 +97,12 @@ class DeepLiftMode(TorchFunctionMode):
         self.recording = reference is None
         self.operands: list = [] if reference is None else reference
         self.calls = 0
+        self.paused = False  # inside a block that runs its own rules (:func:`blockwise_attributions`)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
         if func in UNARY and _grad_arg(args[0]):
             kind = "unary"
         elif func in PRODUCT and _grad_arg(args[0]) and len(args) > 1 and _grad_arg(args[1]):
@@ -310,6 +319,53 @@ def deeplift_attributions(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> tupl
     return ((x - x0) * multipliers[:, 0]).detach(), (out.detach() - f0)[0]
 
 
+def blockwise_attributions(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor, model: torch.nn.Module
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`deeplift_attributions` with every decoder block of ``model`` checkpointed: the same multipliers,
+    in memory that holds two hidden states per layer and one block's linearised graph.
+
+    The reference pass keeps each block's input ``h0_l`` (and records only the calls outside the blocks: final
+    norm, head, objective). In the input pass each block runs under ``torch.utils.checkpoint``: a function that
+    records the block's own reference operands from ``h0_l`` and replays them on the block's input, and that the
+    backward pass reruns to rebuild the block's linearised graph when it reaches it. Cost: the blocks' reference
+    forward runs three times and their input forward twice (plain DeepLIFT: once each).
+    """
+    ref_inputs: list[torch.Tensor] = []
+    with torch.enable_grad(), DeepLiftMode() as ref_mode, saved_tensors_hooks(_drop, _drop), \
+            patched_blocks(model, lambda _, forward: partial(_reference_block, ref_mode, forward, ref_inputs)):
+        f0 = f(x0.detach().requires_grad_(True)).detach()
+    xg = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        with DeepLiftMode(ref_mode.operands) as mode, patched_blocks(model, lambda k, forward: partial(
+                checkpoint, _linearised_block, mode, forward, ref_inputs[k], use_reentrant=False)):
+            out = f(xg)
+        (multipliers,) = step_gradients(out.sum(0), [xg])
+    return ((x - x0) * multipliers[:, 0]).detach(), (out.detach() - f0)[0]
+
+
+def _reference_block(mode: DeepLiftMode, forward, inputs: list, hidden: T, *args, **kwargs):
+    """A block of the reference pass: its input kept, its calls left to :func:`_linearised_block`."""
+    inputs.append(hidden.detach())
+    mode.paused = True
+    try:
+        return forward(hidden, *args, **kwargs)
+    finally:
+        mode.paused = False
+
+
+def _linearised_block(mode: DeepLiftMode, forward, h0: T, hidden: T, *args, **kwargs):
+    """One block of the input pass with its own DeepLIFT rules: the block's reference operands recorded from
+    ``h0``, then replayed on ``hidden`` (the pass-wide ``mode`` steps aside meanwhile)."""
+    mode.paused = True
+    try:
+        with DeepLiftMode() as block_ref, saved_tensors_hooks(_drop, _drop):
+            forward(h0.detach().requires_grad_(True), *args, **kwargs)
+        with DeepLiftMode(block_ref.operands):
+            return forward(hidden, *args, **kwargs)
+    finally:
+        mode.paused = False
+
+
 @register
 class DeepLift(EmbeddingGradientMethod):
     """DeepLIFT with the rescale rule (Shrikumar et al. 2017) from a zero baseline (see module docs)."""
@@ -322,11 +378,26 @@ class DeepLift(EmbeddingGradientMethod):
     memory_kind = "deeplift"
     defaults = {"baseline": "all", "target": "probability", "reduction": "sum"}
 
+    blockwise = False  # set by :meth:`checkpointing`
+
+    @contextmanager
+    def checkpointing(self, lm: LoadedModel, enable: bool) -> Iterator[None]:
+        """Checkpointed DeepLIFT (:func:`blockwise_attributions`) for the duration when ``enable``."""
+        self.blockwise = enable
+        try:
+            yield
+        finally:
+            self.blockwise = False
+
     def attribute_with_info(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, dict]:
         """Span scores and the summation-to-delta check per step (Captum's convergence delta)."""
         x = lm.embed(target.input_ids).detach()
         x0 = baseline_embeds(lm, x, target, self.params["baseline"])
-        attr, delta = deeplift_attributions(self.score_fn(lm, target), x, x0)
+        f = self.score_fn(lm, target)
+        if self.blockwise:
+            attr, delta = blockwise_attributions(f, x, x0, lm.model)
+        else:
+            attr, delta = deeplift_attributions(f, x, x0)
         return span_scores(attr, target, self.params["reduction"]), convergence(attr, delta)
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:

@@ -23,6 +23,7 @@ from .. import objectives
 from ..errors import LlmattrError
 from ..models.forward import logits_at, prefix_cache
 from ..models.loading import LoadedModel
+from ..models.memory import prefix_cache_pays
 from ..targets import Target
 from .base import AttributionMethod, register
 from .grad_ellm import step_gradients
@@ -71,10 +72,12 @@ def score_fn(lm: LoadedModel, target: Target, kind: str, prefix: int = 0,
     ``prefix > 0``: the first ``prefix`` tokens (the template before the content span) run once without
     gradients into a key/value cache and the rest attends to it, so the backward pass never enters the
     prefix. ``F`` and the gradients of every later token are unchanged (a causal model's prefix does not
-    depend on later tokens); the gradients of the prefix tokens come out as zero.
+    depend on later tokens); the gradients of the prefix tokens come out as zero. On long inputs, where the
+    attention masks the cache forces would cost more memory than it saves (:func:`~..models.memory.prefix_cache_pays`),
+    the prefix runs through the graph instead: the same ``F`` and span gradients.
     """
     positions = target.positions.to(lm.device)
-    if not prefix:
+    if not prefix_cache_pays(lm, prefix, int(target.input_ids.shape[1])):
         return lambda embeds: target_scores(lm, embeds, positions, target.target_ids, kind, foil_ids)
 
     def f(embeds: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,9 @@ is never mutated).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
@@ -94,6 +97,19 @@ def logits_and_prefix(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: t
     logits = logits_at(lm, inputs_embeds, positions, past_key_values=cache, use_cache=True)
     return logits, SharedPrefix.from_cache(cache, length)
 
+
+
+@contextmanager
+def patched_blocks(model: torch.nn.Module, wrap: Callable[[int, Callable], Callable]) -> Iterator[torch.nn.ModuleList]:
+    """Every decoder block's ``forward`` replaced by ``wrap(layer index, original forward)`` for the duration."""
+    blocks = decoder_blocks(model)
+    try:
+        for k, block in enumerate(blocks):
+            block.forward = wrap(k, block.forward)
+        yield blocks
+    finally:
+        for block in blocks:
+            block.__dict__.pop("forward", None)
 
 
 def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:

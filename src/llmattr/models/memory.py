@@ -8,13 +8,16 @@ width, ``H``/``H_kv`` query/key-value heads of width ``D``)::
     cache     (a key/value cache of the sequence):             S e 2 L H_kv D
     backward  (every layer's saved activations):               R S e (L (8 d + 4 f) + 4 d + 4 f)
     checkpointed backward (block inputs kept, one block redone): R S e (L d + 5 d + 6 f)
+    checkpointed DeepLIFT (input and reference block inputs kept, one block's linearised graph redone):
+                                                                R S e (2 L d + 24 d + 14 f)
 
 (the per-layer ``8 d + 4 f`` is what SmolLM2's forward+backward floor measured: 1.24 MB per token between 1k
 and 2k tokens over its 30 layers in float32, by ``benchmarks/bench_memory.py``; ``8 d + 4 f`` gives 1.29 MB).
 Forward-only methods use ``forward + cache``, gradient methods ``backward`` (or the checkpointed one),
 DeepLIFT 2.5 backward graphs (the reference pass's recorded operands, the input pass's linearised graph and its
 coefficients: measured 2.32 times the floor's activations at 1k tokens; its attention multipliers are computed a
-block of query rows at a time, no ``(S, S)`` tensor). The estimate is
+block of query rows at a time, no ``(S, S)`` tensor), or checkpointed DeepLIFT (:meth:`DeepLift.checkpointing
+<llmattr.methods.deeplift.DeepLift.checkpointing>`). The estimate is
 compared with the memory the device has free: CPU available RAM (``psutil``), GPU free memory
 (``torch.cuda.mem_get_info``), or the ``LLMATTR_MEMORY_LIMIT`` environment variable (e.g. ``2GB``), which lowers
 the budget for tests and shared machines.
@@ -33,7 +36,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import LlmattrError
-from .forward import decoder_blocks
+from .forward import patched_blocks
 from .loading import LoadedModel
 
 LIMIT_ENV = "LLMATTR_MEMORY_LIMIT"
@@ -97,11 +100,29 @@ def activation_bytes(shapes: Shapes, kind: str, tokens: int, rows: int = 1, chec
     cache = s.element * 2 * s.layers * s.kv_heads * s.head_dim
     if kind == "forward":
         return rows * tokens * forward + tokens * cache
+    if checkpointing and kind == "deeplift":
+        return rows * tokens * s.element * (2 * s.layers * s.hidden + 24 * s.hidden + 14 * s.mlp)
     if checkpointing:
         per_token = s.element * (s.layers * s.hidden + 5 * s.hidden + 6 * s.mlp)
     else:
         per_token = s.element * s.layers * (8 * s.hidden + 4 * s.mlp) + forward
     return (5 if kind == "deeplift" else 2) * rows * tokens * per_token // 2
+
+
+def prefix_cache_pays(lm: LoadedModel, prefix: int, tokens: int, rows: int = 1) -> bool:
+    """Whether a backward pass should run the first ``prefix`` of ``tokens`` tokens into a no-gradient key/value
+    cache (:func:`~.forward.prefix_cache`) rather than through the graph.
+
+    The cache saves the prefix's activations, ``R P`` times the backward's bytes per token (module docstring).
+    But with a cache the other ``S - P`` queries no longer start at key 0, so attention cannot take the causal
+    kernel's shortcut: it gets an explicit ``(S - P, S)`` mask, which PyTorch's ``scaled_dot_product_attention``
+    converts to the model's dtype and keeps for the backward in every layer: ``L (S - P) S e`` bytes, quadratic
+    in the length (measured on SmolLM2 at 8k tokens: 7.8 GB, 1.7 times the whole forward+backward floor). The
+    cache is used when it saves more than that.
+    """
+    s = Shapes.of(lm)
+    masks = s.layers * (tokens - prefix) * tokens * s.element
+    return prefix > 0 and masks < rows * prefix * activation_bytes(s, "backward", 1)
 
 
 def path_batch(lm: LoadedModel, tokens: int, points: int, checkpointing: bool = False) -> int:
@@ -135,9 +156,10 @@ def plan(lm: LoadedModel, method, tokens: int, checkpointing: str = "auto") -> b
     shapes, kind = Shapes.of(lm), method.memory_kind
     limit, source = memory_limit(lm.device)
     rows = method.memory_rows(lm, tokens)
-    use = kind == "backward" and checkpointing == "on"
+    graph = kind in ("backward", "deeplift")
+    use = graph and checkpointing == "on"
     need = activation_bytes(shapes, kind, tokens, rows, use)
-    if need > limit and kind == "backward" and checkpointing == "auto":
+    if need > limit and graph and checkpointing == "auto":
         use = True
         need = activation_bytes(shapes, kind, tokens, rows, use)
     if need <= limit:
@@ -148,7 +170,7 @@ def plan(lm: LoadedModel, method, tokens: int, checkpointing: str = "auto") -> b
     hints = [f"at most about {fits:,} tokens"]
     if rows > 1:
         hints.append("a smaller batch (internal_batch_size / batch_size)")
-    if kind == "backward" and checkpointing == "off":
+    if graph and checkpointing == "off":
         hints.append("--checkpointing on")
     raise LlmattrError(
         f"{method.name} on {tokens:,} tokens needs about {_gb(need)} (estimate, see llmattr.models.memory) "
@@ -162,12 +184,8 @@ def checkpointed(lm: LoadedModel, enable: bool = True) -> Iterator[None]:
     the backward pass keeps each block's input and recomputes the block. Not transformers' own
     ``gradient_checkpointing_enable``: that drops ``past_key_values``, which the shared template prefix needs
     (our prefix cache stores nothing, so recomputing a block with it is exact)."""
-    blocks = decoder_blocks(lm.model) if enable else []
-    try:
-        for block in blocks:
-            block.forward = partial(checkpoint, block.forward, use_reentrant=False)
+    if not enable:
         yield
-    finally:
-        for block in blocks:
-            del block.forward
-
+        return
+    with patched_blocks(lm.model, lambda _, forward: partial(checkpoint, forward, use_reentrant=False)):
+        yield
