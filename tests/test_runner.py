@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import build_tiny
 from llmattr.api import catalog
@@ -191,6 +192,21 @@ def test_two_shards_merged_match_one_process(tiny_folder, tmp_path, reference):
     stores = [tmp_path / "s.rank0.sqlite", tmp_path / "s.rank1.sqlite"]
     assert [count_done(store) for store in stores] == [2, 2]  # each: 1 of 2 examples x 2 methods
     assert report_files([tmp_path / "s.rank*.sqlite"], tmp_path / "report") == reference
+
+
+def test_torchrun_two_processes_merged_match_one_process(tiny_folder, tmp_path, reference):
+    """``torchrun --nproc_per_node 2`` (CPU processes, rendezvous on localhost): each process takes its shard from
+    RANK/WORLD_SIZE; the merged report is the single process's."""
+    out = tmp_path / "t.sqlite"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+              "-m", "llmattr", *evaluate_args(tiny_folder, out)[3:]]
+    launch[launch.index("--n")] = "--examples"  # torchrun would read --n as an abbreviation of its --nnodes
+    threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}  # torchrun's default of 1 moves float last bits
+    done = subprocess.run(launch, capture_output=True, text=True, timeout=600, env={**os.environ, **threads})
+    assert done.returncode == 0, done.stderr[-2000:]
+    stores = [tmp_path / "t.rank0.sqlite", tmp_path / "t.rank1.sqlite"]
+    assert [count_done(store) for store in stores] == [2, 2]
+    assert report_files([tmp_path / "t.rank*.sqlite"], tmp_path / "report") == reference
 
 
 def test_soft_rows_carry_mc_se_and_the_store_records_the_coupling(tiny_llama, tmp_path, shared_data):

@@ -20,7 +20,8 @@ def evaluate(
     metrics: str = typer.Option(None, help="Comma-separated metrics, e.g. pi-soft,soft,deletion-insertion "
                                            "(default pi-soft)."),
     routing: str = typer.Option(None, help="Soft-metric protocol: dynamic (default), fixed or both."),
-    n: int = typer.Option(None, help="Examples per dataset (balanced per class; default 50)."),
+    n: int = typer.Option(None, "--n", "-n", "--examples", help="Examples per dataset (balanced per class; default 50). "
+                          "Under torchrun write -n or --examples (torchrun takes --n for its own --nnodes)."),
     samples: int = typer.Option(None, help="Monte-Carlo samples per pi (default 15)."),
     coupling: str = typer.Option(None, help="Soft-metric masks: coupled (default; every method perturbed "
                                             "with the same random numbers) or independent (a stream per "
