@@ -48,6 +48,7 @@ def test_explain_refuses_before_the_model_loads(args, fragment, tmp_path):
     (["--samples", "-2"], "--samples must be at least 1"),
     (["--step-stride", "0"], "--step-stride must be at least 1"),
     (["--n", "0"], "--n must be at least 1"),
+    (["--max-memory", "gpu=2GB"], "max-memory 'gpu=2GB' is not device=size"),
 ])
 def test_evaluate_refuses_bad_values_and_stores_nothing(args, fragment, tmp_path):
     result = run_cli("evaluate", *NO_MODEL, "--out", str(tmp_path / "r.sqlite"), *args)

@@ -1,13 +1,19 @@
 """Model loading: the GGUF cache folder, plain-transformers compatibility, one-line errors."""
 
 import json
+import warnings
 
 import gguf
 import numpy as np
 import pytest
+import torch
 
+from llmattr import methods
+from llmattr.api import prepare
 from llmattr.errors import LlmattrError
 from llmattr.models import loading
+from llmattr.models.loading import load_model, parse_max_memory
+from llmattr.tasks import get_task
 
 
 def _write_gguf(path, arch):
@@ -82,3 +88,38 @@ def test_concurrent_conversion_keeps_the_winners_folder(tmp_path, monkeypatch, t
     loading._convert_gguf(tmp_path / "model.gguf", folder)
     assert (folder / "model.safetensors").read_bytes() == b"written by the other process"
     assert [p.name for p in tmp_path.iterdir()] == ["model-0123"]  # our temporary folder is gone
+
+
+def test_max_memory_splits_the_model_between_cpu_and_disk(tmp_path, tiny_llama):
+    """``max_memory`` below the model's size: accelerate keeps the first blocks on the CPU, offloads the rest to
+    disk, and the attributions equal those of the model held whole."""
+    tiny_llama.model.save_pretrained(tmp_path)
+    tiny_llama.tokenizer.save_pretrained(tmp_path)
+    size = sum(p.numel() * p.element_size() for p in tiny_llama.model.parameters())
+    split = load_model(str(tmp_path), device="cpu", max_memory=f"cpu={int(0.8 * size)}B")
+    assert {"cpu", "disk"} <= set(split.model.hf_device_map.values())
+    whole = load_model(str(tmp_path), device="cpu")
+    target = prepare(whole, "A terrific film.", get_task("sentiment"), answer="Positive")
+    for name in ("saliency", "attention"):
+        torch.testing.assert_close(methods.get(name).attribute(split, target),
+                                   methods.get(name).attribute(whole, target), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("text", ["cpu", "gpu=2GB", "cpu=lots", ","])
+def test_bad_max_memory_fails_with_one_line(text):
+    with pytest.raises(LlmattrError, match="max-memory"):
+        parse_max_memory(text)
+    assert parse_max_memory("cpu=2GB, 0=20.5GiB") == {"cpu": "2GB", 0: "20.5GiB"}
+
+
+def test_bf16_on_a_cpu_without_bf16_units_warns(tmp_path, tiny_llama, monkeypatch):
+    tiny_llama.model.save_pretrained(tmp_path)
+    tiny_llama.tokenizer.save_pretrained(tmp_path)
+    for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        monkeypatch.setattr(torch.cpu, name, lambda: False)
+    with pytest.warns(UserWarning, match="bfloat16 on this CPU"):
+        load_model(str(tmp_path), device="cpu", dtype="bf16")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_model(str(tmp_path), device="cpu", dtype="bf16").model.dtype == torch.bfloat16

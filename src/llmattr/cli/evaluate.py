@@ -20,8 +20,8 @@ def evaluate(
     metrics: str = typer.Option(None, help="Comma-separated metrics, e.g. pi-soft,soft,deletion-insertion "
                                            "(default pi-soft)."),
     routing: str = typer.Option(None, help="Soft-metric protocol: dynamic (default), fixed or both."),
-    n: int = typer.Option(None, "--n", "-n", "--examples", help="Examples per dataset (balanced per class; default 50). "
-                          "Under torchrun write -n or --examples (torchrun takes --n for its own --nnodes)."),
+    n: int = typer.Option(None, "--n", "-n", "--examples", help="Examples per dataset (balanced per class; default "
+                          "50). Under torchrun write -n or --examples (torchrun takes --n for its own --nnodes)."),
     samples: int = typer.Option(None, help="Monte-Carlo samples per pi (default 15)."),
     coupling: str = typer.Option(None, help="Soft-metric masks: coupled (default; every method perturbed "
                                             "with the same random numbers) or independent (a stream per "
@@ -48,6 +48,8 @@ def evaluate(
                                           "sharded)."),
     dtype: str = typer.Option(None, help="float32, bfloat16, float16 or auto."),
     device_map: str = typer.Option(None, help="'auto' spreads a big model over the GPUs (accelerate)."),
+    max_memory: str = typer.Option(None, help="Memory per device for --device-map, e.g. cpu=2GB,0=20GB (the rest "
+                                              "is offloaded to disk)."),
     load_in_4bit: bool = typer.Option(None, "--load-in-4bit/--no-load-in-4bit", help="4-bit weights "
                                                                                        "(bitsandbytes)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
@@ -59,7 +61,8 @@ def evaluate(
            "n": n, "samples": samples, "coupling": coupling, "seed": seed, "layers": layers,
            "step_stride": step_stride, "max_new_tokens": max_new_tokens, "target": target, "scope": scope,
            "removal": removal, "out": None if out is None else str(out), "shard": shard,
-           "device": device, "dtype": dtype, "device_map": device_map, "load_in_4bit": load_in_4bit}
+           "device": device, "dtype": dtype, "device_map": device_map, "max_memory": max_memory,
+           "load_in_4bit": load_in_4bit}
     base = EvalConfig.from_toml(config) if config is not None else None
     cfg = EvalConfig.from_mapping(cli, base)
     console = Console(stderr=True)

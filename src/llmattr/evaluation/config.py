@@ -13,6 +13,7 @@ from ..faithfulness.engine import ROUTINGS
 from ..faithfulness.ranking import REMOVALS
 from ..faithfulness.registry import MetricOptions
 from ..faithfulness.soft import COUPLINGS
+from ..models.loading import parse_max_memory
 from ..targets import SCOPES, TARGET_MODES
 
 
@@ -40,6 +41,7 @@ class EvalConfig:
     device: str = "auto"
     dtype: str | None = None
     device_map: str | None = None
+    max_memory: str | None = None
     load_in_4bit: bool = False
 
     @classmethod
@@ -79,6 +81,7 @@ class EvalConfig:
                 raise LlmattrError(f"{key} must be one of {', '.join(valid)}; got {getattr(self, key)!r}")
         if self.coupling not in COUPLINGS:
             raise LlmattrError(f"unknown coupling {self.coupling!r}; valid: {', '.join(COUPLINGS)}")
+        parse_max_memory(self.max_memory)
 
     @property
     def routings(self) -> tuple[str, ...]:

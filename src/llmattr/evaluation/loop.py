@@ -121,7 +121,7 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
     with Store(summary.out) as store:  # refuses a foreign file or a store another run writes, before the load
         if lm is None:
             lm = load_model(cfg.model, device=shard_device(cfg.device), dtype=cfg.dtype,
-                            device_map=cfg.device_map, load_in_4bit=cfg.load_in_4bit)
+                            device_map=cfg.device_map, max_memory=cfg.max_memory, load_in_4bit=cfg.load_in_4bit)
         store.check_settings(lm.model_id, run_settings(cfg, metrics, lm))
         pending, totals, summary.skipped = _plan(store, lm.model_id, data, specs, metrics, routings)
         left = {key: 0 for key in totals}

@@ -11,9 +11,11 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,6 +221,37 @@ def _dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
     return table[name]
 
 
+SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*((?:[KMGT]i?)?B)?", re.IGNORECASE)
+
+
+def parse_max_memory(text: str | dict | None) -> dict | None:
+    """``"cpu=2GB,0=20GB"`` -> ``{"cpu": "2GB", 0: "20GB"}``: accelerate's ``max_memory`` per device (``cpu``, a GPU
+    index, ``disk``); a dict passes through. One-line error for anything else."""
+    if text is None or isinstance(text, dict):
+        return text
+    found: dict = {}
+    for item in filter(None, (part.strip() for part in str(text).split(","))):
+        key, _, size = (x.strip() for x in item.partition("="))
+        size_ok = SIZE.fullmatch(size)
+        if not (key in ("cpu", "disk") or key.isdigit()) or not size_ok:
+            raise LlmattrError(f"max-memory {item!r} is not device=size; write e.g. cpu=2GB,0=20GB")
+        plain = size_ok[2] is None or size_ok[2].upper() == "B"  # accelerate reads bytes as an int
+        found[int(key) if key.isdigit() else key] = int(float(size_ok[1])) if plain else size
+    if not found:
+        raise LlmattrError("max-memory is empty; write e.g. cpu=2GB,0=20GB")
+    return found
+
+
+def native_bf16(device: str) -> bool:
+    """Whether ``device`` multiplies bfloat16 matrices natively: a CUDA GPU with bf16 support, a CPU with AMX tiles
+    or AVX512-BF16. Other CPUs (AVX2) emulate them: the embedded model's forward ran 3.4 times slower in bfloat16
+    than in float32 on an AVX2 EPYC (docs/scale.md)."""
+    if device.startswith("cuda"):
+        return torch.cuda.is_bf16_supported()
+    return any(getattr(torch.cpu, name, lambda: False)()
+               for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+
+
 def _device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -235,12 +268,15 @@ def load_model(
     device: str = "auto",
     dtype: str | torch.dtype | None = None,
     device_map: str | None = None,
+    max_memory: str | dict | None = None,
     load_in_4bit: bool = False,
     verbose: bool = False,
 ) -> LoadedModel:
     """Load ``spec`` ("default", "gemma-3-270m", hub id, local folder or ``.gguf``) with llmattr's probe installed.
 
-    ``device_map="auto"`` spreads a big model over the GPUs (accelerate); ``load_in_4bit`` needs
+    ``device_map="auto"`` spreads a big model over the GPUs (accelerate), within ``max_memory`` per device if given
+    (``"cpu=2GB,0=20GB"`` or accelerate's dict; what does not fit goes to a temporary offload folder on disk);
+    bfloat16 on a CPU without bf16 matrix units warns that it is slower than float32; ``load_in_4bit`` needs
     bitsandbytes (paper 000 evaluates Llama-3.1-70B this way). ``info["load_s"]`` records the seconds
     the load took (an Explanation's ``timings["load_s"]``).
     """
@@ -252,8 +288,12 @@ def load_model(
     if not spec or not str(spec).strip():
         raise LlmattrError("empty model name; use 'default', a hub id, a folder or a .gguf file")
     device = _device(device)
+    max_memory = parse_max_memory(max_memory)
     source, display = _resolve(str(spec), verbose)
     kwargs: dict = {"dtype": _dtype(dtype, device)}
+    if kwargs["dtype"] == torch.bfloat16 and device == "cpu" and not native_bf16(device):
+        warnings.warn("bfloat16 on this CPU (no AMX or AVX512-BF16) is emulated and runs slower than float32; "
+                      "use float32 here", stacklevel=2)
     if load_in_4bit:
         if importlib.util.find_spec("bitsandbytes") is None:
             raise LlmattrError("--load-in-4bit needs bitsandbytes: pip install 'llmattr[quant]'")
@@ -261,6 +301,10 @@ def load_model(
 
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True)
         device_map = device_map or "auto"
+    if max_memory:
+        device_map = device_map or "auto"
+        kwargs["max_memory"] = max_memory
+        kwargs["offload_folder"] = tempfile.mkdtemp(prefix="llmattr-offload-")
     if device_map:
         kwargs["device_map"] = device_map
     if not Path(source).exists() and not hub_reachable():
