@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import llmattr
-from conftest import ARCHS
+from conftest import ARCHS, build_tiny
 from llmattr import methods
 from llmattr.api import prepare
 from llmattr.errors import LlmattrError
@@ -205,26 +205,28 @@ def test_checkpointed_deeplift_equals_the_plain_passes(tiny_lm, monkeypatch):
         torch.testing.assert_close(got, want, atol=64 * torch.finfo(torch.float32).eps * delta, rtol=0)
 
 
-def test_deeplift_checkpoints_when_only_the_blockwise_passes_fit(tiny_llama, monkeypatch):
-    """Per token: plain DeepLIFT 14,080 bytes (2.5 backward graphs), blockwise 7,168 (two hidden states per layer,
-    one block's graph). For the 97-token prompt a 1 MB limit runs the blockwise passes, with the same scores;
-    ``off`` refuses."""
+def test_deeplift_checkpoints_when_only_the_blockwise_passes_fit(tiny_tokenizer, monkeypatch):
+    """A 16-layer tiny Llama: plain DeepLIFT 85,760 bytes a token (2.5 backward graphs), blockwise 26,624 a token
+    (7 L d + 48 d + 24 f floats) plus 104 bytes per element of one block of attention multipliers (4 heads x S^2).
+    For the 97-token prompt a 7 MB limit runs the blockwise passes, with the same scores; ``off`` refuses."""
+    deep = build_tiny("llama", tiny_tokenizer, num_hidden_layers=16)
     method = methods.get("deeplift")
-    shapes = Shapes.of(tiny_llama)
-    assert activation_bytes(shapes, "deeplift", 1) == 5 * 5632 // 2 == 14080
-    assert activation_bytes(shapes, "deeplift", 1, checkpointing=True) == 4 * (2 * 2 * 32 + 24 * 32 + 14 * 64) == 7168
-    plain = llmattr.explain(TEXT, model=tiny_llama, method="deeplift", task="sentiment", answer="Positive")
+    shapes = Shapes.of(deep)
+    assert activation_bytes(shapes, "deeplift", 1) == 5 * 4 * (16 * (8 * 32 + 4 * 64) + 4 * 32 + 4 * 64) // 2 == 85760
+    plain = llmattr.explain(TEXT, model=deep, method="deeplift", task="sentiment", answer="Positive")
     tokens = len(plain.token_ids)
-    assert tokens * 7168 < parse_bytes("1MB") < tokens * 14080
-    monkeypatch.setenv(LIMIT_ENV, "1MB")
-    assert plan(tiny_llama, method, tokens, "auto") is True
+    blockwise = tokens * 4 * (7 * 16 * 32 + 48 * 32 + 24 * 64) + 104 * 4 * tokens**2
+    assert activation_bytes(shapes, "deeplift", tokens, checkpointing=True) == blockwise
+    assert blockwise < parse_bytes("7MB") < tokens * 85760
+    monkeypatch.setenv(LIMIT_ENV, "7MB")
+    assert plan(deep, method, tokens, "auto") is True
     with pytest.raises(LlmattrError, match="--checkpointing on"):
-        plan(tiny_llama, method, tokens, "off")
+        plan(deep, method, tokens, "off")
     runs = []
     rule = deeplift._linearised_block
     monkeypatch.setattr(deeplift, "_linearised_block", lambda *a, **k: runs.append(1) or rule(*a, **k))
-    again = llmattr.explain(TEXT, model=tiny_llama, method="deeplift", task="sentiment", answer="Positive")
-    assert len(runs) == 4  # 2 blocks, each run and recomputed
+    again = llmattr.explain(TEXT, model=deep, method="deeplift", task="sentiment", answer="Positive")
+    assert len(runs) == 32  # 16 blocks, each run and recomputed
     raw = plain.score_matrix(raw=True)
     torch.testing.assert_close(again.score_matrix(raw=True), raw, atol=64 * 1.2e-7 * float(raw.abs().sum()), rtol=0)
 

@@ -36,6 +36,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..models.forward import patched_blocks
 from ..models.loading import LoadedModel
+from ..models.memory import ATTENTION_BLOCK
 from ..models.probe import repeat_heads
 from ..targets import Target
 from .base import register
@@ -55,7 +56,6 @@ SOFTMAX = {torch.softmax, T.softmax, F.softmax}
 NORMALISERS = {torch.rsqrt, T.rsqrt, torch.reciprocal, T.reciprocal}
 NEAR_ZERO = 1e-7  # relative, about one float32 step: x and x0 equal or adjacent -> the gradient
 SCALE = "_llmattr_deeplift_scale"  # marks a normaliser's output (rsqrt / reciprocal)
-ATTENTION_BLOCK = 2**22  # score elements (batch x heads x rows x keys) per block of the attention multipliers
 
 
 def _grad_arg(x) -> bool:

@@ -8,16 +8,20 @@ width, ``H``/``H_kv`` query/key-value heads of width ``D``)::
     cache     (a key/value cache of the sequence):             S e 2 L H_kv D
     backward  (every layer's saved activations):               R S e (L (8 d + 4 f) + 4 d + 4 f)
     checkpointed backward (block inputs kept, one block redone): R S e (L d + 5 d + 6 f)
-    checkpointed DeepLIFT (input and reference block inputs kept, one block's linearised graph redone):
-                                                                R S e (2 L d + 24 d + 14 f)
+    checkpointed DeepLIFT (blockwise passes; measured, see below):
+                                          R S e (7 L d + 48 d + 24 f) + 104 min(ATTENTION_BLOCK, R H S^2)
 
 (the per-layer ``8 d + 4 f`` is what SmolLM2's forward+backward floor measured: 1.24 MB per token between 1k
 and 2k tokens over its 30 layers in float32, by ``benchmarks/bench_memory.py``; ``8 d + 4 f`` gives 1.29 MB).
 Forward-only methods use ``forward + cache``, gradient methods ``backward`` (or the checkpointed one),
 DeepLIFT 2.5 backward graphs (the reference pass's recorded operands, the input pass's linearised graph and its
-coefficients: measured 2.32 times the floor's activations at 1k tokens; its attention multipliers are computed a
-block of query rows at a time, no ``(S, S)`` tensor), or checkpointed DeepLIFT (:meth:`DeepLift.checkpointing
-<llmattr.methods.deeplift.DeepLift.checkpointing>`). The estimate is
+coefficients: an upper bound, SmolLM2 measured 1.24 times the floor's activations at 1k tokens; its attention
+multipliers are computed ``ATTENTION_BLOCK`` score elements at a time, no ``(S, S)`` tensor), or checkpointed
+DeepLIFT (:meth:`DeepLift.checkpointing <llmattr.methods.deeplift.DeepLift.checkpointing>`), whose terms were
+fitted to SmolLM2's measured peaks (1k tokens with 10 and 30 layers, 8k tokens with 30) and rounded up: ``7 L d``
+per token (the blocks' inputs kept; measured 13.9 KB a token and layer, 6 d), ``48 d + 24 f`` per token (one
+block's linearised graph rebuilt), and about 26 float32 temporaries of one block of attention multipliers (0.43 GB);
+it gives 1.11 GB at 1k tokens and 6.07 GB at 8k against 1.06 and 5.78 GB measured. The estimate is
 compared with the memory the device has free: CPU available RAM (``psutil``), GPU free memory
 (``torch.cuda.mem_get_info``), or the ``LLMATTR_MEMORY_LIMIT`` environment variable (e.g. ``2GB``), which lowers
 the budget for tests and shared machines.
@@ -41,6 +45,7 @@ from .loading import LoadedModel
 
 LIMIT_ENV = "LLMATTR_MEMORY_LIMIT"
 CHECKPOINTING = ("auto", "on", "off")
+ATTENTION_BLOCK = 2**22  # score elements (batch x heads x rows x keys) per block of DeepLIFT's attention multipliers
 PATH_BUDGET = 2 * 2**30  # bytes of activations one path-method chunk may hold (at most half the limit)
 UNITS = {"": 1, "B": 1, "KB": 2**10, "K": 2**10, "MB": 2**20, "M": 2**20, "GB": 2**30, "G": 2**30,
          "TB": 2**40, "T": 2**40}
@@ -101,7 +106,8 @@ def activation_bytes(shapes: Shapes, kind: str, tokens: int, rows: int = 1, chec
     if kind == "forward":
         return rows * tokens * forward + tokens * cache
     if checkpointing and kind == "deeplift":
-        return rows * tokens * s.element * (2 * s.layers * s.hidden + 24 * s.hidden + 14 * s.mlp)
+        blocks = 104 * min(ATTENTION_BLOCK, rows * s.heads * tokens * tokens)
+        return rows * tokens * s.element * (7 * s.layers * s.hidden + 48 * s.hidden + 24 * s.mlp) + blocks
     if checkpointing:
         per_token = s.element * (s.layers * s.hidden + 5 * s.hidden + 6 * s.mlp)
     else:
