@@ -77,7 +77,11 @@ def test_two_evaluate_runs_on_one_store_and_ctrl_c(tmp_path):
     shared, single = tmp_path / "shared.sqlite", tmp_path / "single.sqlite"
     first = start_cli(*args, "--out", str(shared))
     wait_for_lock(shared, first)
-    second = run_cli(*args, "--out", str(shared))
+    first.send_signal(signal.SIGSTOP)  # holds the lock however slowly the second process starts (loaded machine)
+    try:
+        second = run_cli(*args, "--out", str(shared))
+    finally:
+        first.send_signal(signal.SIGCONT)
     lines = [line for line in second.stderr.splitlines() if line.strip()]
     assert second.returncode == 2 and len(lines) == 1 and "being written by another llmattr evaluate" in lines[0]
     assert first.wait(timeout=600) == 0, first.communicate()
@@ -94,6 +98,8 @@ def test_two_evaluate_runs_on_one_store_and_ctrl_c(tmp_path):
     stopped = tmp_path / "stopped.sqlite"
     proc = start_cli(*args, "--out", str(stopped))
     wait_for_lock(stopped, proc)
+    proc.send_signal(signal.SIGSTOP)  # the interrupt lands while the run is still at work, not after it ended
     proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGCONT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "rerun the same command to resume" in err and "Traceback" not in err

@@ -15,7 +15,7 @@ width, ``H``/``H_kv`` query/key-value heads of width ``D``)::
 and 2k tokens over its 30 layers in float32, by ``benchmarks/bench_memory.py``; ``8 d + 4 f`` gives 1.29 MB).
 Forward-only methods use ``forward + cache``, gradient methods ``backward`` (or the checkpointed one),
 DeepLIFT 2.5 backward graphs (the reference pass's recorded operands, the input pass's linearised graph and its
-coefficients: an upper bound, SmolLM2 measured 1.24 times the floor's activations at 1k tokens; its attention
+coefficients: an upper bound, SmolLM2 measured 1.37 times the floor's activations at 1k tokens; its attention
 multipliers are computed ``ATTENTION_BLOCK`` score elements at a time, no ``(S, S)`` tensor), or checkpointed
 DeepLIFT (:meth:`DeepLift.checkpointing <llmattr.methods.deeplift.DeepLift.checkpointing>`), whose terms were
 fitted to SmolLM2's measured peaks (1k tokens with 10 and 30 layers, 8k tokens with 30) and rounded up: ``7 L d``
