@@ -56,6 +56,15 @@ def test_format_json_layers_int_load_time_and_evaluate_scores(tmp_path):
     assert len(out[1]["explanation"]["steps"][0]["scores"]) == b - a
 
 
+def done_units(path) -> int:
+    """Units a running evaluate has finished (0 before its tables exist)."""
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30) as conn:
+            return conn.execute("SELECT count(*) FROM done").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
 def holds_lock(path):
     try:
         with open(path, "rb") as handle:
@@ -96,10 +105,11 @@ def test_two_evaluate_runs_on_one_store_and_ctrl_c(tmp_path):
     assert not (tmp_path / "shared.sqlite-wal").exists() or (tmp_path / "shared.sqlite-wal").stat().st_size == 0
 
     stopped = tmp_path / "stopped.sqlite"
-    proc = start_cli(*args, "--out", str(stopped))
+    proc = start_cli(*args[:2], "3", *args[3:], "--out", str(stopped))  # --n 3
     wait_for_lock(stopped, proc)
-    proc.send_signal(signal.SIGSTOP)  # the interrupt lands while the run is still at work, not after it ended
+    while done_units(stopped) < 1:  # interrupt the loop itself (unit 2 of 3), not the model's loading
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    proc.send_signal(signal.SIGCONT)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130 and "rerun the same command to resume" in err and "Traceback" not in err
