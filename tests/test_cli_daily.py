@@ -24,7 +24,13 @@ def run_cli(*args, timeout=600):
 
 def start_cli(*args):
     return subprocess.Popen([sys.executable, "-m", "llmattr", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=default_sigint)
+
+
+def default_sigint() -> None:
+    """Ctrl-C acts in the child even when pytest itself runs as a background job (a non-interactive shell's ``&``
+    sets SIGINT to ignored, Python then installs no KeyboardInterrupt handler, and the interrupt is lost)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_piped_arabic_heatmap_with_numbers_html_and_figure(tmp_path):
