@@ -343,27 +343,31 @@ def blockwise_attributions(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor, model:
     return ((x - x0) * multipliers[:, 0]).detach(), (out.detach() - f0)[0]
 
 
+@contextmanager
+def _paused(mode: DeepLiftMode) -> Iterator[None]:
+    """The pass-wide ``mode`` passes every call through for the duration (a block runs its own rules)."""
+    mode.paused = True
+    try:
+        yield
+    finally:
+        mode.paused = False
+
+
 def _reference_block(mode: DeepLiftMode, forward, inputs: list, hidden: T, *args, **kwargs):
     """A block of the reference pass: its input kept, its calls left to :func:`_linearised_block`."""
     inputs.append(hidden.detach())
-    mode.paused = True
-    try:
+    with _paused(mode):
         return forward(hidden, *args, **kwargs)
-    finally:
-        mode.paused = False
 
 
 def _linearised_block(mode: DeepLiftMode, forward, h0: T, hidden: T, *args, **kwargs):
     """One block of the input pass with its own DeepLIFT rules: the block's reference operands recorded from
     ``h0``, then replayed on ``hidden`` (the pass-wide ``mode`` steps aside meanwhile)."""
-    mode.paused = True
-    try:
+    with _paused(mode):
         with DeepLiftMode() as block_ref, saved_tensors_hooks(_drop, _drop):
             forward(h0.detach().requires_grad_(True), *args, **kwargs)
         with DeepLiftMode(block_ref.operands):
             return forward(hidden, *args, **kwargs)
-    finally:
-        mode.paused = False
 
 
 @register
