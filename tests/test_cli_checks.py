@@ -13,7 +13,7 @@ from conftest import foreign_sqlite
 NO_MODEL = ["--model", "/nonexistent/model.gguf"]
 
 
-def run_cli(*args, timeout=120):
+def run_cli(*args, timeout=600):  # generous: CLI starts take long on a loaded machine
     return subprocess.run([sys.executable, "-m", "llmattr", *args], capture_output=True, text=True, timeout=timeout)
 
 

@@ -109,7 +109,8 @@ def test_max_memory_splits_the_model_between_cpu_and_disk(tmp_path, tiny_llama):
 def test_bad_max_memory_fails_with_one_line(text):
     with pytest.raises(LlmattrError, match="max-memory"):
         parse_max_memory(text)
-    assert parse_max_memory("cpu=2GB, 0=20.5GiB") == {"cpu": "2GB", 0: "20.5GiB"}
+    assert parse_max_memory("cpu=2GB, 0=20.5GiB,disk=512 mb") == {"cpu": 2 * 2**30, 0: int(20.5 * 2**30),
+                                                                   "disk": 512 * 2**20}
 
 
 def test_bf16_on_a_cpu_without_bf16_units_warns(tmp_path, tiny_llama, monkeypatch):

