@@ -270,3 +270,17 @@ def test_evaluator_chunk_from_token_budget_and_memory(tiny_llama, monkeypatch):
     assert forward_batch(tiny_llama, 50) == 3
     monkeypatch.setenv(LIMIT_ENV, "1KB")
     assert forward_batch(tiny_llama, 50) == 1
+
+
+def test_reagent_estimate_counts_its_replacement_distributions(tiny_llama, monkeypatch):
+    """ReAGent's causal sampler holds (n, V) distributions, far more than its forward activations: a limit that
+    fits the forward but not 4 float32 (S, V) copies is refused; the uniform sampler holds none and passes."""
+    tokens, vocab = 20, tiny_llama.model.get_input_embeddings().num_embeddings
+    causal, uniform = methods.get("reagent"), methods.get("reagent", sampler="uniform")
+    forward = activation_bytes(Shapes.of(tiny_llama), "forward", tokens)
+    assert causal.memory_extra(tiny_llama, tokens) == 4 * tokens * vocab * 4 > forward
+    assert uniform.memory_extra(tiny_llama, tokens) == 0
+    monkeypatch.setenv(LIMIT_ENV, str(forward + 1))
+    assert plan(tiny_llama, uniform, tokens) is False
+    with pytest.raises(LlmattrError, match=r"reagent on 20 tokens needs about .* what fits: at most about"):
+        plan(tiny_llama, causal, tokens)

@@ -69,6 +69,11 @@ class AttributionMethod:
         """Sequences of ``tokens`` one pass holds at once (the memory guard's ``R``)."""
         return 1
 
+    def memory_extra(self, lm: LoadedModel, tokens: int) -> int:
+        """Bytes the method holds beside the activations of its passes (the memory guard adds them to the
+        estimate of its ``memory_kind``); none by default."""
+        return 0
+
     def checkpointing(self, lm: LoadedModel, enable: bool) -> AbstractContextManager:
         """The context a run goes in when the memory guard chose activation checkpointing (``enable``): every
         decoder block recomputed in the backward pass (:func:`llmattr.models.memory.checkpointed`)."""

@@ -39,6 +39,8 @@ from ..targets import Target
 from .base import AttributionMethod, register
 
 SAMPLERS = ("auto", "mlm", "causal", "uniform")
+SAMPLER_COPIES = 4  # (n, V) float32 copies at the sampler's peak: 0.78 / 6.2 GB measured over the forward floor at
+# 1k / 8k tokens on SmolLM2 (V = 49,152; one copy 0.20 / 1.60 GB), benchmarks/bench_memory.py
 
 
 class TokenSampler:
@@ -160,6 +162,14 @@ class ReAGent(AttributionMethod):
             raise LlmattrError(f"reagent sampler must be one of {', '.join(SAMPLERS)}")
         if p["sampler"] == "mlm" and p["mlm_model"] is None:
             raise LlmattrError("reagent sampler=mlm needs mlm_model (a local masked-LM folder)")
+
+    def memory_extra(self, lm: LoadedModel, tokens: int) -> int:
+        """The replacement distributions: ``SAMPLER_COPIES`` float32 ``(n, V)`` tensors (logits, softmax, the
+        original token's mass removed, renormalised) for ``n`` <= ``tokens`` content positions; none for the
+        uniform sampler."""
+        if self.sampler_kind() == "uniform":
+            return 0
+        return SAMPLER_COPIES * tokens * lm.model.get_input_embeddings().num_embeddings * 4
 
     def sampler_kind(self) -> str:
         """``mlm``, ``uniform`` or ``causal`` (``auto``: the masked LM when one is given, else causal)."""

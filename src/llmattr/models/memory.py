@@ -10,6 +10,8 @@ width, ``H``/``H_kv`` query/key-value heads of width ``D``)::
     checkpointed backward (block inputs kept, one block redone): R S e (L d + 5 d + 6 f)
     checkpointed DeepLIFT (blockwise passes; measured, see below):
                                           R S e (7 L d + 48 d + 24 f) + 104 min(ATTENTION_BLOCK, R H S^2)
+    extra     (what a method holds beside its passes, ``memory_extra``; ReAGent's replacement
+               distributions over the vocabulary ``V``, 4 float32 copies, measured):   4 S V 4
 
 (the per-layer ``8 d + 4 f`` is what SmolLM2's forward+backward floor measured: 1.24 MB per token between 1k
 and 2k tokens over its 30 layers in float32, by ``benchmarks/bench_memory.py``; ``8 d + 4 f`` gives 1.29 MB).
@@ -152,7 +154,8 @@ def _gb(n: float) -> str:
 def plan(lm: LoadedModel, method, tokens: int, checkpointing: str = "auto") -> bool:
     """Whether to checkpoint; raises a one-line :class:`LlmattrError` when the run cannot fit.
 
-    ``method`` gives ``memory_kind`` (``forward``, ``backward``, ``deeplift``) and ``memory_rows(lm, tokens)``.
+    ``method`` gives ``memory_kind`` (``forward``, ``backward``, ``deeplift``), ``memory_rows(lm, tokens)`` and
+    ``memory_extra(lm, tokens)`` (bytes beside the activations, e.g. ReAGent's replacement distributions).
     ``checkpointing``: ``on``, ``off``, or ``auto`` (on only when the plain backward does not fit).
     """
     check_checkpointing(checkpointing)
@@ -160,15 +163,18 @@ def plan(lm: LoadedModel, method, tokens: int, checkpointing: str = "auto") -> b
     limit, source = memory_limit(lm.device)
     rows = method.memory_rows(lm, tokens)
     graph = kind in ("backward", "deeplift")
+
+    def need(n: int, checkpoint: bool) -> int:
+        return activation_bytes(shapes, kind, n, rows, checkpoint) + method.memory_extra(lm, n)
+
     use = graph and checkpointing == "on"
-    need = activation_bytes(shapes, kind, tokens, rows, use)
-    if need > limit and graph and checkpointing == "auto":
+    if need(tokens, use) > limit and graph and checkpointing == "auto":
         use = True
-        need = activation_bytes(shapes, kind, tokens, rows, use)
-    if need <= limit:
+    needed = need(tokens, use)
+    if needed <= limit:
         return use
     fits = tokens
-    while fits > 1 and activation_bytes(shapes, kind, fits, rows, use) > limit:
+    while fits > 1 and need(fits, use) > limit:
         fits = fits * 9 // 10
     hints = [f"at most about {fits:,} tokens"]
     if rows > 1:
@@ -176,7 +182,7 @@ def plan(lm: LoadedModel, method, tokens: int, checkpointing: str = "auto") -> b
     if graph and checkpointing == "off":
         hints.append("--checkpointing on")
     raise LlmattrError(
-        f"{method.name} on {tokens:,} tokens needs about {_gb(need)} (estimate, see llmattr.models.memory) "
+        f"{method.name} on {tokens:,} tokens needs about {_gb(needed)} (estimate, see llmattr.models.memory) "
         f"but the limit is {_gb(limit)} ({source}); what fits: {', or '.join(hints)}"
     )
 
