@@ -39,7 +39,8 @@ def plain_forward(lm, target, keep: torch.Tensor, batch_size: int, last_only: bo
         chunk = keep[start: start + batch_size]
         embeds = base.expand(chunk.shape[0], -1, -1).clone()
         embeds[:, a:b] *= chunk[..., None]
-        out = lm.model(inputs_embeds=embeds, use_cache=False, logits_to_keep=1 if last_only else 0)
+        last = torch.tensor([embeds.shape[1] - 1])  # an index: logits_to_keep=1 would broadcast the LM head
+        out = lm.model(inputs_embeds=embeds, use_cache=False, logits_to_keep=last if last_only else 0)
         torch.softmax(out.logits[:, -1].float(), -1)
 
 

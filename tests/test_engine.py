@@ -7,7 +7,7 @@ import torch
 
 from llmattr.errors import LlmattrError
 from llmattr.faithfulness.engine import PerturbationEngine
-from llmattr.models.forward import SharedPrefix, logits_at
+from llmattr.models.forward import SharedPrefix, logits_at, padded_last_probs
 from llmattr.models.probe import Probe, eager_attention
 from llmattr.prompting import build_prompt
 from llmattr.targets import Target
@@ -125,3 +125,21 @@ def test_engine_bad_input(tiny_llama):
         PerturbationEngine(tiny_llama, target, step=9)
     with pytest.raises(LlmattrError, match="keep masks"):
         PerturbationEngine(tiny_llama, target).probs(torch.ones(2, 1))
+
+
+def test_padded_last_probs_equal_each_row_alone(tiny_lm):
+    """Left-padded rows of different lengths: the next-token distribution after each row equals that row's own
+    forward (logits gathered at the last column by an index, pad positions masked and not counted)."""
+    gen = torch.Generator().manual_seed(1)
+    lengths = [9, 4, 7]
+    ids = torch.zeros(3, 9, dtype=torch.long)
+    mask = torch.zeros(3, 9, dtype=torch.long)
+    rows = [torch.randint(3, len(tiny_lm.tokenizer), (n,), generator=gen) for n in lengths]
+    for i, row in enumerate(rows):
+        ids[i, 9 - len(row):], mask[i, 9 - len(row):] = row, 1
+    got = padded_last_probs(tiny_lm, ids, mask, batch_size=2)
+    with torch.no_grad():
+        want = torch.stack([torch.softmax(tiny_lm.model(input_ids=row[None]).logits[0, -1].float(), -1)
+                            for row in rows])
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
