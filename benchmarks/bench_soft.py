@@ -7,9 +7,13 @@ On the embedded model, for the same perturbed sequences of SST-2 examples (short
   from its token budget; dynamic routing, so every pass runs in the sdpa kernel);
 * plain: ``model(inputs_embeds=full perturbed sequences)`` with full logits, no cache (what naive code does);
 * sdpa floor: the same with logits at the last position only, chunked to the same token budget (a plain
-  chunked forward of the same sequences through the model's sdpa attention).
+  chunked forward of the same sequences through the model's sdpa attention);
+* token floor: the same for the tokens the evaluator itself runs (each perturbed sequence from the span on, the
+  evaluator's rows per pass), without the prefix they attend to: a plain chunked forward of the same tokens, the
+  least any evaluator of these sequences can cost.
 
-Printed per dataset: sequences/s and the ratio evaluator / sdpa floor (target <= 1.1x, issue 15). Then the
+Printed per dataset: sequences/s and the ratios evaluator / token floor (target <= 1.1x, issue 15) and evaluator /
+sdpa floor. Then the
 full per-example evaluation time of pi-Soft-NC/NS (19 pi x 15 samples x NC+NS + zero baseline, dynamic).
 Usage: ``python benchmarks/bench_soft.py [--examples 10] [--long 2] [--sequences 64] [--full 2]``.
 """
@@ -30,15 +34,17 @@ from llmattr.tasks import get_task
 
 
 @torch.no_grad()
-def plain_forward(lm, target, keep: torch.Tensor, batch_size: int, last_only: bool) -> None:
-    """Full perturbed sequences, no cache; the baseline the evaluator is compared with."""
+def plain_forward(lm, target, keep: torch.Tensor, batch_size: int, last_only: bool, suffix_only: bool = False) -> None:
+    """Perturbed sequences through a plain forward, no cache: whole (``suffix_only=False``) or only their tokens from
+    the span on, the tokens the evaluator itself runs after its cached prefix (the token floor)."""
     ids = target.input_ids[0, : int(target.positions[0]) + 1]
     a, b = target.span
-    base = lm.embed(ids)[None]
+    first = a if suffix_only else 0
+    base = lm.embed(ids[first:])[None]
     for start in range(0, keep.shape[0], batch_size):
         chunk = keep[start: start + batch_size]
         embeds = base.expand(chunk.shape[0], -1, -1).clone()
-        embeds[:, a:b] *= chunk[..., None]
+        embeds[:, a - first: b - first] *= chunk[..., None]
         last = torch.tensor([embeds.shape[1] - 1])  # an index: logits_to_keep=1 would broadcast the LM head
         out = lm.model(inputs_embeds=embeds, use_cache=False, logits_to_keep=last if last_only else 0)
         torch.softmax(out.logits[:, -1].float(), -1)
@@ -51,8 +57,8 @@ def timed(fn, *args, **kwargs) -> float:
 
 
 def compare(lm, targets: list, sequences: int, batch_size: int | None) -> dict[str, float]:
-    """Seconds of evaluator, plain and sdpa floor over ``targets`` (``sequences`` random masks each)."""
-    totals = {"evaluator": 0.0, "plain": 0.0, "sdpa floor": 0.0}
+    """Seconds of evaluator, plain, sdpa floor and token floor over ``targets`` (``sequences`` random masks each)."""
+    totals = {"evaluator": 0.0, "plain": 0.0, "sdpa floor": 0.0, "token floor": 0.0}
     for target in targets:
         m = target.span[1] - target.span[0]
         keep = torch.bernoulli(torch.full((sequences, m), 0.5))
@@ -61,6 +67,8 @@ def compare(lm, targets: list, sequences: int, batch_size: int | None) -> dict[s
         totals["evaluator"] += timed(engine.probs, keep)
         totals["plain"] += timed(plain_forward, lm, target, keep, rows, last_only=False)
         totals["sdpa floor"] += timed(plain_forward, lm, target, keep, rows, last_only=True)
+        totals["token floor"] += timed(plain_forward, lm, target, keep, engine.batch_size, last_only=True,
+                                       suffix_only=True)
     return totals
 
 
@@ -88,6 +96,7 @@ def main() -> None:
         print(f"{name}: {len(targets)} examples, mean suffix {suffix:.0f} tokens")
         for key, seconds in totals.items():
             print(f"  {key:10s} {n_seq / seconds:8.1f} sequences/s")
+        print(f"  evaluator / token floor {totals['evaluator'] / totals['token floor']:.2f}x (time; target <= 1.1x)")
         print(f"  evaluator / sdpa floor {totals['evaluator'] / totals['sdpa floor']:.2f}x (time)")
         print(f"  evaluator / plain      {totals['evaluator'] / totals['plain']:.2f}x (time)")
     for target in sets["SST-2"][: args.full]:

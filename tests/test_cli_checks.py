@@ -37,6 +37,7 @@ def one_line_error(result, fragment):
     (["--method", "lime", "--foil", "Negative"], "--foil needs a contrastive objective"),
     (["--objective", "prob"], "unknown --objective 'prob'"),
     (["--method", "attention", "--objective", "logit"], "method attention scores no model output"),
+    (["--dtype", "int8"], "unknown dtype 'int8'"),
 ])
 def test_explain_refuses_before_the_model_loads(args, fragment, tmp_path):
     result = run_cli("explain", "A fine film.", *NO_MODEL, *(a.format(tmp=tmp_path) for a in args))
@@ -49,6 +50,7 @@ def test_explain_refuses_before_the_model_loads(args, fragment, tmp_path):
     (["--step-stride", "0"], "--step-stride must be at least 1"),
     (["--n", "0"], "--n must be at least 1"),
     (["--max-memory", "gpu=2GB"], "max-memory 'gpu=2GB' is not device=size"),
+    (["--dtype", "half-ish"], "unknown dtype 'half-ish'"),
 ])
 def test_evaluate_refuses_bad_values_and_stores_nothing(args, fragment, tmp_path):
     result = run_cli("evaluate", *NO_MODEL, "--out", str(tmp_path / "r.sqlite"), *args)

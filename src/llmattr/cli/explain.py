@@ -108,6 +108,8 @@ def explain(
     attention: str = typer.Option(None, help="Grad-ELLM token weights: loosened (default) or softmax."),
     layers: str = typer.Option(None, help="Grad-ELLM: number of last layers to aggregate, or 'all'."),
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
+    dtype: str = typer.Option(None, help="float32, bfloat16, float16 or auto (float32 on a CPU, bfloat16 on a "
+                                         "GPU; bfloat16 pays on CPUs with bf16 matrix units, docs/scale.md)."),
     html: Path = typer.Option(None, help="Write a self-contained HTML heatmap here."),
     json: Path = typer.Option(None, help="Write the Explanation JSON here."),
     verbose: bool = typer.Option(False, "--verbose", help="Say where the model folder is; print each step's "
@@ -132,7 +134,7 @@ def explain(
     """Explain the model's answer to TEXT: answer, token heatmap, optional HTML and JSON."""
     from .. import methods
     from ..api import explain as run_explain
-    from ..models.loading import load_model
+    from ..models.loading import load_model, resolve_dtype
     from ..models.memory import check_checkpointing
     from ..render import print_explanation
     from ..tasks import get_task
@@ -169,8 +171,9 @@ def explain(
         raise LlmattrError(f"--shots-from {shots_from}: file not found")
     methods.get(method, **params)  # fail fast on a bad method before loading the model
     check_checkpointing(checkpointing)
+    resolve_dtype(dtype, "cpu")  # a bad --dtype is refused before the model loads
     with console.status(f"loading model {model} ..."):
-        lm = load_model(model, device=device, verbose=verbose)
+        lm = load_model(model, device=device, dtype=dtype, verbose=verbose)
     with console.status(f"explaining with {method} ..."):
         expl = run_explain(content, model=lm, method=method, task=task_obj, max_new_tokens=max_new_tokens,
                            answer=answer, shots=shots, shots_from=shots_from, target=target, scope=scope,

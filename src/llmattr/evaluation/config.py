@@ -13,7 +13,7 @@ from ..faithfulness.engine import ROUTINGS
 from ..faithfulness.ranking import REMOVALS
 from ..faithfulness.registry import MetricOptions
 from ..faithfulness.soft import COUPLINGS
-from ..models.loading import parse_max_memory
+from ..models.loading import parse_max_memory, resolve_dtype
 from ..targets import SCOPES, TARGET_MODES
 
 
@@ -82,6 +82,7 @@ class EvalConfig:
         if self.coupling not in COUPLINGS:
             raise LlmattrError(f"unknown coupling {self.coupling!r}; valid: {', '.join(COUPLINGS)}")
         parse_max_memory(self.max_memory)
+        resolve_dtype(self.dtype, "cpu")
 
     @property
     def routings(self) -> tuple[str, ...]:

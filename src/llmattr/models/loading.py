@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import time
+import types
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,7 +210,9 @@ def _load_tokenizer(source: str, **kwargs):
     return AutoTokenizer.from_pretrained(source, **kwargs)
 
 
-def _dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
+def resolve_dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
+    """The weights' dtype for ``--dtype name`` on ``device``: ``auto`` (or None) is float32 on a CPU, bfloat16
+    elsewhere (docs/scale.md); an unknown name is refused in one line."""
     if isinstance(name, torch.dtype):
         return name
     if name in (None, "auto"):
@@ -247,6 +250,34 @@ def native_bf16(device: str) -> bool:
         return torch.cuda.is_bf16_supported()
     return any(getattr(torch.cpu, name, lambda: False)()
                for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+
+
+HEAD_BLOCK_BYTES = 2**28  # float32 head weights cast at once: the vocabulary in blocks of this size (256 MiB)
+
+
+def float32_head(model: torch.nn.Module) -> None:
+    """Make the LM head return float32 logits whatever the weights' dtype (docs/scale.md, dtype policy).
+
+    In bfloat16 the logits themselves would be rounded to 8 bits of mantissa (a logit of 20 to +-0.06, a 6% error
+    on its probability) before the float32 softmax every metric reads. The head's ``forward`` becomes
+    ``x.float() @ W.float()^T (+ b)``, its ``(V, d)`` weight cast in vocabulary blocks of ``HEAD_BLOCK_BYTES``
+    (Llama-3.1-8B: 8 blocks of 16,384 rows), so the float32 copy never exceeds one block. A float32 model computes
+    exactly what it did (the casts are no-ops); a head that is not an ``nn.Linear`` (quantized) is left alone.
+    """
+    head = model.get_output_embeddings()
+    if type(head) is torch.nn.Linear:
+        head.forward = types.MethodType(_float32_linear, head)  # a bound method: a deepcopy binds the copy
+
+
+def _float32_linear(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    x, weight, bias = x.float(), head.weight, head.bias
+    if weight.dtype == torch.float32:
+        return torch.nn.functional.linear(x, weight, bias)  # nn.Linear's own forward: float32 models unchanged
+    rows = max(1, HEAD_BLOCK_BYTES // (4 * head.in_features))
+    blocks = [torch.nn.functional.linear(x, weight[v: v + rows].float(),
+                                         None if bias is None else bias[v: v + rows].float())
+              for v in range(0, weight.shape[0], rows)]
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)
 
 
 def _device(name: str) -> str:
@@ -287,7 +318,7 @@ def load_model(
     device = _device(device)
     max_memory = parse_max_memory(max_memory)
     source, display = _resolve(str(spec), verbose)
-    kwargs: dict = {"dtype": _dtype(dtype, device)}
+    kwargs: dict = {"dtype": resolve_dtype(dtype, device)}
     if kwargs["dtype"] == torch.bfloat16 and device == "cpu" and not native_bf16(device):
         warnings.warn("bfloat16 on this CPU (no AMX or AVX512-BF16) is emulated and runs slower than float32; "
                       "use float32 here", stacklevel=2)
@@ -319,6 +350,7 @@ def load_model(
     model.eval()
     model.requires_grad_(False)
     install_probe(model)
+    float32_head(model)
     if verbose and source != spec:
         print(f"llmattr: loaded {display} from {source}")
     return LoadedModel(model=model, tokenizer=tokenizer, model_id=display, folder=source,
@@ -330,4 +362,5 @@ def wrap_model(model: torch.nn.Module, tokenizer, model_id: str = "custom") -> L
     model.eval()
     model.requires_grad_(False)
     install_probe(model)
+    float32_head(model)
     return LoadedModel(model=model, tokenizer=tokenizer, model_id=model_id)
