@@ -4,24 +4,23 @@ and token scores stay within the documented bf16 tolerance of float32 on the emb
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
 from scipy.stats import spearmanr
 
 import llmattr
+from llmattr.evaluation import load_dataset
 from llmattr.faithfulness import evaluate
 from llmattr.faithfulness.engine import PerturbationEngine
 from llmattr.models import loading
 from llmattr.models.loading import load_model
-from llmattr.tasks import get_task
-from llmattr.tasks.datasets import data_dir
 from test_engine import make_target
 
-# docs/scale.md: bf16 vs fp32 on 20 SST-2 examples x 4 methods (benchmarks/bench_dtype.py) moved no AUC by more
-# than BF16_AUC_MAX_MEASURED; the test allows that with a 1.5x margin for other CPUs' rounding.
-BF16_AUC_MAX_MEASURED = 0.0
+# docs/scale.md: bf16 vs fp32 on 20 SST-2 examples x 4 methods, samples 5 (benchmarks/bench_dtype.py) moved no
+# AUC by more than BF16_AUC_MAX_MEASURED (mean 0.0094 NC, 0.0112 NS); the test allows that with a 1.5x margin for
+# other CPUs' rounding.
+BF16_AUC_MAX_MEASURED = 0.0394
 BF16_AUC_TOLERANCE = 1.5 * BF16_AUC_MAX_MEASURED
 BF16_MIN_SPEARMAN = 0.9
 
@@ -83,15 +82,13 @@ def smollm_bf16():
 def test_bf16_auc_and_scores_within_the_documented_tolerance(smollm, smollm_bf16):
     """Two SST-2 examples, Grad-ELLM: the bf16 model's pi-Soft AUCs are within BF16_AUC_TOLERANCE of float32's
     (same gold target, same coupled masks) and its token scores rank the tokens alike (Spearman >= 0.9)."""
-    task = get_task("sentiment")
-    with open(data_dir() / "sst2.jsonl") as handle:
-        examples = [json.loads(next(handle)) for _ in range(2)]
-    for example in examples:
+    data = load_dataset("sst2", 2, 0)
+    for example in data.examples:
         results = {}
         for name, lm in (("fp32", smollm), ("bf16", smollm_bf16)):
-            expl = llmattr.explain(example["text"], model=lm, task=task, method="grad-ellm", target="gold",
+            expl = llmattr.explain(example["text"], model=lm, task=data.task, method="grad-ellm", target="gold",
                                    gold=example["label"])
-            results[name] = (expl.steps[0].scores, evaluate(expl, lm, samples=3, seed=0))
+            results[name] = (expl.steps[0].scores, evaluate(expl, lm, samples=5, seed=0))
         (s32, r32), (s16, r16) = results["fp32"], results["bf16"]
         assert abs(r16.auc_nc - r32.auc_nc) <= BF16_AUC_TOLERANCE
         assert abs(r16.auc_ns - r32.auc_ns) <= BF16_AUC_TOLERANCE
