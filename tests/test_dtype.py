@@ -10,10 +10,12 @@ import torch
 from scipy.stats import spearmanr
 
 import llmattr
+from llmattr import methods
+from llmattr.errors import LlmattrError
 from llmattr.evaluation import load_dataset
 from llmattr.faithfulness import evaluate
 from llmattr.faithfulness.engine import PerturbationEngine
-from llmattr.models import loading
+from llmattr.models import loading, memory
 from llmattr.models.loading import load_model
 from test_engine import make_target
 
@@ -71,6 +73,23 @@ def test_float32_head_leaves_float32_models_unchanged_and_survives_a_copy(tiny_l
     with torch.no_grad():
         twin.weight.mul_(2)
     torch.testing.assert_close(twin(x), 2 * head(x))  # the copy's forward reads the copy's weight
+
+
+def test_memory_guard_counts_the_float32_head(tiny_llama, monkeypatch):
+    """bf16 weights: the head's float32 cast is V d 4 bytes under a backward (every block kept), one block in a
+    forward pass, nothing in float32; plan() adds it to the estimate (a huge head is refused)."""
+    head = tiny_llama.model.get_output_embeddings()
+    assert memory.head_cast_bytes(tiny_llama, graph=True) == 0
+    tiny_llama.model.to(torch.bfloat16)
+    whole = head.weight.shape[0] * head.weight.shape[1] * 4
+    assert memory.head_cast_bytes(tiny_llama, graph=True) == whole
+    monkeypatch.setattr(memory, "HEAD_BLOCK_BYTES", 4 * head.weight.shape[1] * 7)
+    assert memory.head_cast_bytes(tiny_llama, graph=False) == 4 * head.weight.shape[1] * 7
+    method = methods.get("saliency")
+    assert memory.plan(tiny_llama, method, 16, "off") is False
+    monkeypatch.setattr(memory, "head_cast_bytes", lambda lm, graph: 2**50)
+    with pytest.raises(LlmattrError, match="saliency on 16 tokens needs about"):
+        memory.plan(tiny_llama, method, 16, "off")
 
 
 @pytest.fixture(scope="module")

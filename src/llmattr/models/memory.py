@@ -12,6 +12,8 @@ width, ``H``/``H_kv`` query/key-value heads of width ``D``)::
                                           R S e (7 L d + 48 d + 24 f) + 104 min(ATTENTION_BLOCK, R H S^2)
     extra     (what a method holds beside its passes, ``memory_extra``; ReAGent's replacement
                distributions over the vocabulary ``V``, 4 float32 copies, measured):   4 S V 4
+    head      (weights not in float32: the LM head's float32 cast, :func:`~.loading.float32_head`;
+               one block in a forward pass, every block kept for a backward):  min(V d 4, HEAD_BLOCK_BYTES) / V d 4
 
 (the per-layer ``8 d + 4 f`` is what SmolLM2's forward+backward floor measured: 1.24 MB per token between 1k
 and 2k tokens over its 30 layers in float32, by ``benchmarks/bench_memory.py``; ``8 d + 4 f`` gives 1.29 MB).
@@ -43,7 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..errors import LlmattrError
 from .forward import patched_blocks
-from .loading import LoadedModel
+from .loading import HEAD_BLOCK_BYTES, LoadedModel
 from .sizes import parse_size
 
 LIMIT_ENV = "LLMATTR_MEMORY_LIMIT"
@@ -114,6 +116,16 @@ def activation_bytes(shapes: Shapes, kind: str, tokens: int, rows: int = 1, chec
     return (5 if kind == "deeplift" else 2) * rows * tokens * per_token // 2
 
 
+def head_cast_bytes(lm: LoadedModel, graph: bool) -> int:
+    """The float32 copy of a non-float32 LM head's weight (:func:`~.loading.float32_head`): one vocabulary block
+    at a time in a forward pass, every block at once where a backward pass keeps them (``graph``); 0 in float32."""
+    head = lm.model.get_output_embeddings()
+    if head is None or head.weight.dtype == torch.float32:
+        return 0
+    whole = head.weight.numel() * 4
+    return whole if graph else min(whole, HEAD_BLOCK_BYTES)
+
+
 def prefix_cache_pays(lm: LoadedModel, prefix: int, tokens: int, rows: int = 1) -> bool:
     """Whether a backward pass should run the first ``prefix`` of ``tokens`` tokens into a no-gradient key/value
     cache (:func:`~.forward.prefix_cache`) rather than through the graph.
@@ -163,9 +175,10 @@ def plan(lm: LoadedModel, method, tokens: int, checkpointing: str = "auto") -> b
     limit, source = memory_limit(lm.device)
     rows = method.memory_rows(lm, tokens)
     graph = kind in ("backward", "deeplift")
+    head = head_cast_bytes(lm, graph)
 
     def need(n: int, checkpoint: bool) -> int:
-        return activation_bytes(shapes, kind, n, rows, checkpoint) + method.memory_extra(lm, n)
+        return activation_bytes(shapes, kind, n, rows, checkpoint) + method.memory_extra(lm, n) + head
 
     use = graph and checkpointing == "on"
     if need(tokens, use) > limit and graph and checkpointing == "auto":
