@@ -90,15 +90,18 @@ def test_concurrent_conversion_keeps_the_winners_folder(tmp_path, monkeypatch, t
     assert [p.name for p in tmp_path.iterdir()] == ["model-0123"]  # our temporary folder is gone
 
 
-def test_max_memory_splits_the_model_between_cpu_and_disk(tmp_path, tiny_llama):
+@pytest.mark.parametrize("dtype, element", [("fp32", 4), ("bf16", 2)])
+def test_max_memory_splits_the_model_between_cpu_and_disk(tmp_path, tiny_llama, dtype, element):
     """``max_memory`` below the model's size: accelerate keeps the first blocks on the CPU, offloads the rest to
-    disk, and the attributions equal those of the model held whole."""
+    disk (the LM head among them: its float32 forward runs inside accelerate's hook), and the attributions equal
+    those of the model held whole."""
     tiny_llama.model.save_pretrained(tmp_path)
     tiny_llama.tokenizer.save_pretrained(tmp_path)
-    size = sum(p.numel() * p.element_size() for p in tiny_llama.model.parameters())
-    split = load_model(str(tmp_path), device="cpu", max_memory=f"cpu={int(0.8 * size)}B")
+    size = sum(p.numel() * element for p in tiny_llama.model.parameters())
+    split = load_model(str(tmp_path), device="cpu", dtype=dtype, max_memory=f"cpu={int(0.8 * size)}B")
     assert {"cpu", "disk"} <= set(split.model.hf_device_map.values())
-    whole = load_model(str(tmp_path), device="cpu")
+    assert split.model.hf_device_map.get("lm_head") == "disk"
+    whole = load_model(str(tmp_path), device="cpu", dtype=dtype)
     target = prepare(whole, "A terrific film.", get_task("sentiment"), answer="Positive")
     for name in ("saliency", "attention"):
         torch.testing.assert_close(methods.get(name).attribute(split, target),

@@ -266,8 +266,13 @@ def float32_head(model: torch.nn.Module) -> None:
     exactly what it did (the casts are no-ops); a head that is not an ``nn.Linear`` (quantized) is left alone.
     """
     head = model.get_output_embeddings()
-    if type(head) is torch.nn.Linear:
-        head.forward = types.MethodType(_float32_linear, head)  # a bound method: a deepcopy binds the copy
+    if type(head) is not torch.nn.Linear:
+        return
+    forward = types.MethodType(_float32_linear, head)  # a bound method: a deepcopy binds the copy
+    if hasattr(head, "_old_forward"):  # accelerate's hook (device_map, offload) moves the weight in, then calls this
+        head._old_forward = forward
+    else:
+        head.forward = forward
 
 
 def _float32_linear(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
