@@ -146,6 +146,11 @@ def run(args) -> dict:
                 failed=failed, eval_tokens=eval_tokens, eval_s=eval_s)
 
 
+def hours_text(hours: float) -> str:
+    """One decimal from an hour up, three significant digits below (a tiny model's 0.056 h is not "0.0")."""
+    return f"{hours:.1f}" if hours >= 1 else f"{hours:.3g}"
+
+
 def report(args, r: dict) -> str:
     lm, costs, median = r["lm"], r["costs"], statistics.median
     lines = [f"model {lm.model_id} ({block_params(lm) / 1e9:.2f} B block parameters), {r['device']}, {r['dtype']}, "
@@ -174,7 +179,7 @@ def report(args, r: dict) -> str:
                      + ", ".join(f"{m} {s:.2f}" for m, s in per_method.items()) + f"; example {example_s:.1f}")
     missing = [d for d in TABLE1_DATASETS if d not in costs]
     lines += ["", f"Table 1 protocol projected from these unit costs: {args.protocol_examples} examples x "
-                  f"{len(costs)} dataset(s) x {len(args.methods)} method(s) = {hours:.1f} device-hours"
+                  f"{len(costs)} dataset(s) x {len(args.methods)} method(s) = {hours_text(hours)} device-hours"
                   + (f" (not measured: {', '.join(missing)})" if missing else "")]
     lines += [f"FAILED {m}: {why}" for m, why in r["failed"].items()]
     return "\n".join(lines)

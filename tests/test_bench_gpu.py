@@ -34,5 +34,10 @@ def test_runs_on_cpu_with_a_tiny_config():
                            "--methods", "saliency,random", "--samples", "1"])
     assert "| saliency |" in text and "| 0.63 | 0.81 |" in text  # beside paper 000's Table 6
     assert re.search(r"evaluator: [\d,]+ tokens in [\d.]+ s", text) and "MFU n/a" in text
-    hours = float(re.search(r"= ([\d.]+) device-hours", text).group(1))
+    hours = float(re.search(r"= ([\d.e+-]+) device-hours", text).group(1))
     assert hours > 0 and "FAILED" not in text
+
+
+def test_hours_keep_their_digits():
+    """A fast device's projection is printed with its digits (0.056 h read "0.0" and failed the check above)."""
+    assert [bench_gpu.hours_text(h) for h in (0.0556, 3.14159, 1234.5)] == ["0.0556", "3.1", "1234.5"]
