@@ -83,7 +83,7 @@ def test_memory_guard_counts_the_float32_head(tiny_llama, monkeypatch):
     tiny_llama.model.to(torch.bfloat16)
     whole = head.weight.shape[0] * head.weight.shape[1] * 4
     assert memory.head_cast_bytes(tiny_llama, graph=True) == whole
-    monkeypatch.setattr(memory, "HEAD_BLOCK_BYTES", 4 * head.weight.shape[1] * 7)
+    monkeypatch.setattr(loading, "HEAD_BLOCK_BYTES", 4 * head.weight.shape[1] * 7)  # the head's own blocks
     assert memory.head_cast_bytes(tiny_llama, graph=False) == 4 * head.weight.shape[1] * 7
     method = methods.get("saliency")
     assert memory.plan(tiny_llama, method, 16, "off") is False

@@ -275,11 +275,16 @@ def float32_head(model: torch.nn.Module) -> None:
         head.forward = forward
 
 
+def head_block_rows(head: torch.nn.Linear) -> int:
+    """Vocabulary rows of the head's weight cast to float32 at once: ``HEAD_BLOCK_BYTES`` of float32, at least 1."""
+    return max(1, HEAD_BLOCK_BYTES // (4 * head.in_features))
+
+
 def _float32_linear(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     x, weight, bias = x.float(), head.weight, head.bias
     if weight.dtype == torch.float32:
         return torch.nn.functional.linear(x, weight, bias)  # nn.Linear's own forward: float32 models unchanged
-    rows = max(1, HEAD_BLOCK_BYTES // (4 * head.in_features))
+    rows = head_block_rows(head)
     blocks = [torch.nn.functional.linear(x, weight[v: v + rows].float(),
                                          None if bias is None else bias[v: v + rows].float())
               for v in range(0, weight.shape[0], rows)]

@@ -13,7 +13,7 @@ width, ``H``/``H_kv`` query/key-value heads of width ``D``)::
     extra     (what a method holds beside its passes, ``memory_extra``; ReAGent's replacement
                distributions over the vocabulary ``V``, 4 float32 copies, measured):   4 S V 4
     head      (weights not in float32: the LM head's float32 cast, :func:`~.loading.float32_head`;
-               one block in a forward pass, every block kept for a backward):  min(V d 4, HEAD_BLOCK_BYTES) / V d 4
+               one block in a forward pass, every block kept for a backward):  min(V d 4, 256 MiB) / V d 4
 
 (the per-layer ``8 d + 4 f`` is what SmolLM2's forward+backward floor measured: 1.24 MB per token between 1k
 and 2k tokens over its 30 layers in float32, by ``benchmarks/bench_memory.py``; ``8 d + 4 f`` gives 1.29 MB).
@@ -45,7 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..errors import LlmattrError
 from .forward import patched_blocks
-from .loading import HEAD_BLOCK_BYTES, LoadedModel
+from .loading import LoadedModel, head_block_rows
 from .sizes import parse_size
 
 LIMIT_ENV = "LLMATTR_MEMORY_LIMIT"
@@ -122,8 +122,8 @@ def head_cast_bytes(lm: LoadedModel, graph: bool) -> int:
     head = lm.model.get_output_embeddings()
     if head is None or head.weight.dtype == torch.float32:
         return 0
-    whole = head.weight.numel() * 4
-    return whole if graph else min(whole, HEAD_BLOCK_BYTES)
+    vocabulary, width = head.weight.shape
+    return 4 * width * (vocabulary if graph else min(vocabulary, head_block_rows(head)))
 
 
 def prefix_cache_pays(lm: LoadedModel, prefix: int, tokens: int, rows: int = 1) -> bool:
