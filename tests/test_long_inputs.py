@@ -284,3 +284,16 @@ def test_reagent_estimate_counts_its_replacement_distributions(tiny_llama, monke
     assert plan(tiny_llama, uniform, tokens) is False
     with pytest.raises(LlmattrError, match=r"reagent on 20 tokens needs about .* what fits: at most about"):
         plan(tiny_llama, causal, tokens)
+
+
+def test_decoder_blocks_come_from_the_decoder_not_from_a_count(tiny_lm):
+    """The blocks are the decoder's own stack, on every architecture, even when another ModuleList of the
+    same length sits before it in the module tree (the old search took the first list of that length)."""
+    model = tiny_lm.model
+    decoder = model.get_decoder()
+    blocks = decoder_blocks(model)
+    assert blocks is getattr(decoder, "h" if tiny_lm.model_id == "tiny-gpt2" else "layers")
+    decoy = torch.nn.ModuleList(torch.nn.Linear(2, 2) for _ in blocks)
+    decoder._modules = {"decoy": decoy, **decoder._modules}
+    assert next(m for m in model.modules() if isinstance(m, torch.nn.ModuleList)) is decoy
+    assert decoder_blocks(model) is blocks

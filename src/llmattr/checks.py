@@ -33,6 +33,16 @@ def one_of(value: object, valid: Iterable[str], name: str) -> str:
     return value
 
 
+def register_once(registry: dict, name: str, entry, kind: str):
+    """``registry[name] = entry``, refusing a different entry under a name already taken (a silent overwrite
+    would change what every user of that name gets); registering an equal entry again changes nothing."""
+    if name in registry and registry[name] != entry:
+        raise LlmattrError(f"{kind} {name!r} is already registered ({registry[name]!r:.80}); "
+                           f"register the new one under another name")
+    registry[name] = entry
+    return entry
+
+
 def writable_file(path: str | Path, option: str, suffixes: tuple[str, ...] | None = None) -> Path:
     """Refuse an output path that cannot be written, before the work whose result it would hold.
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import one_of
+from .checks import one_of, register_once
 from .errors import LlmattrError
 
 ObjectiveFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -49,7 +49,7 @@ OBJECTIVES: dict[str, Objective] = {}
 def objective(name: str, summary: str, contrastive: bool = False) -> Callable[[ObjectiveFn], ObjectiveFn]:
     """Decorator: register ``fn(logits, target_ids, foil_ids)`` as the objective ``name``."""
     def register(fn: ObjectiveFn) -> ObjectiveFn:
-        OBJECTIVES[name] = Objective(name, fn, summary, contrastive)
+        register_once(OBJECTIVES, name, Objective(name, fn, summary, contrastive), "objective")
         return fn
     return register
 

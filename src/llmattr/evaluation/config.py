@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-
-import tomllib
 
 from ..checks import positive_int
 from ..errors import LlmattrError

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..checks import register_once
 from ..errors import LlmattrError
 from ..specs import TableSpec
 from ..store import Row
@@ -75,8 +76,8 @@ METRICS: dict[str, Metric] = {}
 
 
 def register(metric: Metric) -> Metric:
-    METRICS[metric.name] = metric
-    return metric
+    """Make ``metric`` available by its name (a name already taken by another metric is refused)."""
+    return register_once(METRICS, metric.name, metric, "metric")
 
 
 def get_metrics(names: list[str]) -> list[Metric]:

@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 
 from .. import objectives
+from ..checks import register_once
 from ..errors import LlmattrError
 from ..models import memory
 from ..models.loading import LoadedModel
@@ -102,5 +103,4 @@ def parse_params(items: list[str], usage: str) -> dict:
 
 def register(cls: type[AttributionMethod]) -> type[AttributionMethod]:
     """Class decorator: make a method available by its kebab-case name."""
-    REGISTRY[cls.name] = cls
-    return cls
+    return register_once(REGISTRY, cls.name, cls, "method")

@@ -117,12 +117,19 @@ def patched_blocks(model: torch.nn.Module, wrap: Callable[[int, Callable], Calla
 
 
 def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The stack of transformer blocks (the ModuleList with one entry per hidden layer)."""
+    """The stack of transformer blocks, read from the model's own structure: the child of its decoder
+    (``model.get_decoder()``: ``layers`` in Llama-style models, ``h`` in GPT-2) that is a ModuleList of the
+    block class transformers keeps whole on one device (``_no_split_modules``), one block per hidden layer."""
     n_layers = model.config.get_text_config().num_hidden_layers
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
-            return module
-    raise LlmattrError(f"cannot find the {n_layers} transformer blocks of {type(model).__name__}")
+    decoder = model.get_decoder()
+    block_types = set(getattr(model, "_no_split_modules", None) or ())
+    stacks = [child for child in decoder.children()
+              if isinstance(child, torch.nn.ModuleList) and len(child) == n_layers
+              and (not block_types or type(child[0]).__name__ in block_types)]
+    if len(stacks) != 1:
+        raise LlmattrError(f"cannot find the {n_layers} transformer blocks of {type(model).__name__} "
+                           f"({len(stacks)} candidate stacks in its decoder {type(decoder).__name__})")
+    return stacks[0]
 
 
 @torch.no_grad()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..checks import register_once
 from ..errors import LlmattrError
 from .base import BUILTIN, GENERATE, SENTIMENT, Task
 from .blimp import PARADIGMS
@@ -94,8 +95,8 @@ TASKS: dict[str, Task] = {**BUILTIN, **PAPER_TASKS}  # every task by name
 
 
 def register_task(task: Task) -> Task:
-    TASKS[task.name] = task
-    return task
+    """Make ``task`` available by its name (a name already taken by another task is refused)."""
+    return register_once(TASKS, task.name, task, "task")
 
 
 def get_task(name: str | Task) -> Task:
