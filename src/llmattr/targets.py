@@ -105,6 +105,13 @@ def make_target(lm: LoadedModel, prompt: Prompt, max_new_tokens: int, answer: st
     return Target(prompt=prompt, target_ids=generate(lm, prompt, max_new_tokens))
 
 
+def word_target(lm: LoadedModel, prompt: Prompt, task, word: str) -> Target:
+    """A next-word task's gold ``word`` forced as the one explained token (its first token when the tokenizer
+    splits it): BLiMP's target word, whose logit paper 003 sec. 5.1 explains (``target="gold"``)."""
+    check_context(lm, prompt, 1)
+    return Target(prompt=prompt, target_ids=task.word_ids(lm.tokenizer, [word], first_token=True), forced=True)
+
+
 def foil_id(tokenizer, foil: str | int) -> int:
     """The token a contrastive objective compares the target with (:mod:`llmattr.objectives`).
 

@@ -163,6 +163,7 @@ class ValueZeroing(AttributionMethod):
     signed = False
     cost = "1 forward + ceil(n/batch_size) batched passes of the explained positions (all steps share them)"
     defaults = {"layers": "last", "batch_size": 16}
+    layer_param = "layers"  # an index: that layer alone (paper 003 sec. 5's layer-wise value zeroing)
 
     def __init__(self, **params):
         super().__init__(**params)
