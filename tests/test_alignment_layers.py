@@ -19,7 +19,7 @@ from llmattr.evaluation.datasets import expand_datasets, load_dataset
 from llmattr.explanation import Explanation
 from llmattr.faithfulness import METRICS, MetricContext
 from llmattr.faithfulness.alignment import evidence_vector, explanation_alignment, layer_scores
-from llmattr.methods import REGISTRY, layer_parameter
+from llmattr.methods import REGISTRY, AttributionMethod, layer_parameter
 from llmattr.methods import get as get_method
 from llmattr.methods.value_zeroing import value_zeroing_distances
 from llmattr.plotting import method_colors
@@ -94,20 +94,54 @@ def test_per_layer_normxlogit_alignment_equals_hand_computation(tiny_llama):
     assert stored[("layer_dot_product", 2)] == pytest.approx(explanation_alignment(expl).dot_product[0], abs=1e-12)
 
 
-def test_value_zeroing_per_layer_is_its_layer_parameter(tiny_llama):
+def test_one_pass_sweeps_equal_one_layer_per_call(tiny_llama):
+    """NormXLogit's and value zeroing's one-pass ``layer_scores`` give what their layer parameter gives."""
     task = get_task("blimp-darn")
     target = prepare(tiny_llama, {"text": ROW["text"]}, task, target="gold", gold=ROW["target"])
-    swept = layer_scores(tiny_llama, target, "value-zeroing", batch_size=2)
     a, b = target.span
+    swept = layer_scores(tiny_llama, target, "normxlogit")
     assert swept.shape == (2, 1, b - a)
     for k in range(2):
-        one = get_method("value-zeroing", layers=k, batch_size=2).attribute(tiny_llama, target).double()
-        assert torch.equal(swept[k], one)
-    # Inseq's "average" aggregation is the mean of the per-layer readings (one pass for every layer: float32
-    # 1 - cos differs by a few eps per token, divided by each layer's sum of distances)
-    mean = get_method("value-zeroing", layers="all").attribute(tiny_llama, target).double()
+        assert torch.equal(swept[k], get_method("normxlogit", layer=k).attribute(tiny_llama, target).double())
+    swept = layer_scores(tiny_llama, target, "value-zeroing", batch_size=2)
+    # zeroing one layer or both in the same pass: float32 1 - cos differs by a few eps per token, divided by
+    # each layer's sum of distances
     sums = value_zeroing_distances(tiny_llama, target.input_ids, target.positions, target.span, [0, 1], 16).sum(-1)
-    assert torch.allclose(mean, swept.mean(0), rtol=0, atol=16 * torch.finfo(torch.float32).eps / float(sums.min()))
+    tol = 16 * torch.finfo(torch.float32).eps / float(sums.min())
+    for k in range(2):
+        one = get_method("value-zeroing", layers=k, batch_size=2).attribute(tiny_llama, target).double()
+        assert torch.allclose(swept[k], one, rtol=0, atol=tol)
+    mean = get_method("value-zeroing", layers="all", batch_size=2).attribute(tiny_llama, target).double()  # "average"
+    assert torch.allclose(mean, swept.mean(0), rtol=0, atol=torch.finfo(torch.float32).eps)
+
+
+class LayerIndex(AttributionMethod):
+    """A toy method with a layer parameter (as ALTI- and GlobEnc- have): score of token i at layer l = (l + 1) * i,
+    so the evidence's rank and share are known by hand."""
+
+    name, family, summary, cost = "toy-layer-index", "test", "toy", "none"
+    needs_gradients, signed = False, False
+    defaults = {"layer": None}
+
+    def attribute(self, lm, target):
+        a, b = target.span
+        return (self.params["layer"] + 1) * torch.arange(b - a, dtype=torch.float32)[None]
+
+
+def test_a_new_method_with_a_layer_parameter_joins_with_no_change(tiny_llama, monkeypatch):
+    monkeypatch.setitem(REGISTRY, LayerIndex.name, LayerIndex)
+    task = get_task("blimp-darn")
+    target = prepare(tiny_llama, {"text": ROW["text"]}, task, target="gold", gold=ROW["target"])
+    expl = attribute(tiny_llama, target, LayerIndex(layer=0), task, ROW)
+    rows = METRICS["alignment-layers"].compute(MetricContext(tiny_llama, expl), "none")
+    evidence = evidence_vector(expl, ROW["evidence_words"]).tolist()
+    m = len(evidence)
+    hit = [i for i, e in enumerate(evidence) if e]
+    share = sum(hit) / sum(range(m))  # (l + 1) cancels in the sum-normalised dot product
+    ap = hand_average_precision(list(range(m)), evidence)  # ranked from the last token down
+    assert sorted((r.metric, r.pi, r.value) for r in rows) == [
+        ("layer_average_precision", 1, pytest.approx(ap)), ("layer_average_precision", 2, pytest.approx(ap)),
+        ("layer_dot_product", 1, pytest.approx(share)), ("layer_dot_product", 2, pytest.approx(share))]
 
 
 def test_blimp_group_expands_to_the_five_paradigms():

@@ -135,13 +135,12 @@ def n_layers(lm) -> int:
 
 def layer_scores(lm, target, method: str, layers: list[int] | None = None, **params) -> torch.Tensor:
     """``(L, n_steps, m)`` raw scores of ``method`` with its layer parameter (``layer_param``, e.g. ``layer``
-    of LogAt and NormXLogit, ``layers`` of value zeroing) set to each of ``layers`` (default: every layer)."""
+    of LogAt and NormXLogit, ``layers`` of value zeroing) at each of ``layers`` (default: every layer)
+    (:meth:`~llmattr.methods.AttributionMethod.layer_scores`)."""
     layers = list(range(n_layers(lm))) if layers is None else layers
-    param = methods.layer_parameter(methods.get(method).__class__)
-    if param is None:
+    if methods.layer_parameter(type(methods.get(method))) is None:
         raise LlmattrError(f"method {method} has no layer parameter; per-layer alignment needs one")
-    return torch.stack([methods.get(method, **{**params, param: layer}).attribute(lm, target).double()
-                        for layer in layers])
+    return methods.get(method, **params).layer_scores(lm, target, layers).double()
 
 
 def per_layer_scores(lm, target, method: str, layers: list[int] | None = None, step: int = 0,

@@ -64,6 +64,15 @@ class AttributionMethod:
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         raise NotImplementedError
 
+    def layer_scores(self, lm: LoadedModel, target: Target, layers: list[int]) -> torch.Tensor:
+        """``(len(layers), n_steps, n_span)`` raw scores with the layer parameter (``layer_param``) set to each
+        of ``layers``: one :meth:`attribute` per layer. A method that reads every layer from one pass (the
+        head-on-top family, value zeroing) overrides it with that pass."""
+        param = layer_parameter(type(self))
+        if param is None:
+            raise LlmattrError(f"method {self.name} has no layer parameter; per-layer scores need one")
+        return torch.stack([type(self)(**{**self.params, param: layer}).attribute(lm, target) for layer in layers])
+
     def attribute_with_info(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, dict]:
         """:meth:`attribute` plus per-step diagnostics ``{name: (n_steps,) values}`` recorded on each
         :class:`~llmattr.explanation.Step` (path methods and DeepLIFT: ``target_delta`` and
