@@ -55,6 +55,20 @@ def test_gold_target_is_the_blimp_target_word(tiny_llama):
         prepare(tiny_llama, {"text": ROW["text"]}, task, target="gold")
 
 
+def test_explain_cli_takes_the_gold_word_of_a_blimp_prefix(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setattr("llmattr.models.loading.load_model", lambda *args, **kwargs: tiny_llama)
+    out = tmp_path / "e.json"
+    args = ["explain", ROW["text"], "--task", "blimp-darn", "--method", "normxlogit", "--target", "gold"]
+    result = CliRunner().invoke(app, [*args, "--field", "label=writes", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    expl = Explanation.from_json(result.stdout[result.stdout.index("{"):])
+    assert [s.token_id for s in expl.steps] == tiny_llama.tokenizer(" writes")["input_ids"][:1]
+    monkeypatch.setattr("llmattr.models.loading.load_model", lambda *args, **kwargs: pytest.fail("loaded"))
+    missing = CliRunner().invoke(app, [*args, "--json", str(out)])  # refused before the model loads
+    assert isinstance(missing.exception, LlmattrError) and "--field label=WORD" in str(missing.exception)
+    assert not out.exists()
+
+
 def test_per_layer_normxlogit_alignment_equals_hand_computation(tiny_llama):
     """Layer l: NormXLogit = ||e_i|| * W[y] . norm(h_i^l) from hooks on the decoder blocks; dot product of its
     positive part over its sum with the evidence, and AP by A.4's walk, equal the stored rows."""

@@ -60,8 +60,6 @@ def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int |
     if answer is None and task.label_words and task.head == "lm" and task.kind != "lm":
         return with_scope(label_target(lm, prompt, task, n_new, target, gold), scope)
     if answer is None and task.kind == "lm" and target == "gold":
-        if not gold:
-            raise LlmattrError(f"target='gold' needs the example's gold next word (task {task.name}'s label)")
         return with_scope(word_target(lm, prompt, task, gold), scope)
     return with_scope(make_target(lm, prompt, n_new, answer), scope)
 
