@@ -137,10 +137,10 @@ def layer_scores(lm, target, method: str, layers: list[int] | None = None, **par
     """``(L, n_steps, m)`` raw scores of ``method`` with its layer parameter (``layer_param``, e.g. ``layer``
     of LogAt and NormXLogit, ``layers`` of value zeroing) at each of ``layers`` (default: every layer)
     (:meth:`~llmattr.methods.AttributionMethod.layer_scores`)."""
-    layers = list(range(n_layers(lm))) if layers is None else layers
-    if methods.layer_parameter(type(methods.get(method))) is None:
+    found = methods.get(method, **params)
+    if methods.layer_parameter(type(found)) is None:
         raise LlmattrError(f"method {method} has no layer parameter; per-layer alignment needs one")
-    return methods.get(method, **params).layer_scores(lm, target, layers).double()
+    return found.layer_scores(lm, target, list(range(n_layers(lm))) if layers is None else layers).double()
 
 
 def per_layer_scores(lm, target, method: str, layers: list[int] | None = None, step: int = 0,
