@@ -15,7 +15,7 @@ from .models import memory
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
 from .specs import Catalog
-from .targets import SCOPES, TARGET_MODES, Target, label_target, make_target, with_scope
+from .targets import SCOPES, TARGET_MODES, Target, label_target, make_target, with_scope, word_target
 from .tasks import Task, few_shot, get_task
 
 
@@ -37,8 +37,10 @@ def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int |
 
     A task with label words explains the predicted label word by default (``target="label"``; or
     ``"generated"``, ``"gold"``: :func:`llmattr.targets.label_target`); ``gold`` defaults to the
-    example's ``label``. A forced ``answer`` is explained as given. ``scope`` (``span``, ``prompt``,
-    ``all``): what is attributed and perturbed (:func:`llmattr.targets.with_scope`).
+    example's ``label``. A next-word task (BLiMP) explains the greedy next token, or with ``target="gold"``
+    the gold word (:func:`llmattr.targets.word_target`). A forced ``answer`` is explained as given.
+    ``scope`` (``span``, ``prompt``, ``all``): what is attributed and perturbed
+    (:func:`llmattr.targets.with_scope`).
     With ``method``, the memory guard runs before the model does (:func:`llmattr.models.memory.plan`).
     """
     if isinstance(text, str) and not text.strip():
@@ -54,9 +56,11 @@ def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int |
     tokens = prompt.length + max(n_new, 1) - 1
     if method is not None and tokens < lm.max_length:  # longer than the context: make_target says so
         memory.plan(lm, method, tokens, checkpointing)
+    gold = example.get("label") if gold is None else gold
     if answer is None and task.label_words and task.head == "lm" and task.kind != "lm":
-        gold = example.get("label") if gold is None else gold
         return with_scope(label_target(lm, prompt, task, n_new, target, gold), scope)
+    if answer is None and task.kind == "lm" and target == "gold":
+        return with_scope(word_target(lm, prompt, task, gold), scope)
     return with_scope(make_target(lm, prompt, n_new, answer), scope)
 
 

@@ -10,7 +10,7 @@ Tables (docs/evaluate.md):
 - ``done``: one row per finished (model, dataset, example, method, params, metric, routing) with the
   metric's wall time; what a rerun skips.
 - ``results``: one value per (model, dataset, example, method, params, metric, routing, pi, step).
-  ``pi`` is the x-axis of a curve (retaining probability, or fraction of tokens for ranking metrics)
+  ``pi`` is the x-axis of a curve (retaining probability, fraction of tokens for ranking metrics, layer)
   and ``step`` the generation step; ``-1`` in either means "scalar" / "averaged over steps".
   ``mc_se`` is the value's Monte-Carlo standard error over samples (NULL for deterministic metrics).
 

@@ -14,7 +14,8 @@ from .app import app
 def evaluate(
     model: str = typer.Option(None, help="'default' (SmolLM2-135M-Instruct), 'gemma-3-270m', a hub id, "
                                                  "a folder or a .gguf."),
-    datasets: str = typer.Option(None, help="Comma-separated datasets, e.g. sst2,imdb,boolq (default sst2)."),
+    datasets: str = typer.Option(None, help="Comma-separated datasets, e.g. sst2,imdb,boolq, or blimp (its five "
+                                            "paradigms); default sst2."),
     methods: str = typer.Option(None, help="Comma-separated methods; parameters as name:key=value "
                                            "(e.g. grad-ellm:attention=softmax). Default grad-ellm."),
     metrics: str = typer.Option(None, help="Comma-separated metrics, e.g. pi-soft,soft,deletion-insertion "

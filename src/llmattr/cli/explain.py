@@ -11,7 +11,7 @@ from rich.console import Console
 from ..checks import FIGURE_SUFFIXES, one_of, positive_int, writable_file
 from ..errors import LlmattrError
 from ..objectives import OBJECTIVES
-from ..targets import SCOPES, TARGET_MODES
+from ..targets import SCOPES, TARGET_MODES, check_gold_word
 from .app import app
 
 FORMATS = ("text", "json")
@@ -155,9 +155,12 @@ def explain(
         params["target"] = one_of(objective, OBJECTIVES, "--objective")
     if foil is not None:
         params["foil"] = foil
-    content = parse_fields(text, field, task_obj.fields + (("label",) if task_obj.label_words else ()))
+    gold_field = ("label",) if task_obj.label_words or task_obj.kind == "lm" else ()  # --target gold's word
+    content = parse_fields(text, field, task_obj.fields + gold_field)
     if isinstance(content, dict):
         content = {task_obj.fields[0]: content.pop("__text__"), **content}
+    if target == "gold" and task_obj.kind == "lm" and answer is None:
+        check_gold_word(task_obj, content.get("label") if isinstance(content, dict) else None)
     if not evaluate and (eval_json or plot):
         raise LlmattrError("--eval-json and --plot need --evaluate")
     if evaluate:

@@ -27,7 +27,7 @@ from ..models.loading import LoadedModel, load_model
 from ..stats import stable_seed
 from ..store import MetricOutput, Store, Unit
 from .config import EvalConfig
-from .datasets import Dataset, DatasetLoader, load_dataset
+from .datasets import Dataset, DatasetLoader, expand_datasets, load_dataset
 from .sharding import shard_device, shard_of, shard_path
 from .specs import MethodSpec, expand_methods
 
@@ -114,7 +114,7 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
     metrics = get_metrics(cfg.metrics)
     specs = expand_methods(cfg.methods, cfg.layers)
     data = []
-    for name in dict.fromkeys(cfg.datasets):
+    for name in expand_datasets(cfg.datasets):
         ds = loader(name, cfg.n, cfg.seed)
         data.append(Dataset(ds.name, ds.task, ds.examples[rank::world]))
     summary = Summary(out=shard_path(cfg.out, rank, world))

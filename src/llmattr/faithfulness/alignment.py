@@ -9,8 +9,11 @@ determiner or subject, see :mod:`llmattr.tasks.blimp`), the explanation a score 
 - average precision (eq. 9) ``AP = sum_k (R_k - R_{k-1}) P_k`` over the tokens ranked by S (highest
   first; ties keep token order, as A.4 ranks S = [0.3, 0.1, 0.5, 0.1] as [2, 0, 1, 3]).
 
-Per layer: a ``(L, m)`` score matrix gives one value per row; :func:`per_layer_scores` runs a method
-with a ``layer`` parameter (LogAt, NormXLogit) once per layer.
+Per layer: a ``(L, m)`` score matrix gives one value per row; :func:`layer_scores` runs a method with a
+layer parameter (``AttributionMethod.layer_param``: LogAt, NormXLogit, value zeroing, and any method that
+declares one) once per layer. The ``alignment-layers`` metric (paper 003 sec. 5, Figs. 4-5) stores both
+values at every layer ``l = 1..L`` (the output of block ``l``; the store's ``pi`` column holds ``l``) for
+such methods, and once (``pi = -1``) for a method without layers (random, the control).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ..explanation import Explanation
 from ..scores import check_finite, pos_norm
 from ..specs import MetricRow, TableSpec
 from ..store import Row
+from .inputs import target_from_explanation
 from .registry import Metric, MetricContext, register
 
 NORMALIZE = ("sum", None)
@@ -107,28 +111,43 @@ def alignment(scores, evidence, normalize: str | None = "sum", level: str = "tok
                      average_precision(scores, evidence).tolist(), normalize, level)
 
 
+def gold_evidence(expl: Explanation, evidence_words: list[int] | None = None) -> list[int]:
+    """The evidence word indices: ``evidence_words``, else the example's (``example["evidence_words"]`` of a
+    BLiMP row); one line if there are none."""
+    words = evidence_words if evidence_words is not None else expl.example.get("evidence_words")
+    if not words:
+        raise LlmattrError("no gold evidence: pass evidence_words or explain a BLiMP example from the loader")
+    return words
+
+
 def explanation_alignment(expl: Explanation, evidence_words: list[int] | None = None, level: str = "token",
                           normalize: str | None = "sum") -> Alignment:
     """Alignment of every step's raw scores with the example's evidence (``example["evidence_words"]`` of
     a BLiMP row unless given); ``level="word"`` sums sub-word raw scores per word first."""
-    words = evidence_words if evidence_words is not None else expl.example.get("evidence_words")
-    if not words:
-        raise LlmattrError("no gold evidence: pass evidence_words or explain a BLiMP example from the loader")
-    evidence = evidence_vector(expl, words, level)
+    evidence = evidence_vector(expl, gold_evidence(expl, evidence_words), level)
     raw = expl.words()[1] if level == "word" else expl.score_matrix(raw=True)
     return alignment(raw, evidence, normalize, level)
 
 
+def n_layers(lm) -> int:
+    return lm.config.get_text_config().num_hidden_layers
+
+
+def layer_scores(lm, target, method: str, layers: list[int] | None = None, **params) -> torch.Tensor:
+    """``(L, n_steps, m)`` raw scores of ``method`` with its layer parameter (``layer_param``, e.g. ``layer``
+    of LogAt and NormXLogit, ``layers`` of value zeroing) at each of ``layers`` (default: every layer)
+    (:meth:`~llmattr.methods.AttributionMethod.layer_scores`)."""
+    found = methods.get(method, **params)
+    if methods.layer_parameter(type(found)) is None:
+        raise LlmattrError(f"method {method} has no layer parameter; per-layer alignment needs one")
+    return found.layer_scores(lm, target, list(range(n_layers(lm))) if layers is None else layers).double()
+
+
 def per_layer_scores(lm, target, method: str, layers: list[int] | None = None, step: int = 0,
                      **params) -> torch.Tensor:
-    """``(L, m)`` scores of ``method`` (one with a ``layer`` parameter, e.g. ``logat``, ``normxlogit``) at
+    """``(L, m)`` scores of ``method`` (one with a layer parameter, e.g. ``logat``, ``normxlogit``) at
     each layer (default: every layer), for explained step ``step``."""
-    n_layers = lm.config.get_text_config().num_hidden_layers
-    layers = list(range(n_layers)) if layers is None else layers
-    if "layer" not in methods.get(method).defaults:
-        raise LlmattrError(f"method {method} has no layer parameter; per-layer alignment needs one")
-    return torch.stack([methods.get(method, layer=layer, **params).attribute(lm, target)[step].double()
-                        for layer in layers])
+    return layer_scores(lm, target, method, layers, **params)[:, step]
 
 
 def _alignment_rows(ctx: MetricContext, routing: str) -> list[Row]:
@@ -147,3 +166,42 @@ register(Metric(
                       "precision (eq. 9) of the evidence in the ranking; ranks per column.",
                       "methods_by_datasets", (MetricRow("dot_product", "Dot product", True),
                                               MetricRow("average_precision", "AP", True)), order=80),)))
+
+
+LAYER_METRICS = (("layer_dot_product", "dot_product"), ("layer_average_precision", "average_precision"))
+
+
+def _layer_alignment_rows(ctx: MetricContext, routing: str) -> list[Row]:
+    """Paper 003 sec. 5 (Figs. 4-5): dot product and AP of every step with the gold evidence at every layer
+    ``l = 1..L`` (row ``pi = l``: the explanation's method rerun with its layer parameter at block ``l - 1``;
+    its other parameters kept), or once (``pi`` unset) from the stored scores of a method without layers."""
+    expl = ctx.explanation
+    evidence = evidence_vector(expl, gold_evidence(expl))
+    cls = methods.REGISTRY.get(expl.method)
+    param = None if cls is None else methods.layer_parameter(cls)
+    if param is None:
+        per_layer, numbers = expl.score_matrix(raw=True)[None], [None]
+    else:
+        params = {k: v for k, v in expl.params.items() if k != param}
+        per_layer = layer_scores(ctx.lm, target_from_explanation(expl), expl.method, **params)
+        numbers = list(range(1, per_layer.shape[0] + 1))
+    rows = []
+    for layer, scores in zip(numbers, per_layer, strict=True):
+        result = alignment(scores, evidence).to_dict()
+        rows += [Row(name, v, pi=layer, step=t) for name, key in LAYER_METRICS for t, v in enumerate(result[key])]
+    return rows
+
+
+register(Metric(
+    "alignment-layers", _layer_alignment_rows,
+    summary="dot product and AP with gold evidence at every layer, per-layer methods swept over their layer "
+            "parameter (paper 003 sec. 5, Figs. 4-5; BLiMP datasets)",
+    tables=(TableSpec("table_alignment_layers", "Per-layer alignment with gold evidence (paper 003 Figs. 4-5)",
+                      "Rows: layer l (the output of block l); columns: methods, each with its layer parameter at "
+                      "layer l (a method without layers, e.g. Random, repeats its one value). Cell: mean over the "
+                      "datasets (BLiMP paradigms) of the mean over their examples of the dot product of the "
+                      "sum-normalised scores with the 0/1 evidence vector, and of the average precision (eq. 9); "
+                      "ranks per row.",
+                      "layers_by_methods", (MetricRow("layer_dot_product", "Dot product", True),
+                                            MetricRow("layer_average_precision", "AP", True)),
+                      order=81, mark_all_rows=True),)))

@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 
 from ..errors import LlmattrError
-from .base import REGISTRY, AttributionMethod, parse_params, register
+from .base import REGISTRY, AttributionMethod, layer_parameter, parse_params, register
 
 for _module in pkgutil.iter_modules(__path__):
     if not _module.name.startswith("_") and _module.name != "base":
@@ -24,4 +24,4 @@ def get(name: str, **params) -> AttributionMethod:
     return REGISTRY[name](**params)
 
 
-__all__ = ["AttributionMethod", "REGISTRY", "available", "get", "parse_params", "register"]
+__all__ = ["AttributionMethod", "REGISTRY", "available", "get", "layer_parameter", "parse_params", "register"]

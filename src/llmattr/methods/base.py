@@ -27,6 +27,10 @@ class AttributionMethod:
     :mod:`llmattr.objectives`); its ``target`` parameter picks another, and ``foil`` (a single-token word or a
     token id) is the alternative a contrastive objective compares the target with. ``None``: the method reads
     no output score (attention weights, embedding norms, hidden-state distances) and takes neither.
+
+    ``layer_param``: the parameter that gives one layer's own reading (paper 003 sec. 5's per-layer
+    attributions: NormXLogit and LogAt at layer l, value zeroing of layer l); per-layer alignment
+    (:mod:`llmattr.faithfulness.alignment`) sweeps it over the layers of every method whose ``defaults`` hold it.
     """
 
     name: ClassVar[str]
@@ -38,6 +42,7 @@ class AttributionMethod:
     defaults: ClassVar[dict] = {}
     memory_kind: ClassVar[str] = "forward"  # forward | backward | deeplift: see llmattr.models.memory
     objective: ClassVar[str | None] = None
+    layer_param: ClassVar[str] = "layer"
 
     def __init__(self, **params):
         scoring = {"target", "foil"} if self.objective else set()
@@ -60,6 +65,15 @@ class AttributionMethod:
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         raise NotImplementedError
 
+    def layer_scores(self, lm: LoadedModel, target: Target, layers: list[int]) -> torch.Tensor:
+        """``(len(layers), n_steps, n_span)`` raw scores with the layer parameter (``layer_param``) set to each
+        of ``layers``: one :meth:`attribute` per layer. A method that reads every layer from one pass (the
+        head-on-top family, value zeroing) overrides it with that pass."""
+        param = layer_parameter(type(self))
+        if param is None:
+            raise LlmattrError(f"method {self.name} has no layer parameter; per-layer scores need one")
+        return torch.stack([type(self)(**{**self.params, param: layer}).attribute(lm, target) for layer in layers])
+
     def attribute_with_info(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, dict]:
         """:meth:`attribute` plus per-step diagnostics ``{name: (n_steps,) values}`` recorded on each
         :class:`~llmattr.explanation.Step` (path methods and DeepLIFT: ``target_delta`` and
@@ -79,6 +93,12 @@ class AttributionMethod:
         """The context a run goes in when the memory guard chose activation checkpointing (``enable``): every
         decoder block recomputed in the backward pass (:func:`llmattr.models.memory.checkpointed`)."""
         return memory.checkpointed(lm, enable)
+
+
+def layer_parameter(cls: type[AttributionMethod]) -> str | None:
+    """The parameter of ``cls`` that picks one layer's reading (``layer_param`` where its defaults have it), or
+    ``None`` for a method without per-layer scores."""
+    return cls.layer_param if cls.layer_param in cls.defaults else None
 
 
 def parse_params(items: list[str], usage: str) -> dict:

@@ -42,27 +42,31 @@ def layer_states(model: torch.nn.Module, layer: int | None, **inputs) -> torch.T
     representations, after its final norm; earlier layers get the final norm here so the head reads
     them as it reads the last one.
     """
+    return states_at(model, [layer], **inputs)[0]
+
+
+def states_at(model: torch.nn.Module, layers: list[int | None], **inputs) -> torch.Tensor:
+    """:func:`layer_states` of each of ``layers`` from one forward pass: ``(len(layers), S, d)``."""
     n_layers = model.config.get_text_config().num_hidden_layers
-    last = layer is None or layer in (-1, n_layers - 1)
-    if not last and not -n_layers <= layer < n_layers:
-        raise LlmattrError(f"layer must be in [0, {n_layers - 1}] (or -1 for the last); got {layer}")
+    last = [layer is None or layer in (-1, n_layers - 1) for layer in layers]
+    for layer, is_last in zip(layers, last, strict=True):
+        if not is_last and not -n_layers <= layer < n_layers:
+            raise LlmattrError(f"layer must be in [0, {n_layers - 1}] (or -1 for the last); got {layer}")
     with torch.no_grad():
-        out = model.base_model(**inputs, output_hidden_states=not last, use_cache=False)
-    if last:
-        return out.last_hidden_state[0]
-    states = out.hidden_states[layer % n_layers + 1][0]
-    norm = final_norm(model)
-    return states if norm is None else norm(states)
+        out = model.base_model(**inputs, output_hidden_states=not all(last), use_cache=False)
+        norm = final_norm(model) or torch.nn.Identity()
+        return torch.stack([out.last_hidden_state[0] if is_last else norm(out.hidden_states[layer % n_layers + 1][0])
+                            for layer, is_last in zip(layers, last, strict=True)])
 
 
 def lm_head_logits(model: torch.nn.Module, states: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """Logits of ``token_ids`` (T,) for every representation in ``states`` (n, d): ``(T, n)``.
+    """Logits of ``token_ids`` (T,) for every representation in ``states`` (..., n, d): ``(..., T, n)``.
 
     The LM head restricted to the T target rows: W[y_t] . h_i (+ bias), then Gemma's soft-capping.
     """
     head = model.get_output_embeddings()
     token_ids = token_ids.to(states.device)
-    logits = head.weight[token_ids].to(states.dtype) @ states.T
+    logits = head.weight[token_ids].to(states.dtype) @ states.mT
     if getattr(head, "bias", None) is not None:
         logits = logits + head.bias[token_ids, None]
     cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
@@ -89,11 +93,15 @@ class _LogitFamily(AttributionMethod):
             raise LlmattrError(f"{self.name} layer must be an integer layer index; got {layer!r}")
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        return self.layer_scores(lm, target, [self.params.get("layer")])[0]
+
+    def layer_scores(self, lm: LoadedModel, target: Target, layers: list[int | None]) -> torch.Tensor:
+        """``(len(layers), n_steps, n_span)``: the head applied to each layer's output, all from one forward."""
         a, b = target.span
-        scores = torch.ones(target.n_steps, b - a)
+        scores = torch.ones(len(layers), target.n_steps, b - a)
         if self.use_logit:
             ids = target.input_ids.to(lm.device)
-            states = layer_states(lm.model, self.params.get("layer"), input_ids=ids)[a:b]
+            states = states_at(lm.model, layers, input_ids=ids)[:, a:b]
             with torch.no_grad():
                 scores = lm_head_logits(lm.model, states, target.target_ids).float().cpu()
         if self.use_norm:

@@ -163,6 +163,7 @@ class ValueZeroing(AttributionMethod):
     signed = False
     cost = "1 forward + ceil(n/batch_size) batched passes of the explained positions (all steps share them)"
     defaults = {"layers": "last", "batch_size": 16}
+    layer_param = "layers"  # an index: that layer alone (paper 003 sec. 5's layer-wise value zeroing)
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -172,8 +173,9 @@ class ValueZeroing(AttributionMethod):
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise LlmattrError("value-zeroing batch_size must be a positive integer")
 
-    def _layers(self, n_layers: int) -> list[int]:
-        layers = self.params["layers"]
+    @staticmethod
+    def chosen_layers(layers: str | int, n_layers: int) -> list[int]:
+        """The block indices of the ``layers`` parameter."""
         if layers == "all":
             return list(range(n_layers))
         if layers == "last":
@@ -183,7 +185,15 @@ class ValueZeroing(AttributionMethod):
         return [layers % n_layers]
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
-        layers = self._layers(lm.model.config.get_text_config().num_hidden_layers)
-        dist = value_zeroing_distances(lm, target.input_ids, target.positions, target.span, layers,
+        return self.layer_scores(lm, target, [self.params["layers"]]).mean(0)
+
+    def layer_scores(self, lm: LoadedModel, target: Target, layers: list[str | int]) -> torch.Tensor:
+        """``(L, n_steps, n_span)``, a row per block that ``layers`` name (``"all"`` and ``"last"`` as the
+        parameter reads them): each layer's distances over their sum (they are >= 0), every layer zeroed in
+        the same batched passes."""
+        n_layers = lm.model.config.get_text_config().num_hidden_layers
+        rows = [k for layer in layers for k in self.chosen_layers(layer, n_layers)]
+        chosen = sorted(set(rows))
+        dist = value_zeroing_distances(lm, target.input_ids, target.positions, target.span, chosen,
                                        self.params["batch_size"])  # (L, T, n)
-        return pos_norm(dist).mean(0).cpu()  # distances are >= 0: each layer's over its sum
+        return pos_norm(dist)[[chosen.index(k) for k in rows]].cpu()

@@ -47,7 +47,7 @@ def write_model_report(results: Results, model: str, out: Path, formats: list[st
     all_tables = tables.paper_tables(results, model, resamples, tables=table_specs)
     fixed = [t for t in all_tables if t.deterministic]
     timing = [t for t in all_tables if not t.deterministic]
-    figs = figures.all_figures(results, model, out, resamples)
+    figs = figures.all_figures(results, model, out, resamples, tables=table_specs)
     written = [f.path for f in figs]
     if "md" in formats:
         lines = [f"# llmattr report: {model}", "", "Run settings:", "",

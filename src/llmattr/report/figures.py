@@ -1,4 +1,4 @@
-"""PNG figures of ``llmattr report`` (paper 000 Figs. 3, 5, 6), written byte-reproducibly.
+"""PNG figures of ``llmattr report`` (paper 000 Figs. 3, 5, 6; paper 003 Figs. 4-5), written byte-reproducibly.
 
 The Agg backend renders deterministically; PNG metadata carries no software version or date, so an
 identical store gives identical files. Means carry 95% bootstrap intervals over examples (a band on the
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,12 +17,22 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .. import stats  # noqa: E402
 from ..plotting import method_colors, plot_pi_curves  # noqa: E402
-from ..specs import LAYER_SWEEP  # noqa: E402
+from ..specs import LAYER_SWEEP, TableSpec  # noqa: E402
 from ..store import Results  # noqa: E402
-from .tables import curve_values, dataset_key, dataset_name, example_values, scalar_means  # noqa: E402
+from .tables import (  # noqa: E402
+    curve_values,
+    dataset_key,
+    dataset_name,
+    example_values,
+    is_control,
+    layer_values,
+    method_order,
+    scalar_means,
+)
 
 CURVES = (("pi_soft_ns", "π-Soft-NS"), ("pi_soft_nc", "π-Soft-NC"))
 AUCS = (("pi_soft_ns_auc", "AUC π-Soft-NS"), ("pi_soft_nc_auc", "AUC π-Soft-NC"))
@@ -163,8 +174,53 @@ def score_distributions(results: Results, model: str, out: Path) -> list[Figure]
                    f"per method, datasets pooled, {n} examples per method; line = median.")]
 
 
-def all_figures(results: Results, model: str, out: Path, resamples: int = stats.RESAMPLES) -> list[Figure]:
+def layer_curves(results: Results, model: str, out: Path, tables: Sequence[TableSpec],
+                 resamples: int = stats.RESAMPLES) -> list[Figure]:
+    """Paper 003 Figs. 4-5: the metrics of each ``layers_by_methods`` table vs the layer, a panel per metric, a
+    line per method (mean over the datasets of their mean over examples, band = 95% bootstrap interval
+    within datasets, as the table's cells); a method without layers (the Random control) is a flat dashed line."""
+    figures = []
+    for spec in (t for t in tables if t.layout == "layers_by_methods"):
+        per_metric = {m.metric: layer_values(results, model, m.metric, spec.routing)[0] for m in spec.rows}
+        keys = {key for values in per_metric.values() for key in values}
+        if not keys:
+            continue
+        labels = method_order(label for _, label in keys)
+        colors = method_colors(labels)
+        fig, axes = plt.subplots(1, len(spec.rows), figsize=(5.5 * len(spec.rows), 4.2), squeeze=False)
+        counts = []
+        for ax, m in zip(axes[0], spec.rows, strict=True):
+            for label in labels:
+                layers = sorted(layer for layer, lab in per_metric[m.metric] if lab == label)
+                ests = [stats.estimate(per_metric[m.metric][(layer, label)], resamples) for layer in layers]
+                counts += [e.n for e in ests]
+                style = dict(linestyle="--", marker=None) if is_control(label) else dict(marker="o", markersize=3)
+                ax.plot(layers, [e.mean for e in ests], color=colors[label], label=label, **style)
+                ax.fill_between(layers, [e.mean if e.low is None else e.low for e in ests],
+                                [e.mean if e.high is None else e.high for e in ests], color=colors[label],
+                                alpha=0.15, linewidth=0)
+            ax.set(xlabel="layer l (output of block l)", ylabel=m.title, title=f"{m.title} {'↑' if m.higher else '↓'}")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        datasets = sorted({d for values in per_metric.values() for strata in values.values() for d in strata},
+                          key=dataset_key)
+        n = n_text(counts)
+        fig.suptitle(f"{spec.title.split(' (')[0]}, {model} ({n}; {', '.join(map(dataset_name, datasets))})")
+        fig.tight_layout()
+        path = _save(fig, out / f"fig_{spec.name.removeprefix('table_')}.png")
+        figures.append(Figure(path, f"{spec.title}: {', '.join(m.title for m in spec.rows)} vs the layer, one line "
+                                    f"per method: mean over {n} examples (the mean of the dataset means), band = "
+                                    "95% bootstrap interval over examples within datasets; dashed: a method "
+                                    "without layers (its one value)."))
+    return figures
+
+
+def all_figures(results: Results, model: str, out: Path, resamples: int = stats.RESAMPLES,
+                tables: Sequence[TableSpec] = ()) -> list[Figure]:
+    """Every figure the store has data for; ``tables`` (the registered metrics') give the per-layer ones."""
     figures = []
     for routing in ("dynamic", "fixed"):
         figures += pi_curves(results, model, routing, out, resamples)
-    return figures + layer_sweep(results, model, out, resamples) + score_distributions(results, model, out)
+    return (figures + layer_sweep(results, model, out, resamples) + layer_curves(results, model, out, tables, resamples)
+            + score_distributions(results, model, out))

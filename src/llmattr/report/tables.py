@@ -211,6 +211,34 @@ def metric_grid(results: Results, model: str, metrics: list[MetricRow], routing:
     return data, sorted({d for d, _ in keys}, key=dataset_key), method_order(label for _, label in keys)
 
 
+def layer_values(results: Results, model: str, metric: str, routing: str) -> tuple[dict[tuple, dict], list[int]]:
+    """``{(layer, label): {dataset: {example: value}}}`` of a per-layer metric (the stored ``pi`` is the layer
+    number) and the sorted layers; a method stored without layers (``pi`` = -1: Random) is repeated at each."""
+    by_pi = per_example(results, model, metric, routing)
+    layers = sorted({int(pi) for examples in by_pi.values() for points in examples.values() for pi in points
+                     if pi != NONE})
+    out: dict = defaultdict(lambda: defaultdict(dict))
+    for (dataset, label), examples in by_pi.items():
+        for example, points in examples.items():
+            for pi, value in points.items():
+                for layer in layers if pi == NONE else [int(pi)]:
+                    out[(layer, label)][dataset][example] = value
+    return {key: dict(strata) for key, strata in out.items()}, layers
+
+
+def layer_grid(results: Results, model: str, metrics: list[MetricRow], routing: str) -> Grid | None:
+    """Per-layer values of each metric per (layer, method label) as strata by dataset, with the layers and
+    the sorted labels (control last); None if no method was stored per layer."""
+    data, layers = {}, set()
+    for m in metrics:
+        data[m.metric], found = layer_values(results, model, m.metric, routing)
+        layers.update(found)
+    keys = {key for values in data.values() for key in values}
+    if not layers:
+        return None
+    return data, sorted(layers), method_order(label for _, label in keys)
+
+
 def mc_notes(results: Results, model: str, metrics: list[MetricRow], routing: str) -> list[str]:
     """"Monte-Carlo error" lines: mean over examples of the per-example MC standard error, beside the
     standard deviation over examples, per metric (only metrics stored with an MC error)."""
@@ -300,6 +328,24 @@ def methods_by_datasets(grid: Grid, metrics: list[MetricRow], cfg: Stats,
     return "Method", [dataset_name(d) for d in datasets], sections, best, False
 
 
+def layers_by_methods(grid: Grid, metrics: list[MetricRow], cfg: Stats,
+                      mark_all_rows: bool) -> tuple[str, list[str], list[Section], dict, bool]:
+    """Paper 003 Figs. 4-5 as a table: a section per metric, rows = layers, columns = methods; a cell pools the
+    datasets (mean of the dataset means, bootstrap within datasets), ranks per row with ``mark_all_rows``."""
+    data, layers, labels = grid
+    sections, best = [], {}
+    for m in metrics:
+        section = f"{m.title} {'↑' if m.higher else '↓'}"
+        rows = []
+        for layer in layers:
+            group = {label: data[m.metric][(layer, label)] for label in labels if (layer, label) in data[m.metric]}
+            cells, best[(section, f"Layer {layer}")] = group_cells(group, labels, m.fmt, m.higher, mark_all_rows,
+                                                                   cfg)
+            rows.append((f"Layer {layer}", cells))
+        sections.append(Section(section, rows))
+    return "Layer", labels, sections, best, True
+
+
 def metrics_by_methods(grid: Grid, metrics: list[MetricRow], cfg: Stats,
                        mark_all_rows: bool) -> tuple[str, list[str], list[Section], dict, bool]:
     """Paper 000 Table 2: a section per dataset, rows = Soft-NS, Soft-NC, E[R], columns = methods (no
@@ -369,7 +415,7 @@ def accuracy_table(results: Results, model: str, cfg: Stats = Stats()) -> Table 
 def metric_table(results: Results, model: str, spec: TableSpec, cfg: Stats) -> Table | None:
     """The table ``spec`` (a registered metric's :class:`~llmattr.specs.TableSpec`) in its layout."""
     rows = list(spec.rows)
-    grid = metric_grid(results, model, rows, spec.routing)
+    grid = (layer_grid if spec.layout == "layers_by_methods" else metric_grid)(results, model, rows, spec.routing)
     if grid is None:
         return None
     layout = LAYOUTS[spec.layout]
@@ -382,7 +428,7 @@ def metric_table(results: Results, model: str, spec: TableSpec, cfg: Stats) -> T
 
 
 LAYOUTS = {"datasets_by_methods": datasets_by_methods, "metrics_by_methods": metrics_by_methods,
-           "methods_by_datasets": methods_by_datasets}  # specs.LAYOUTS, by name
+           "methods_by_datasets": methods_by_datasets, "layers_by_methods": layers_by_methods}  # specs.LAYOUTS
 
 
 def paper_tables(results: Results, model: str, resamples: int = stats.RESAMPLES, *,
