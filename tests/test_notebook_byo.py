@@ -37,7 +37,7 @@ def test_repr_html_and_pandas_and_numpy(generated):
     assert cells == shown * len(generated.steps)  # every token, in order, on every step's row
     assert page.count("<tr><td>") == len(generated.steps)
     np.testing.assert_array_equal(generated.to_numpy(raw=True), np.array([s.raw for s in generated.steps]))
-    pandas = pytest.importorskip("pandas")
+    import pandas  # in requirements-dev.txt: this test runs in `make test`, never skips
     frame = generated.to_pandas()
     n, m = len(generated.steps), generated.span[1] - generated.span[0]
     assert list(frame.columns) == ["step", "target", "token", "position", "raw", "score"]
@@ -62,6 +62,74 @@ def test_batch_explains_a_list_with_one_model_load(tiny_llama, monkeypatch):
     assert [type(e) for e in out] == [Explanation] * 3 and len(loads) == 1
     assert out[1].text.count("A dull film.") == 1
     api._cached_model.cache_clear()
+
+
+def test_batch_checks_every_item_before_the_model_loads(monkeypatch):
+    loads = []
+    monkeypatch.setattr(api, "load_model", lambda *a, **k: loads.append(a))
+    api._cached_model.cache_clear()
+    with pytest.raises(LlmattrError, match=r"item 1: empty text.*; item 3: text must be a str") as err:
+        llmattr.explain(["A fine film.", "  ", "Dull.", None], model="never-loaded", progress=False)
+    assert "item 0" not in str(err.value) and "item 2" not in str(err.value) and loads == []
+    api._cached_model.cache_clear()
+
+
+def test_batch_keeps_the_good_results_and_names_the_bad_items(tiny_llama, monkeypatch):
+    prepare = api.prepare
+
+    def failing(lm, text, *args, **kwargs):
+        if text == "Too long.":
+            raise LlmattrError("the prompt is longer than the model's context")
+        return prepare(lm, text, *args, **kwargs)
+
+    monkeypatch.setattr(api, "prepare", failing)
+    with pytest.warns(UserWarning, match=r"1 of 3 item\(s\) not explained.*item 1: the prompt is longer"):
+        out = llmattr.explain(["A fine film.", "Too long.", "Boring."], model=tiny_llama, method="random",
+                              progress=False)
+    assert isinstance(out, llmattr.Explanations) and isinstance(out, list)
+    assert len(out) == 2 and out.examples == [0, 2] and list(out.failed) == [1]
+    assert "Boring." in out[1].text and "item 1 not explained" in out._repr_html_()
+
+
+def test_methods_side_by_side_one_generation(tiny_llama, generated, monkeypatch):
+    calls = []
+    prepare = api.prepare
+    monkeypatch.setattr(api, "prepare", lambda *a, **k: calls.append(a[1]) or prepare(*a, **k))
+    both = llmattr.explain(TEXT, model=tiny_llama, method=["input-x-gradient", "saliency", "random"],
+                           task="generate", answer=ANSWER)
+    assert calls == [TEXT] and [e.method for e in both] == ["input-x-gradient", "saliency", "random"]
+    np.testing.assert_array_equal(both[0].to_numpy(raw=True), generated.to_numpy(raw=True))
+    assert both[1].span_display == both[0].span_display and both.examples == [0, 0, 0]
+    page = both._repr_html_()
+    assert page.count('<table class="grid">') == 1 and page.count("<tr><td><b>") == 3 * len(generated.steps)
+    results = llmattr.evaluate(both, tiny_llama, samples=2, seed=3, pis=PIS, progress=False)
+    assert len(results) == 3
+    metrics = results[0].to_dict()["metrics"]
+    assert (metrics["pi_soft_ns"]["auc"], metrics["pi_soft_nc"]["auc"]) == aucs(generated, tiny_llama)
+    frame = both.to_pandas()
+    assert sorted(set(frame.method)) == ["input-x-gradient", "random", "saliency"]
+    assert set(frame.example) == {0} and set(frame.model) == {tiny_llama.model_id}
+
+
+def test_tokens_gives_the_columns_from_scores_takes(tiny_llama, generated):
+    tokens = llmattr.tokens(TEXT, model=tiny_llama, task="generate")
+    assert tokens == generated.span_display
+    expl = llmattr.from_scores(TEXT, np.arange(len(tokens), dtype=float)[None], model=tiny_llama, task="generate")
+    assert expl.span_display == tokens and expl.steps[0].raw == [float(i) for i in range(len(tokens))]
+
+
+def test_docs_bring_your_own_scores_runs_as_written(tiny_llama, monkeypatch):
+    """The python block of docs/notebooks.md's "Bring your own scores", run as written (model "default"
+    stands for the tiny model here)."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "notebooks.md").read_text(encoding="utf-8")
+    section = doc.split("## Bring your own scores", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.setattr(api, "resolve_model", lambda model, *a, **k: tiny_llama)
+    scope = {"llmattr": llmattr}
+    exec(compile(block, "docs/notebooks.md", "exec"), scope)
+    assert isinstance(scope["expl"], Explanation)
 
 
 def test_shots_from_a_file(tiny_llama, tmp_path):
@@ -170,7 +238,7 @@ def test_inseq_layout_converts_to_the_same_aucs(generated, tiny_llama):
 
 
 def test_real_inseq_output_converts(generated, tiny_llama):
-    inseq = pytest.importorskip("inseq")
+    import inseq  # requirements-dev.txt (installed --no-deps by `make setup`): runs in `make test`
     model = inseq.load_model(tiny_llama.model, "input_x_gradient", tokenizer=tiny_llama.tokenizer)
     out = model.attribute(generated.text, generated.text + generated.generated, show_progress=False,
                           skip_special_tokens=False)

@@ -1,7 +1,7 @@
 """llmattr: which input tokens a decoder-only LLM relied on, and how faithful that explanation is.
 
 The public names load their modules on first use (PEP 562), so ``import llmattr.report`` or ``llmattr
---help`` do not load torch and the models.
+--help`` do not load torch and the models; ``dir(llmattr)`` lists them for tab completion.
 """
 
 from importlib import import_module
@@ -9,8 +9,8 @@ from importlib import import_module
 from .errors import LlmattrError
 from .version import __version__
 
-_PUBLIC = {"explain": "api", "evaluate": "api", "from_scores": "api", "Explanation": "explanation",
-           "Step": "explanation", "load_model": "models", "wrap_model": "models"}
+_PUBLIC = {"explain": "api", "evaluate": "api", "from_scores": "api", "tokens": "api", "Explanation": "explanation",
+           "Explanations": "explanation", "Step": "explanation", "load_model": "models", "wrap_model": "models"}
 
 
 def __getattr__(name: str):
@@ -19,5 +19,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'llmattr' has no attribute {name!r}")
 
 
-__all__ = ["Explanation", "LlmattrError", "Step", "evaluate", "explain", "from_scores", "load_model", "wrap_model",
-           "__version__"]
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
+
+
+__all__ = ["Explanation", "Explanations", "LlmattrError", "Step", "evaluate", "explain", "from_scores",
+           "load_model", "tokens", "wrap_model", "__version__"]

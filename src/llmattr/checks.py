@@ -37,7 +37,9 @@ def writable_file(path: str | Path, option: str, suffixes: tuple[str, ...] | Non
     """Refuse an output path that cannot be written, before the work whose result it would hold.
 
     The file may exist (then it must be a writable file) or not (then its folder must exist and be
-    writable); nothing is created. ``suffixes`` limits the file types (figures: png, svg, pdf).
+    writable); nothing is left behind. The check opens the file for writing (a new one is created and
+    removed at once), so a read-only file system, ``/proc`` or ``/sys`` are refused even where
+    ``os.access`` says yes (as root). ``suffixes`` limits the file types (figures: png, svg, pdf).
     """
     path = Path(path)
     if path.is_dir():
@@ -47,7 +49,13 @@ def writable_file(path: str | Path, option: str, suffixes: tuple[str, ...] | Non
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise LlmattrError(f"{option} {path}: folder {folder} does not exist")
-    target = path if path.exists() else folder
-    if not os.access(target, os.W_OK | (0 if path.exists() else os.X_OK)):
-        raise LlmattrError(f"{option} {path}: {target} is not writable")
+    exists = path.exists()
+    if exists and not path.is_file():
+        raise LlmattrError(f"{option} {path} is not a regular file")
+    try:
+        os.close(os.open(path, os.O_WRONLY | (os.O_APPEND if exists else os.O_CREAT | os.O_EXCL)))
+    except OSError as err:
+        raise LlmattrError(f"{option} {path} cannot be written: {err.strerror or err}") from err
+    if not exists:
+        path.unlink()
     return path

@@ -115,7 +115,7 @@ def explanation_alignment(expl: Explanation, evidence_words: list[int] | None = 
     if not words:
         raise LlmattrError("no gold evidence: pass evidence_words or explain a BLiMP example from the loader")
     evidence = evidence_vector(expl, words, level)
-    raw = expl.words()[1] if level == "word" else expl.score_matrix(raw=True)
+    raw = torch.from_numpy(expl.words()[1]) if level == "word" else expl.score_matrix(raw=True)
     return alignment(raw, evidence, normalize, level)
 
 
