@@ -7,10 +7,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
 import llmattr
 from conftest import build_tiny
 from llmattr import api
+from llmattr.cli import app
 from llmattr.converters import from_captum, from_inseq
 from llmattr.errors import LlmattrError
 from llmattr.explanation import Explanation
@@ -130,6 +132,23 @@ def test_docs_bring_your_own_scores_runs_as_written(tiny_llama, monkeypatch):
     scope = {"llmattr": llmattr}
     exec(compile(block, "docs/notebooks.md", "exec"), scope)
     assert isinstance(scope["expl"], Explanation)
+
+
+def test_evaluate_scores_keeps_the_good_records_and_names_the_bad(tiny_llama, generated, tmp_path, monkeypatch):
+    m = generated.span[1] - generated.span[0]
+    good = {"text": TEXT, "scores": generated.to_numpy(raw=True).tolist(), "task": "generate", "answer": ANSWER,
+            "signed": True, "method": "input-x-gradient"}
+    records = [good, {**good, "scores": [[1.0] * (m + 3)]}, good]
+    (tmp_path / "scores.json").write_text(json.dumps(records))
+    monkeypatch.setattr(api, "resolve_model", lambda *a, **k: tiny_llama)
+    run = CliRunner().invoke(app, ["evaluate-scores", str(tmp_path / "scores.json"), "--samples", "1",
+                                   "--json", str(tmp_path / "out.json")])
+    assert isinstance(run.exception, LlmattrError)  # `llmattr` prints it as one line and exits 2
+    assert str(run.exception).startswith("1 of 3 record(s) not evaluated (record 1;")
+    assert "1: not evaluated: scores have shape (1, " in run.output
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert [r["record"] for r in out] == [0, 1, 2]
+    assert out[0]["metrics"] == out[2]["metrics"] and f"x {m} content tokens" in out[1]["error"]
 
 
 def test_shots_from_a_file(tiny_llama, tmp_path):

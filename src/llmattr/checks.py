@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -37,8 +38,8 @@ def writable_file(path: str | Path, option: str, suffixes: tuple[str, ...] | Non
     """Refuse an output path that cannot be written, before the work whose result it would hold.
 
     The file may exist (then it must be a writable file) or not (then its folder must exist and be
-    writable); nothing is left behind. The check opens the file for writing (a new one is created and
-    removed at once), so a read-only file system, ``/proc`` or ``/sys`` are refused even where
+    writable); nothing is left behind. The check opens the file for writing (or creates and removes a
+    probe file beside it), so a read-only file system, ``/proc`` or ``/sys`` are refused even where
     ``os.access`` says yes (as root). ``suffixes`` limits the file types (figures: png, svg, pdf).
     """
     path = Path(path)
@@ -49,13 +50,17 @@ def writable_file(path: str | Path, option: str, suffixes: tuple[str, ...] | Non
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise LlmattrError(f"{option} {path}: folder {folder} does not exist")
-    exists = path.exists()
-    if exists and not path.is_file():
-        raise LlmattrError(f"{option} {path} is not a regular file")
+    if path.exists() and not path.is_file():  # a device or a pipe (/dev/stdout): cannot be probed, only asked
+        if not os.access(path, os.W_OK):
+            raise LlmattrError(f"{option} {path} is not writable")
+        return path
     try:
-        os.close(os.open(path, os.O_WRONLY | (os.O_APPEND if exists else os.O_CREAT | os.O_EXCL)))
+        if path.exists():
+            with open(path, "ab"):  # appends nothing; /proc and /sys files refuse it (EINVAL, EACCES)
+                pass
+        else:  # a probe file of its own name, so processes checking the same path at once never collide
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".llmattr-probe-"):
+                pass
     except OSError as err:
         raise LlmattrError(f"{option} {path} cannot be written: {err.strerror or err}") from err
-    if not exists:
-        path.unlink()
     return path
