@@ -146,3 +146,54 @@ def test_collection_to_pandas_has_method_model_example_and_step():
 def test_dir_lists_the_public_names():
     names = dir(llmattr)
     assert {"explain", "evaluate", "from_scores", "tokens", "Explanation", "Explanations", "load_model"} <= set(names)
+
+
+def test_soft_result_prints_one_line():
+    from llmattr.faithfulness.soft import SoftResult
+
+    result = SoftResult(pis=[0.0, 1.0], pi_soft_ns=[0.0, 0.5], pi_soft_nc=None, soft_ns=0.25, soft_nc=None,
+                        expected_retained=3.0, routing="dynamic", samples=15, seed=0, mode="greedy")
+    assert repr(result) == ("SoftResult(auc_ns=0.2500, soft_ns=0.2500, expected_retained=3.0000; dynamic routing, "
+                            "15 samples, 2 pis)")
+
+
+def test_methods_listing_is_readable_at_80_columns():
+    from typer.testing import CliRunner
+
+    from llmattr import methods
+    from llmattr.cli.app import app
+
+    result = CliRunner().invoke(app, ["methods"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    words = {word for line in lines for word in line.split()}
+    for name in methods.available():
+        cls = methods.REGISTRY[name]
+        assert name in words  # never folded inside a name or a word of its summary
+        assert set(cls.summary.split()) <= words, name
+
+
+def test_fig6_title_fits_a_long_model_name(tmp_path, monkeypatch):
+    import shutil
+    import sqlite3
+    from pathlib import Path
+
+    from llmattr.report import figures
+    from llmattr.store import Results
+
+    store = tmp_path / "r.sqlite"
+    shutil.copy(Path(__file__).parent / "data" / "report_store.sqlite", store)
+    long_name = "HuggingFaceTB/SmolLM2-135M-Instruct-a-rather-long-fine-tuned-variant-name"
+    with sqlite3.connect(store) as conn:
+        (model,) = conn.execute("SELECT DISTINCT model FROM explanations").fetchone()
+        conn.execute("UPDATE explanations SET model = ?", (long_name,))
+    kept = []
+    monkeypatch.setattr(figures, "_save", lambda fig, path: kept.append(fig) or path)
+    assert model != long_name and figures.score_distributions(Results([store]), long_name, tmp_path)
+    fig = kept[0]
+    fig.canvas.draw()
+    [title] = fig.texts  # the suptitle
+    box, frame = title.get_window_extent(), fig.bbox
+    assert long_name in title.get_text().replace("\n", "") and title.get_text().count("\n") >= 1
+    assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and box.y1 <= frame.y1, (box, frame)
