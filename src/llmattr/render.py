@@ -183,7 +183,7 @@ STYLE = """<style>
 .llmattr .tok{white-space:pre-wrap;cursor:default;line-height:1.7;box-decoration-break:clone;
  -webkit-box-decoration-break:clone}
 .llmattr .tok.n{display:inline-block;text-align:center;margin:0 1px}
-.llmattr .num{display:block;font-size:70%;opacity:.8;text-align:center}
+.llmattr .num{display:block;font-size:70%;opacity:.8;text-align:center;direction:ltr;unicode-bidi:isolate}
 .llmattr .meta{color:#555;font-size:90%}
 .llmattr .bar{display:inline-block;width:220px;height:12px;vertical-align:middle;border:1px solid #ccc}
 .llmattr .grid td.c{text-align:center;padding:2px 3px;white-space:pre}
