@@ -4,8 +4,11 @@ the notebook helpers (repr, dir, numpy views)."""
 
 import io
 import re
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 import torch
 from rich.console import Console
 
@@ -197,3 +200,32 @@ def test_fig6_title_fits_a_long_model_name(tmp_path, monkeypatch):
     box, frame = title.get_window_extent(), fig.bbox
     assert long_name in title.get_text().replace("\n", "") and title.get_text().count("\n") >= 1
     assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and box.y1 <= frame.y1, (box, frame)
+
+
+def test_notebook_progress_and_imports_print_no_widget_warnings(monkeypatch):
+    """A Jupyter kernel without ipywidgets: rich's live bar warns 'install "ipywidgets"' and tqdm.auto (imported
+    by the Hugging Face libraries) 'IProgress not found'; llmattr's bars and imports show neither."""
+    import importlib.util
+    import warnings
+
+    import rich.console
+    from rich.progress import track
+
+    from llmattr import api
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(rich.console, "_is_jupyter", lambda: True)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ipywidgets" else
+                        find_spec(name, *a))
+    with pytest.warns(UserWarning, match="ipywidgets"):  # what rich alone does here
+        list(track(range(2), console=rich.console.Console(file=io.StringIO())))
+    console = api.progress_console()
+    console.file = io.StringIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(track(range(2), console=console)) == [0, 1]
+    code = ("import warnings, llmattr\n"
+            "for text in ('IProgress not found. Please update jupyter and ipywidgets.', 'another warning'):\n"
+            "    warnings.warn_explicit(text, UserWarning, 'auto.py', 21, module='tqdm.auto')")
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert "another warning" in shown and "IProgress" not in shown  # llmattr's filter, as imported

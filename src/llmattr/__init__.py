@@ -4,10 +4,15 @@ The public names load their modules on first use (PEP 562), so ``import llmattr.
 --help`` do not load torch and the models; ``dir(llmattr)`` lists them for tab completion.
 """
 
+import warnings
 from importlib import import_module
 
 from .errors import LlmattrError
 from .version import __version__
+
+# tqdm.auto (imported by the Hugging Face libraries) warns in every Jupyter kernel without ipywidgets, although
+# llmattr draws no tqdm bar (transformers' bars are off, llmattr's are rich's): not the user's problem to fix.
+warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
 _PUBLIC = {"explain": "api", "evaluate": "api", "from_scores": "api", "tokens": "api", "Explanation": "explanation",
            "Explanations": "explanation", "Step": "explanation", "load_model": "models", "wrap_model": "models"}

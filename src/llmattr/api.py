@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import time
 import warnings
 from functools import lru_cache
 
 import torch
+from rich.console import Console
 from rich.progress import track
 
 from . import faithfulness, methods, objectives
@@ -19,6 +21,15 @@ from .prompting import Prompt, build_prompt, decode_pieces
 from .specs import Catalog
 from .targets import SCOPES, TARGET_MODES, Target, label_target, make_target, with_scope
 from .tasks import Task, few_shot, get_task
+
+
+def progress_console() -> Console:
+    """The console of the progress bars: rich's own, except in a Jupyter kernel without ipywidgets (which
+    rich's live display needs, and warns about): there the bar is plain text, drawn when it ends."""
+    console = Console()
+    if console.is_jupyter and importlib.util.find_spec("ipywidgets") is None:
+        return Console(force_jupyter=False)
+    return console
 
 
 @lru_cache(maxsize=2)
@@ -182,7 +193,8 @@ def explain(
         raise LlmattrError("cannot explain " + "; ".join(f"item {i}: {why}" for i, why in bad.items()))
     lm = resolve_model(model, device)
     out = Explanations()
-    for i, item in enumerate(track(texts, description="explaining", disable=not progress or len(texts) < 2)):
+    for i, item in enumerate(track(texts, description="explaining", disable=not progress or len(texts) < 2,
+                                  console=progress_console())):
         try:
             explained = explain_text(lm, item, method_objs, task, **args)
         except LlmattrError as err:
@@ -328,7 +340,8 @@ def evaluate(explanation: Explanation | list, model: str | LoadedModel = "defaul
                            f"{', '.join(wrong) if wrong else 'an empty list'}")
     lm = resolve_model(model)
     results = [faithfulness.evaluate(item, lm, metrics=metrics, **options)
-               for item in track(items, description="evaluating", disable=not progress or not many)]
+               for item in track(items, description="evaluating", disable=not progress or not many,
+                                 console=progress_console())]
     return results if many else results[0]
 
 
