@@ -285,3 +285,20 @@ def test_matrix_figure_shows_the_generated_prefix_under_scope_all(tiny_llama, tm
     labels = [label.strip() for label in re.findall(r"<text[^>]*>([^<]*)</text>", svg)]
     for token in steps[:-1]:
         assert token.strip() in labels, token
+
+
+def test_cli_explain_methods_side_by_side(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setattr("llmattr.models.loading.load_model", lambda *a, **k: tiny_llama)
+    page, data = tmp_path / "grid.html", tmp_path / "out.json"
+    run = CliRunner().invoke(app, ["explain", TEXT, "--method", "input-x-gradient,random", "--task", "generate",
+                                   "--answer", ANSWER, "--html", str(page), "--json", str(data)])
+    assert run.exit_code == 0, run.output
+    records = json.loads(data.read_text())
+    assert [r["method"] for r in records] == ["input-x-gradient", "random"]
+    assert records[0]["steps"][0]["token_id"] == records[1]["steps"][0]["token_id"]  # one generation
+    html = page.read_text(encoding="utf-8")
+    assert html.count('<table class="grid">') == 1 and html.count("<tr><td><b>") == 2 * len(records[0]["steps"])
+    refused = CliRunner().invoke(app, ["explain", TEXT, "--method", "random,saliency", "--figure",
+                                       str(tmp_path / "m.png")])
+    assert isinstance(refused.exception, LlmattrError) and "--figure draws one method" in str(refused.exception)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.html", "out.json"]
