@@ -43,11 +43,11 @@ def background(rgb: tuple[int, int, int]) -> str:
 def test_terminal_heatmap_is_coloured_through_rich():
     expl = synthetic([[2.0, -1.0, 0.5, 0.0, -2.0, 1.0, 0.25]])
     out = ansi(expl, numbers=False)
-    # +max is tab:red with white ink, -max/2 is half way from white to tab:blue with black ink
-    assert "\x1b[37;" + background((214, 39, 40)) + " An" in out
+    # +max is tab:red with (bright) white ink, -max/2 is half way from white to tab:blue with black ink
+    assert "\x1b[97;" + background((214, 39, 40)) + " An" in out
     assert "\x1b[30;" + background(render.shade(-0.5)) + " engross" in out
     assert render.shade(-0.5) == (143, 187, 218)
-    assert "\x1b[37;" + background((31, 119, 180)) + " never" in out
+    assert "\x1b[97;" + background((31, 119, 180)) + " never" in out
 
 
 def test_terminal_numbers_never_wrap_inside_a_number():

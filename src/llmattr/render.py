@@ -128,6 +128,10 @@ def number(value: float) -> str:
     return f"{value:.2f}" if 0.01 <= abs(value) < 100 or value == 0 else f"{value:.1e}"
 
 
+# ANSI "white" is light grey in most terminal themes: on a deep colour the terminal writes bright white
+TERMINAL_INK = {"white": "bright_white", "black": "black"}
+
+
 def _visible(token: str) -> str:
     return token.replace("\n", "\u21b5")
 
@@ -137,7 +141,7 @@ def heatmap_text(tokens: list[str], unit, values=None) -> Text:
     (where a line may break, never inside a number)."""
     text = Text()
     for i, (token, u) in enumerate(zip(tokens, unit, strict=True)):
-        text.append(_visible(token), style=f"{ink(u)} on {rgb(u)}")
+        text.append(_visible(token), style=f"{TERMINAL_INK[ink(u)]} on {rgb(u)}")
         if values is not None:
             text.append(f"[{number(values[i])}]", style="dim")
             text.append(" ")
