@@ -93,6 +93,21 @@ def test_batch_keeps_the_good_results_and_names_the_bad_items(tiny_llama, monkey
     assert "Boring." in out[1].text and "item 1 not explained" in out._repr_html_()
 
 
+def test_a_method_that_fails_on_a_text_keeps_the_other_methods(tiny_llama, monkeypatch):
+    attribute = api.attribute
+
+    def failing(lm, target, method, *args, **kwargs):
+        if method.name == "saliency":
+            raise LlmattrError("would not fit in memory")
+        return attribute(lm, target, method, *args, **kwargs)
+
+    monkeypatch.setattr(api, "attribute", failing)
+    with pytest.warns(UserWarning, match="item 0: saliency: would not fit in memory"):
+        out = llmattr.explain("A fine film.", model=tiny_llama, method=["random", "saliency", "attention"])
+    assert [e.method for e in out] == ["random", "attention"] and out.failed == {0: "saliency: would not fit in "
+                                                                                 "memory"}
+
+
 def test_methods_side_by_side_one_generation(tiny_llama, generated, monkeypatch):
     calls = []
     prepare = api.prepare

@@ -164,9 +164,10 @@ def explain(
     model loads; an item that fails later (too long for the model, say) is named in ``.failed`` and a
     warning, and the others are kept. Methods side by side: a list of methods (names or instances)
     explains each text with each of them on one model load and one generation; the Explanations render
-    as one grid per text. ``method`` may also be an :class:`~llmattr.methods.AttributionMethod` instance.
-    ``timings["load_s"]`` is the time it took to load
-    the model used (0 for a model built in memory and passed in).
+    as one grid per text (a method that fails on a text is named in ``.failed`` too; the other methods'
+    explanations of it are kept). ``method`` may also be an :class:`~llmattr.methods.AttributionMethod`
+    instance. ``timings["load_s"]`` is the time it took to load the model used (0 for a model built in
+    memory and passed in).
     """
     method_params = {**(method_params or {}), **params}
     if target in ("probability", "logit"):
@@ -195,11 +196,14 @@ def explain(
     out = Explanations()
     for i, item in enumerate(track(texts, description="explaining", disable=not progress or len(texts) < 2,
                                   console=progress_console())):
+        skipped: list[str] = []
         try:
-            explained = explain_text(lm, item, method_objs, task, **args)
+            explained = explain_text(lm, item, method_objs, task, skipped=skipped, **args)
         except LlmattrError as err:
             out.failed[i] = str(err)
             continue
+        if skipped:
+            out.failed[i] = "; ".join(skipped)
         out.extend(explained)
         out.examples += [i] * len(explained)
     if out.failed:
@@ -212,8 +216,11 @@ def explain_text(lm: LoadedModel, text: str | dict, method_objs: list[methods.At
                  max_new_tokens: int | None = None, answer: str | None = None, shots: int = 0,
                  shots_seed: int = 0, demonstrations: str = "", shots_from: str | None = None,
                  target: str = "label", gold: str | None = None, scope: str = "span",
-                 checkpointing: str = "auto") -> list[Explanation]:
-    """One text explained by each method on one prompt and one generation (:func:`explain`'s arguments)."""
+                 checkpointing: str = "auto", skipped: list[str] | None = None) -> list[Explanation]:
+    """One text explained by each method on one prompt and one generation (:func:`explain`'s arguments).
+
+    With a ``skipped`` list, a method that fails (LlmattrError: the memory guard, say) is left out and
+    named there as ``"method: why"``; without it the error is raised."""
     for method_obj in method_objs:
         if method_obj.objective:
             method_obj.explained(lm)  # a foil that is not one token fails before the generation
@@ -226,8 +233,16 @@ def explain_text(lm: LoadedModel, text: str | dict, method_objs: list[methods.At
                               scope, guard, checkpointing)
     prepared = time.perf_counter()
     timings = {"load_s": float(lm.info.get("load_s", 0.0)), "generate_s": prepared - loaded}
-    return [attribute(lm, prepared_target, method_obj, task, example, timings=timings, checkpointing=checkpointing)
-            for method_obj in method_objs]
+    explained = []
+    for method_obj in method_objs:
+        try:
+            explained.append(attribute(lm, prepared_target, method_obj, task, example, timings=timings,
+                                       checkpointing=checkpointing))
+        except LlmattrError as err:
+            if skipped is None:
+                raise
+            skipped.append(f"{method_obj.name}: {err}")
+    return explained
 
 
 def text_problem(text: object) -> str | None:
