@@ -38,6 +38,8 @@ def one_line_error(result, fragment):
     (["--objective", "prob"], "unknown --objective 'prob'"),
     (["--method", "attention", "--objective", "logit"], "method attention scores no model output"),
     (["--dtype", "int8"], "unknown dtype 'int8'"),
+    (["--json", "/proc/version"], "--json /proc/version cannot be written"),
+    (["--html", "/sys/llmattr.html"], "--html /sys/llmattr.html cannot be written"),
 ])
 def test_explain_refuses_before_the_model_loads(args, fragment, tmp_path):
     result = run_cli("explain", "A fine film.", *NO_MODEL, *(a.format(tmp=tmp_path) for a in args))
@@ -51,11 +53,21 @@ def test_explain_refuses_before_the_model_loads(args, fragment, tmp_path):
     (["--n", "0"], "--n must be at least 1"),
     (["--max-memory", "gpu=2GB"], "max-memory 'gpu=2GB' is not device=size"),
     (["--dtype", "half-ish"], "unknown dtype 'half-ish'"),
+    (["--out", "{tmp}/missing/dir/r.sqlite"], "folder {tmp}/missing/dir does not exist"),
+    (["--out", "/proc/llmattr.sqlite"], "--out /proc/llmattr.sqlite cannot be written"),
 ])
 def test_evaluate_refuses_bad_values_and_stores_nothing(args, fragment, tmp_path):
-    result = run_cli("evaluate", *NO_MODEL, "--out", str(tmp_path / "r.sqlite"), *args)
-    one_line_error(result, fragment)
+    result = run_cli("evaluate", *NO_MODEL, "--out", str(tmp_path / "r.sqlite"),
+                     *(a.format(tmp=tmp_path) for a in args))
+    one_line_error(result, fragment.format(tmp=tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_evaluate_with_a_model_that_cannot_load_leaves_no_store(tmp_path):
+    result = run_cli("evaluate", *NO_MODEL, "--out", str(tmp_path / "r.sqlite"), "--n", "1", "--quiet")
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and "model.gguf" in lines[0], result.stderr
+    assert list(tmp_path.iterdir()) == []  # the docs' promise: a refused run writes nothing
 
 
 def test_evaluate_refuses_a_foreign_sqlite_file_byte_identical(tmp_path):

@@ -7,10 +7,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
 import llmattr
 from conftest import build_tiny
 from llmattr import api
+from llmattr.cli import app
 from llmattr.converters import from_captum, from_inseq
 from llmattr.errors import LlmattrError
 from llmattr.explanation import Explanation
@@ -37,7 +39,7 @@ def test_repr_html_and_pandas_and_numpy(generated):
     assert cells == shown * len(generated.steps)  # every token, in order, on every step's row
     assert page.count("<tr><td>") == len(generated.steps)
     np.testing.assert_array_equal(generated.to_numpy(raw=True), np.array([s.raw for s in generated.steps]))
-    pandas = pytest.importorskip("pandas")
+    import pandas  # in requirements-dev.txt: this test runs in `make test`, never skips
     frame = generated.to_pandas()
     n, m = len(generated.steps), generated.span[1] - generated.span[0]
     assert list(frame.columns) == ["step", "target", "token", "position", "raw", "score"]
@@ -62,6 +64,106 @@ def test_batch_explains_a_list_with_one_model_load(tiny_llama, monkeypatch):
     assert [type(e) for e in out] == [Explanation] * 3 and len(loads) == 1
     assert out[1].text.count("A dull film.") == 1
     api._cached_model.cache_clear()
+
+
+def test_batch_checks_every_item_before_the_model_loads(monkeypatch):
+    loads = []
+    monkeypatch.setattr(api, "load_model", lambda *a, **k: loads.append(a))
+    api._cached_model.cache_clear()
+    with pytest.raises(LlmattrError, match=r"item 1: empty text.*; item 3: text must be a str") as err:
+        llmattr.explain(["A fine film.", "  ", "Dull.", None], model="never-loaded", progress=False)
+    assert "item 0" not in str(err.value) and "item 2" not in str(err.value) and loads == []
+    api._cached_model.cache_clear()
+
+
+def test_batch_keeps_the_good_results_and_names_the_bad_items(tiny_llama, monkeypatch):
+    prepare = api.prepare
+
+    def failing(lm, text, *args, **kwargs):
+        if text == "Too long.":
+            raise LlmattrError("the prompt is longer than the model's context")
+        return prepare(lm, text, *args, **kwargs)
+
+    monkeypatch.setattr(api, "prepare", failing)
+    with pytest.warns(UserWarning, match=r"1 of 3 item\(s\) not explained.*item 1: the prompt is longer"):
+        out = llmattr.explain(["A fine film.", "Too long.", "Boring."], model=tiny_llama, method="random",
+                              progress=False)
+    assert isinstance(out, llmattr.Explanations) and isinstance(out, list)
+    assert len(out) == 2 and out.examples == [0, 2] and list(out.failed) == [1]
+    assert "Boring." in out[1].text and "item 1 not explained" in out._repr_html_()
+
+
+def test_a_method_that_fails_on_a_text_keeps_the_other_methods(tiny_llama, monkeypatch):
+    attribute = api.attribute
+
+    def failing(lm, target, method, *args, **kwargs):
+        if method.name == "saliency":
+            raise LlmattrError("would not fit in memory")
+        return attribute(lm, target, method, *args, **kwargs)
+
+    monkeypatch.setattr(api, "attribute", failing)
+    with pytest.warns(UserWarning, match="item 0: saliency: would not fit in memory"):
+        out = llmattr.explain("A fine film.", model=tiny_llama, method=["random", "saliency", "attention"])
+    assert [e.method for e in out] == ["random", "attention"] and out.failed == {0: "saliency: would not fit in "
+                                                                                 "memory"}
+
+
+def test_methods_side_by_side_one_generation(tiny_llama, generated, monkeypatch):
+    calls = []
+    prepare = api.prepare
+    monkeypatch.setattr(api, "prepare", lambda *a, **k: calls.append(a[1]) or prepare(*a, **k))
+    both = llmattr.explain(TEXT, model=tiny_llama, method=["input-x-gradient", "saliency", "random"],
+                           task="generate", answer=ANSWER)
+    assert calls == [TEXT] and [e.method for e in both] == ["input-x-gradient", "saliency", "random"]
+    np.testing.assert_array_equal(both[0].to_numpy(raw=True), generated.to_numpy(raw=True))
+    assert both[1].span_display == both[0].span_display and both.examples == [0, 0, 0]
+    page = both._repr_html_()
+    assert page.count('<table class="grid">') == 1 and page.count("<tr><td><b>") == 3 * len(generated.steps)
+    results = llmattr.evaluate(both, tiny_llama, samples=2, seed=3, pis=PIS, progress=False)
+    assert len(results) == 3
+    metrics = results[0].to_dict()["metrics"]
+    assert (metrics["pi_soft_ns"]["auc"], metrics["pi_soft_nc"]["auc"]) == aucs(generated, tiny_llama)
+    frame = both.to_pandas()
+    assert sorted(set(frame.method)) == ["input-x-gradient", "random", "saliency"]
+    assert set(frame.example) == {0} and set(frame.model) == {tiny_llama.model_id}
+
+
+def test_tokens_gives_the_columns_from_scores_takes(tiny_llama, generated):
+    tokens = llmattr.tokens(TEXT, model=tiny_llama, task="generate")
+    assert tokens == generated.span_display
+    expl = llmattr.from_scores(TEXT, np.arange(len(tokens), dtype=float)[None], model=tiny_llama, task="generate")
+    assert expl.span_display == tokens and expl.steps[0].raw == [float(i) for i in range(len(tokens))]
+
+
+def test_docs_bring_your_own_scores_runs_as_written(tiny_llama, monkeypatch):
+    """The python block of docs/notebooks.md's "Bring your own scores", run as written (model "default"
+    stands for the tiny model here)."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "notebooks.md").read_text(encoding="utf-8")
+    section = doc.split("## Bring your own scores", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.setattr(api, "resolve_model", lambda model, *a, **k: tiny_llama)
+    scope = {"llmattr": llmattr}
+    exec(compile(block, "docs/notebooks.md", "exec"), scope)
+    assert isinstance(scope["expl"], Explanation)
+
+
+def test_evaluate_scores_keeps_the_good_records_and_names_the_bad(tiny_llama, generated, tmp_path, monkeypatch):
+    m = generated.span[1] - generated.span[0]
+    good = {"text": TEXT, "scores": generated.to_numpy(raw=True).tolist(), "task": "generate", "answer": ANSWER,
+            "signed": True, "method": "input-x-gradient"}
+    records = [good, {**good, "scores": [[1.0] * (m + 3)]}, good]
+    (tmp_path / "scores.json").write_text(json.dumps(records))
+    monkeypatch.setattr(api, "resolve_model", lambda *a, **k: tiny_llama)
+    run = CliRunner().invoke(app, ["evaluate-scores", str(tmp_path / "scores.json"), "--samples", "1",
+                                   "--json", str(tmp_path / "out.json")])
+    assert isinstance(run.exception, LlmattrError)  # `llmattr` prints it as one line and exits 2
+    assert str(run.exception).startswith("1 of 3 record(s) not evaluated (record 1;")
+    assert "1: not evaluated: scores have shape (1, " in run.output
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert [r["record"] for r in out] == [0, 1, 2]
+    assert out[0]["metrics"] == out[2]["metrics"] and f"x {m} content tokens" in out[1]["error"]
 
 
 def test_shots_from_a_file(tiny_llama, tmp_path):
@@ -170,7 +272,7 @@ def test_inseq_layout_converts_to_the_same_aucs(generated, tiny_llama):
 
 
 def test_real_inseq_output_converts(generated, tiny_llama):
-    inseq = pytest.importorskip("inseq")
+    import inseq  # requirements-dev.txt (installed --no-deps by `make setup`): runs in `make test`
     model = inseq.load_model(tiny_llama.model, "input_x_gradient", tokenizer=tiny_llama.tokenizer)
     out = model.attribute(generated.text, generated.text + generated.generated, show_progress=False,
                           skip_special_tokens=False)
@@ -198,3 +300,20 @@ def test_matrix_figure_shows_the_generated_prefix_under_scope_all(tiny_llama, tm
     labels = [label.strip() for label in re.findall(r"<text[^>]*>([^<]*)</text>", svg)]
     for token in steps[:-1]:
         assert token.strip() in labels, token
+
+
+def test_cli_explain_methods_side_by_side(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setattr("llmattr.models.loading.load_model", lambda *a, **k: tiny_llama)
+    page, data = tmp_path / "grid.html", tmp_path / "out.json"
+    run = CliRunner().invoke(app, ["explain", TEXT, "--method", "input-x-gradient,random", "--task", "generate",
+                                   "--answer", ANSWER, "--html", str(page), "--json", str(data)])
+    assert run.exit_code == 0, run.output
+    records = json.loads(data.read_text())
+    assert [r["method"] for r in records] == ["input-x-gradient", "random"]
+    assert records[0]["steps"][0]["token_id"] == records[1]["steps"][0]["token_id"]  # one generation
+    html = page.read_text(encoding="utf-8")
+    assert html.count('<table class="grid">') == 1 and html.count("<tr><td><b>") == 2 * len(records[0]["steps"])
+    refused = CliRunner().invoke(app, ["explain", TEXT, "--method", "random,saliency", "--figure",
+                                       str(tmp_path / "m.png")])
+    assert isinstance(refused.exception, LlmattrError) and "--figure draws one method" in str(refused.exception)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.html", "out.json"]

@@ -49,6 +49,7 @@ def test_report_is_byte_identical_to_the_frozen_one(tmp_path):
     assert len(expected) >= 10
     got = rendered(tmp_path)
     assert sorted(got) == sorted(expected)
+    assert b"\\caption{Table " not in got["tables.tex"]  # LaTeX writes "Table N:" itself
     for name, data in expected.items():
         assert got[name] == data, f"{name} differs from tests/data/report_expected/{name}"
 

@@ -1,16 +1,21 @@
 """llmattr: which input tokens a decoder-only LLM relied on, and how faithful that explanation is.
 
 The public names load their modules on first use (PEP 562), so ``import llmattr.report`` or ``llmattr
---help`` do not load torch and the models.
+--help`` do not load torch and the models; ``dir(llmattr)`` lists them for tab completion.
 """
 
+import warnings
 from importlib import import_module
 
 from .errors import LlmattrError
 from .version import __version__
 
-_PUBLIC = {"explain": "api", "evaluate": "api", "from_scores": "api", "Explanation": "explanation",
-           "Step": "explanation", "load_model": "models", "wrap_model": "models"}
+# tqdm.auto (imported by the Hugging Face libraries) warns in every Jupyter kernel without ipywidgets, although
+# llmattr draws no tqdm bar (transformers' bars are off, llmattr's are rich's): not the user's problem to fix.
+warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
+
+_PUBLIC = {"explain": "api", "evaluate": "api", "from_scores": "api", "tokens": "api", "Explanation": "explanation",
+           "Explanations": "explanation", "Step": "explanation", "load_model": "models", "wrap_model": "models"}
 
 
 def __getattr__(name: str):
@@ -19,5 +24,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'llmattr' has no attribute {name!r}")
 
 
-__all__ = ["Explanation", "LlmattrError", "Step", "evaluate", "explain", "from_scores", "load_model", "wrap_model",
-           "__version__"]
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
+
+
+__all__ = ["Explanation", "Explanations", "LlmattrError", "Step", "evaluate", "explain", "from_scores",
+           "load_model", "tokens", "wrap_model", "__version__"]

@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+import importlib.util
 import time
+import warnings
 from functools import lru_cache
 
 import torch
+from rich.console import Console
 from rich.progress import track
 
 from . import faithfulness, methods, objectives
+from .display import span_display
 from .errors import LlmattrError
-from .explanation import Explanation
+from .explanation import Explanation, Explanations
 from .models import memory
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
 from .specs import Catalog
 from .targets import SCOPES, TARGET_MODES, Target, label_target, make_target, with_scope, word_target
 from .tasks import Task, few_shot, get_task
+
+
+def progress_console() -> Console:
+    """The console of the progress bars: rich's own, except in a Jupyter kernel without ipywidgets (which
+    rich's live display needs, and warns about): there the bar is plain text, drawn when it ends."""
+    console = Console()
+    if console.is_jupyter and importlib.util.find_spec("ipywidgets") is None:
+        return Console(force_jupyter=False)
+    return console
 
 
 @lru_cache(maxsize=2)
@@ -105,7 +118,7 @@ def step_probabilities(lm: LoadedModel, target: Target) -> torch.Tensor:
 def explain(
     text: str | dict | list,
     model: str | LoadedModel = "default",
-    method: str | methods.AttributionMethod = "grad-ellm",
+    method: str | methods.AttributionMethod | list = "grad-ellm",
     task: str | Task = "sentiment",
     max_new_tokens: int | None = None,
     answer: str | None = None,
@@ -123,7 +136,7 @@ def explain(
     objective: str | None = None,
     foil: str | int | None = None,
     **params,
-) -> Explanation | list[Explanation]:
+) -> Explanation | Explanations:
     """Explain the model's answer to ``text`` with ``method``.
 
     ``text`` is the content (for multi-field tasks such as BoolQ, a dict of fields); ``answer`` forces
@@ -150,10 +163,15 @@ def explain(
     default), ``"prompt"`` (every prompt token, template included: paper 000's pipeline) or ``"all"``
     (prompt and generated prefix: the ReAGent evaluator code).
 
-    Batch: a list (or tuple) of texts returns a list of Explanations, the model loaded once, with a
-    progress bar (``progress=False`` hides it). ``method`` may also be an
-    :class:`~llmattr.methods.AttributionMethod` instance. ``timings["load_s"]`` is the time it took to load
-    the model used (0 for a model built in memory and passed in).
+    Batch: a list (or tuple) of texts returns :class:`~llmattr.explanation.Explanations` (a list), the
+    model loaded once, with a progress bar (``progress=False`` hides it). Every item is checked before the
+    model loads; an item that fails later (too long for the model, say) is named in ``.failed`` and a
+    warning, and the others are kept. Methods side by side: a list of methods (names or instances)
+    explains each text with each of them on one model load and one generation; the Explanations render
+    as one grid per text (a method that fails on a text is named in ``.failed`` too; the other methods'
+    explanations of it are kept). ``method`` may also be an :class:`~llmattr.methods.AttributionMethod`
+    instance. ``timings["load_s"]`` is the time it took to load the model used (0 for a model built in
+    memory and passed in).
     """
     method_params = {**(method_params or {}), **params}
     if target in ("probability", "logit"):
@@ -163,36 +181,102 @@ def explain(
     if isinstance(method, methods.AttributionMethod) and (objective, foil) != (None, None):
         raise LlmattrError("objective= and foil= go with a method name; give them to the method instance's "
                            "constructor (target=, foil=)")
-    method_obj = method if isinstance(method, methods.AttributionMethod) else methods.get(method, **method_params)
-    if isinstance(text, list | tuple):
-        for item in text:
-            check_text(item)
-        lm = resolve_model(model, device)
-        return [explain(item, lm, method_obj, task, max_new_tokens, answer, device, shots, shots_seed,
-                        demonstrations, shots_from, target=target, gold=gold, scope=scope,
-                        checkpointing=checkpointing)
-                for item in track(text, description="explaining", disable=not progress)]
-    check_text(text)
+    many_methods = isinstance(method, list | tuple)
+    method_objs = [m if isinstance(m, methods.AttributionMethod) else methods.get(m, **method_params)
+                   for m in (method if many_methods else [method])]
+    if not method_objs:
+        raise LlmattrError("method: give a method name (or a list of them)")
+    args = dict(max_new_tokens=max_new_tokens, answer=answer, shots=shots, shots_seed=shots_seed,
+                demonstrations=demonstrations, shots_from=shots_from, target=target, gold=gold, scope=scope,
+                checkpointing=checkpointing)
+    if not isinstance(text, list | tuple) and not many_methods:
+        check_text(text)
+        return explain_text(resolve_model(model, device), text, method_objs, task, **args)[0]
+    texts = list(text) if isinstance(text, list | tuple) else [text]
+    bad = {i: problem for i, item in enumerate(texts) if (problem := text_problem(item))}
+    if bad:
+        raise LlmattrError("cannot explain " + "; ".join(f"item {i}: {why}" for i, why in bad.items()))
     lm = resolve_model(model, device)
-    if method_obj.objective:
-        method_obj.explained(lm)  # a foil that is not one token fails before the generation
+    out = Explanations()
+    for i, item in enumerate(track(texts, description="explaining", disable=not progress or len(texts) < 2,
+                                  console=progress_console())):
+        skipped: list[str] = []
+        try:
+            explained = explain_text(lm, item, method_objs, task, skipped=skipped, **args)
+        except LlmattrError as err:
+            out.failed[i] = str(err)
+            continue
+        if skipped:
+            out.failed[i] = "; ".join(skipped)
+        out.extend(explained)
+        out.examples += [i] * len(explained)
+    if out.failed:
+        warnings.warn(f"{len(out.failed)} of {len(texts)} item(s) not explained (kept the others): "
+                      + "; ".join(f"item {i}: {why}" for i, why in out.failed.items()), stacklevel=2)
+    return out
+
+
+def explain_text(lm: LoadedModel, text: str | dict, method_objs: list[methods.AttributionMethod], task: Task,
+                 max_new_tokens: int | None = None, answer: str | None = None, shots: int = 0,
+                 shots_seed: int = 0, demonstrations: str = "", shots_from: str | None = None,
+                 target: str = "label", gold: str | None = None, scope: str = "span",
+                 checkpointing: str = "auto", skipped: list[str] | None = None) -> list[Explanation]:
+    """One text explained by each method on one prompt and one generation (:func:`explain`'s arguments).
+
+    With a ``skipped`` list, a method that fails (LlmattrError: the memory guard, say) is left out and
+    named there as ``"method: why"``; without it the error is raised."""
+    for method_obj in method_objs:
+        if method_obj.objective:
+            method_obj.explained(lm)  # a foil that is not one token fails before the generation
     loaded = time.perf_counter()
     example = task.example_from_text(text)
     if shots:
         demonstrations += few_shot(task, shots, shots_seed, exclude=[{"id": None, **example}], source=shots_from)
+    guard = method_objs[0] if len(method_objs) == 1 else None  # several: each is guarded in attribute()
     prepared_target = prepare(lm, text, task, max_new_tokens, answer, demonstrations, target, gold,
-                              scope, method_obj, checkpointing)
+                              scope, guard, checkpointing)
     prepared = time.perf_counter()
-    return attribute(lm, prepared_target, method_obj, task, example,
-                     timings={"load_s": float(lm.info.get("load_s", 0.0)), "generate_s": prepared - loaded},
-                     checkpointing=checkpointing)
+    timings = {"load_s": float(lm.info.get("load_s", 0.0)), "generate_s": prepared - loaded}
+    explained = []
+    for method_obj in method_objs:
+        try:
+            explained.append(attribute(lm, prepared_target, method_obj, task, example, timings=timings,
+                                       checkpointing=checkpointing))
+        except LlmattrError as err:
+            if skipped is None:
+                raise
+            skipped.append(f"{method_obj.name}: {err}")
+    return explained
+
+
+def text_problem(text: object) -> str | None:
+    """Why ``text`` cannot be explained (not a str or a dict of a task's fields, or empty), else None."""
+    if not isinstance(text, str | dict):
+        return (f"text must be a str (or a dict of the task's fields; a list explains each item), "
+                f"got {type(text).__name__}")
+    if isinstance(text, str) and not text.strip():
+        return "empty text: give the text to explain"
+    return None
+
+
+def tokens(text: str | dict, model: str | LoadedModel = "default", task: str | Task = "sentiment",
+           demonstrations: str = "", device: str = "auto") -> list[str]:
+    """The content-span tokens of ``text`` as :func:`explain` and :func:`from_scores` build its prompt,
+    each shown by its own characters of the text (no generation, no attribution): ``from_scores`` takes one
+    score column per entry."""
+    check_text(text)
+    task = get_task(task)
+    lm = resolve_model(model, device)
+    prompt = build_prompt(lm.tokenizer, task, task.example_from_text(text), demonstrations)
+    decoded = [lm.tokenizer.decode([i]) for i in prompt.input_ids[0].tolist()]
+    return span_display(decoded, prompt.offsets, prompt.text, prompt.span, [])
 
 
 def check_text(text: object) -> None:
     """Refuse what is not a text (a str, or a dict of a multi-field task's fields) before any work."""
-    if not isinstance(text, str | dict):
-        raise LlmattrError(f"text must be a str (or a dict of the task's fields; a list explains each item), "
-                           f"got {type(text).__name__}")
+    problem = text_problem(text)
+    if problem:
+        raise LlmattrError(problem)
 
 
 class GivenScores(methods.AttributionMethod):
@@ -259,14 +343,25 @@ def from_scores(text: str | dict, scores, model: str | LoadedModel = "default", 
                    **explain_args)
 
 
-def evaluate(explanation: Explanation, model: str | LoadedModel = "default", metrics=("pi-soft-nc", "pi-soft-ns"),
-             **options) -> faithfulness.SoftResult | faithfulness.MetricResult:
+def evaluate(explanation: Explanation | list, model: str | LoadedModel = "default",
+             metrics=("pi-soft-nc", "pi-soft-ns"), progress: bool = True,
+             **options) -> faithfulness.SoftResult | faithfulness.MetricResult | list:
     """Score an Explanation with the model it explains (``"default"``, a spec, or a LoadedModel): the soft
-    metrics by default, or any registered metric by name (:func:`llmattr.faithfulness.evaluate`)."""
-    if not isinstance(explanation, Explanation):
-        raise LlmattrError(f"evaluate() takes an Explanation (llmattr.explain's result), got "
-                           f"{type(explanation).__name__}")
-    return faithfulness.evaluate(explanation, resolve_model(model), metrics=metrics, **options)
+    metrics by default, or any registered metric by name (:func:`llmattr.faithfulness.evaluate`).
+
+    A list of Explanations (:class:`~llmattr.explanation.Explanations`, ``explain``'s batch) gives a list of
+    results in the same order, with a progress bar (``progress=False`` hides it)."""
+    many = isinstance(explanation, list | tuple)
+    items = list(explanation) if many else [explanation]
+    wrong = sorted({type(item).__name__ for item in items if not isinstance(item, Explanation)})
+    if wrong or not items:
+        raise LlmattrError(f"evaluate() takes an Explanation or a list of them (llmattr.explain's result), got "
+                           f"{', '.join(wrong) if wrong else 'an empty list'}")
+    lm = resolve_model(model)
+    results = [faithfulness.evaluate(item, lm, metrics=metrics, **options)
+               for item in track(items, description="evaluating", disable=not progress or not many,
+                                 console=progress_console())]
+    return results if many else results[0]
 
 
 def catalog() -> Catalog:

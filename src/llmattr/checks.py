@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -47,7 +48,9 @@ def writable_file(path: str | Path, option: str, suffixes: tuple[str, ...] | Non
     """Refuse an output path that cannot be written, before the work whose result it would hold.
 
     The file may exist (then it must be a writable file) or not (then its folder must exist and be
-    writable); nothing is created. ``suffixes`` limits the file types (figures: png, svg, pdf).
+    writable); nothing is left behind. The check opens the file for writing (or creates and removes a
+    probe file beside it), so a read-only file system, ``/proc`` or ``/sys`` are refused even where
+    ``os.access`` says yes (as root). ``suffixes`` limits the file types (figures: png, svg, pdf).
     """
     path = Path(path)
     if path.is_dir():
@@ -57,7 +60,17 @@ def writable_file(path: str | Path, option: str, suffixes: tuple[str, ...] | Non
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise LlmattrError(f"{option} {path}: folder {folder} does not exist")
-    target = path if path.exists() else folder
-    if not os.access(target, os.W_OK | (0 if path.exists() else os.X_OK)):
-        raise LlmattrError(f"{option} {path}: {target} is not writable")
+    if path.exists() and not path.is_file():  # a device or a pipe (/dev/stdout): cannot be probed, only asked
+        if not os.access(path, os.W_OK):
+            raise LlmattrError(f"{option} {path} is not writable")
+        return path
+    try:
+        if path.exists():
+            with open(path, "ab"):  # appends nothing; /proc and /sys files refuse it (EINVAL, EACCES)
+                pass
+        else:  # a probe file of its own name, so processes checking the same path at once never collide
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".llmattr-probe-"):
+                pass
+    except OSError as err:
+        raise LlmattrError(f"{option} {path} cannot be written: {err.strerror or err}") from err
     return path

@@ -1,9 +1,12 @@
-"""The Explanation: one explained prompt, JSON round-trip, word-level aggregation and notebook views."""
+"""The Explanation: one explained prompt, JSON round-trip, word-level aggregation and notebook views; and
+:class:`Explanations`, several of them (a batch of texts, methods side by side) viewed and tabulated together."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -42,7 +45,7 @@ class Step:
     prob: float | None = None  # the model's probability of this token at this step (Inseq's "probability")
 
 
-@dataclass
+@dataclass(repr=False)
 class Explanation:
     model: str
     method: str
@@ -159,12 +162,12 @@ class Explanation:
         """
         return self._word_spans()[0]
 
-    def words(self) -> tuple[list[str], torch.Tensor]:
-        """Words of the content span and word-level scores (sum of sub-word raw scores, paper 004 sec. 5.1)."""
+    def words(self) -> tuple[list[str], np.ndarray]:
+        """Words of the content span and ``(steps, words)`` word-level scores (sum of sub-word raw scores,
+        paper 004 sec. 5.1), a numpy array like every other score view."""
         groups, words = self._word_spans()
-        raw = self.score_matrix(raw=True)
-        summed = torch.stack([raw[:, g].sum(-1) for g in groups], dim=-1)
-        return words, summed
+        raw = self.to_numpy(raw=True)
+        return words, np.stack([raw[:, g].sum(-1) for g in groups], axis=-1)
 
     # ------------------------------------------------------------------ notebooks
     def to_numpy(self, raw: bool = False) -> np.ndarray:
@@ -177,12 +180,8 @@ class Explanation:
 
         pandas is an optional dependency (``pip install pandas``); without it this raises LlmattrError.
         """
-        try:
-            import pandas
-        except ImportError as err:
-            raise LlmattrError("to_pandas() needs pandas, which llmattr does not install: pip install pandas") from err
         n, (a, b) = len(self.steps), self.span
-        return pandas.DataFrame({
+        return _pandas().DataFrame({
             "step": np.repeat(np.arange(n), b - a),
             "target": np.repeat([s.token for s in self.steps], b - a),
             "token": np.tile(np.array(self.span_display, dtype=object), n),
@@ -191,20 +190,21 @@ class Explanation:
             "score": self.to_numpy().ravel(),
         })
 
+    def __repr__(self) -> str:
+        return (f"Explanation(method={self.method!r}, model={self.model!r}, answer={self.generated!r}, "
+                f"steps={len(self.steps)}, tokens={self.span[1] - self.span[0]}, task={self.task!r})")
+
     def _repr_html_(self) -> str:
         """The heatmap inline in Jupyter (the body of :func:`llmattr.render.to_html`)."""
         return render.heatmap_html(self)
 
+    def to_html(self, path: str | Path | None = None, numbers: bool = False, shared_scale: bool = False) -> str:
+        """The self-contained HTML page of ``llmattr explain --html`` (written to ``path`` when given)."""
+        return _written(render.to_html(self, numbers=numbers, shared_scale=shared_scale), path)
+
     def show(self, numbers: bool | None = None, shared_scale: bool = False) -> None:
         """Show the heatmap: inline HTML in a notebook (IPython, optional), else in the terminal."""
-        try:
-            from IPython import get_ipython
-            from IPython.display import HTML, display
-        except ImportError:
-            get_ipython = None
-        if get_ipython is not None and get_ipython() is not None:
-            display(HTML(render.heatmap_html(self, numbers=bool(numbers), shared_scale=shared_scale)))
-        else:
+        if not _show_html(render.heatmap_html(self, numbers=bool(numbers), shared_scale=shared_scale)):
             render.print_explanation(self, numbers=numbers, shared_scale=shared_scale)
 
     # ------------------------------------------------------------------ JSON
@@ -246,3 +246,88 @@ class Explanation:
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise LlmattrError(f"{where} is not an llmattr Explanation JSON ({type(err).__name__}: {err})") from err
 
+
+
+def _written(text: str, path: str | Path | None) -> str:
+    if path is not None:
+        Path(path).write_text(text, encoding="utf-8")
+    return text
+
+
+def _show_html(fragment: str) -> bool:
+    """Display ``fragment`` when running in IPython/Jupyter (optional); False elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+    except ImportError:
+        return False
+    if get_ipython() is None:
+        return False
+    display(HTML(fragment))
+    return True
+
+
+class Explanations(list):
+    """Several explanations: a batch of texts and/or methods side by side (``llmattr.explain`` with a list
+    of texts or of methods). A list of :class:`Explanation` (indexing, ``len``, iteration as usual) that
+
+    - renders as one grid per text, tokens aligned in columns and a row per (method, step), in a notebook
+      (``_repr_html_``), :meth:`show` and :meth:`to_html`;
+    - tabulates as one long table with ``method``, ``model`` and ``example`` columns (:meth:`to_pandas`);
+    - keeps ``examples`` (the index in the input list of each explanation's text) and ``failed``
+      (``{input index: why}``: the items that could not be explained; the others are kept).
+    """
+
+    def __init__(self, items: Iterable[Explanation] = (), examples: Iterable[int] | None = None,
+                 failed: dict[int, str] | None = None):
+        super().__init__(items)
+        self.examples = list(range(len(self))) if examples is None else list(examples)
+        self.failed = dict(failed or {})
+
+    def _example(self, k: int) -> int:
+        return self.examples[k] if len(self.examples) == len(self) else k
+
+    def __repr__(self) -> str:
+        methods = ", ".join(dict.fromkeys(e.method for e in self))
+        texts = len({self._example(k) for k in range(len(self))})
+        failed = f"; failed {self.failed}" if self.failed else ""
+        return f"Explanations({len(self)} of {texts} text(s); methods {methods or '-'}{failed})"
+
+    def _failed_html(self) -> str:
+        return "".join(f'<p class="meta">item {i} not explained: {html.escape(why)}</p>'
+                       for i, why in self.failed.items())
+
+    def _repr_html_(self) -> str:
+        return render.grid_html(self) + self._failed_html()
+
+    def to_html(self, path: str | Path | None = None, numbers: bool = False, shared_scale: bool = False) -> str:
+        """A self-contained page of the grid (written to ``path`` when given)."""
+        return _written(render.grid_page(self, numbers=numbers, shared_scale=shared_scale), path)
+
+    def show(self, numbers: bool | None = None, shared_scale: bool = False) -> None:
+        """The grid in a notebook; in a terminal each explanation's heatmap in turn."""
+        if not _show_html(render.grid_html(self, numbers=bool(numbers), shared_scale=shared_scale)
+                          + self._failed_html()):
+            for expl in self:
+                render.print_explanation(expl, numbers=numbers, shared_scale=shared_scale)
+
+    def to_pandas(self):
+        """Every explanation's :meth:`Explanation.to_pandas` rows, after ``method``, ``model`` and ``example``
+        (the index of its text in the input list) columns."""
+        if not self:
+            raise LlmattrError("no explanations to tabulate")
+        frames = [expl.to_pandas() for expl in self]
+        for k, (frame, expl) in enumerate(zip(frames, self, strict=True)):
+            frame.insert(0, "example", self._example(k))
+            frame.insert(0, "model", expl.model)
+            frame.insert(0, "method", expl.method)
+        return _pandas().concat(frames, ignore_index=True)
+
+
+def _pandas():
+    """pandas, an optional dependency: without it ``to_pandas()`` raises LlmattrError with the install line."""
+    try:
+        import pandas
+    except ImportError as err:
+        raise LlmattrError("to_pandas() needs pandas, which llmattr does not install: pip install pandas") from err
+    return pandas

@@ -1,34 +1,61 @@
-"""Show an Explanation: a coloured token heatmap in the terminal (rich), inline/self-contained HTML.
+"""Show explanations: a coloured token heatmap in the terminal (rich), inline/self-contained HTML, and a
+grid of several explanations of one text (methods side by side) with their tokens aligned in columns.
 
 Colour scales (shared with the matrix figure of :mod:`llmattr.plotting`, :func:`colour_scale`):
 
 - signed methods: a diverging scale of the raw scores, blue (negative) - white (0) - red (positive),
   symmetric about 0 (``|raw| / max |raw|``), so a strongly negative token is as visible as a positive one;
+  each step has its own ``max |raw|`` (shown on its row when the steps differ) unless ``shared_scale``;
 - unsigned methods: white (0) to red (1) of the score in [0, 1] (each step min-max'd, the retain
   probabilities the metrics use) or, with ``shared_scale``, of the raw scores over all steps at once.
 
-Tokens show their own characters of the text (``Explanation.display_tokens``), so Arabic, CJK, emoji
-and combining accents are printed exactly. Where colour is not visible (output piped into a file or a
-CI log) the terminal view prints each token's value after it; ``numbers=True`` forces it.
+The colour bar's labels are the values at its ends in the scale the cells use, and each heatmap carries
+its own bar (an inline style), so several heatmaps on one page never share one.
+
+Tokens show their own characters of the text (``display_tokens``), so Arabic, CJK, emoji and combining
+accents are printed exactly; in HTML the tokens are plain inline spans (no padding or margin), so letters
+of a script that joins (Arabic) still join across tokens. Where colour is not visible (output piped into a
+file or a CI log) the terminal view prints each token's value after it; ``numbers=True`` forces it.
+
+This module reads explanations by their attributes (:class:`Shown`) and imports nothing of
+:mod:`llmattr.explanation`, which imports it for its notebook views: the views go one way.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-if TYPE_CHECKING:  # the Explanation imports this module for its notebook views
-    from .explanation import Explanation
-
 WHITE = np.array([255.0, 255.0, 255.0])
 RED = np.array([214.0, 39.0, 40.0])  # matplotlib's tab:red
 BLUE = np.array([31.0, 119.0, 180.0])  # matplotlib's tab:blue
+
+
+class Shown(Protocol):
+    """What a view reads of an explanation (:class:`llmattr.explanation.Explanation` has it all)."""
+
+    model: str
+    method: str
+    params: dict
+    signed: bool
+    steps: list
+    task: str | None
+    generated: str
+    forced: bool
+    warnings: list[str]
+    text: str
+
+    @property
+    def span_display(self) -> list[str]: ...
+
+    def to_numpy(self, raw: bool = False) -> np.ndarray: ...
 
 
 @dataclass
@@ -36,7 +63,9 @@ class Scale:
     """How an Explanation's values become colours.
 
     ``values`` ``(steps, tokens)`` are the numbers shown, ``unit`` the same mapped to [-1, 1] (diverging)
-    or [0, 1] (sequential), ``lo``/``hi`` the values at the ends of the colour bar.
+    or [0, 1] (sequential), ``lo``/``hi`` the values at the ends of the colour bar. ``row_peaks``: when the
+    rows of a diverging scale have their own ``max |raw|`` (several steps, no shared scale), the value at
+    the ends of each row (then the bar reads ``-max .. +max`` and each row shows its ``max``).
     """
 
     values: np.ndarray
@@ -45,17 +74,30 @@ class Scale:
     lo: float
     hi: float
     label: str
+    row_peaks: np.ndarray | None = None
+
+    @property
+    def ends(self) -> tuple[str, str]:
+        """The labels of the bar's two ends: values, or ``-max``/``+max`` when each row has its own."""
+        return ("-max", "+max") if self.row_peaks is not None else (number(self.lo), number(self.hi))
+
+    def row_end(self, i: int) -> str:
+        """Row ``i``'s value at the ends of the bar (``±max``), or "" when the bar's labels hold for it."""
+        return "" if self.row_peaks is None else f"\u00b1{number(float(self.row_peaks[i]))}"
 
 
-def colour_scale(expl: Explanation, shared_scale: bool = False) -> Scale:
+def colour_scale(expl: Shown, shared_scale: bool = False) -> Scale:
     """The colour scale of ``expl`` (module docstring); ``shared_scale`` uses one scale for every step."""
     if expl.signed:
         raw = expl.to_numpy(raw=True)
-        peak = np.abs(raw).max(axis=None if shared_scale else 1, keepdims=True)
+        peak = np.abs(raw).max(axis=None if shared_scale else 1, keepdims=True, initial=0.0)
         unit = np.divide(raw, peak, out=np.zeros_like(raw), where=peak > 0)
         top = float(np.abs(raw).max(initial=0.0))
-        what = "one scale for all steps" if shared_scale else "each step scaled by its max |raw|"
-        return Scale(raw, unit, True, -top, top, f"raw score (signed; {what})")
+        if shared_scale or raw.shape[0] <= 1:
+            what = "one scale for all steps" if raw.shape[0] > 1 else "max |raw| at the ends"
+            return Scale(raw, unit, True, -top, top, f"raw score (signed; {what})")
+        return Scale(raw, unit, True, -top, top, "raw score (signed; each step scaled by its own max |raw|, "
+                     "shown on its row)", row_peaks=peak[:, 0])
     if not shared_scale:
         scores = expl.to_numpy()
         return Scale(scores, scores, False, 0.0, 1.0, "score (each step min-max'd to [0, 1])")
@@ -72,6 +114,11 @@ def shade(u: float) -> tuple[int, int, int]:
     return tuple(int(round(c)) for c in rgb)
 
 
+def rgb(u: float) -> str:
+    """:func:`shade` as a CSS and rich colour, ``rgb(r,g,b)`` (rich refuses spaces in a colour)."""
+    return "rgb({},{},{})".format(*shade(u))
+
+
 def ink(u: float) -> str:
     """Text colour readable on :func:`shade` ``(u)``."""
     return "white" if abs(u) > 0.65 else "black"
@@ -81,21 +128,27 @@ def number(value: float) -> str:
     return f"{value:.2f}" if 0.01 <= abs(value) < 100 or value == 0 else f"{value:.1e}"
 
 
+# ANSI "white" is light grey in most terminal themes: on a deep colour the terminal writes bright white
+TERMINAL_INK = {"white": "bright_white", "black": "black"}
+
+
 def _visible(token: str) -> str:
     return token.replace("\n", "\u21b5")
 
 
 def heatmap_text(tokens: list[str], unit, values=None) -> Text:
-    """One row of tokens on their colours; with ``values``, each token followed by its value."""
+    """One row of tokens on their colours; with ``values``, each token followed by its value and a space
+    (where a line may break, never inside a number)."""
     text = Text()
     for i, (token, u) in enumerate(zip(tokens, unit, strict=True)):
-        text.append(_visible(token), style=f"{ink(u)} on rgb{shade(u)}")
+        text.append(_visible(token), style=f"{TERMINAL_INK[ink(u)]} on {rgb(u)}")
         if values is not None:
             text.append(f"[{number(values[i])}]", style="dim")
+            text.append(" ")
     return text
 
 
-def print_explanation(expl: Explanation, console: Console | None = None, max_steps: int = 20,
+def print_explanation(expl: Shown, console: Console | None = None, max_steps: int = 20,
                       numbers: bool | None = None, shared_scale: bool = False) -> None:
     """The answer, then one heatmap row per generated token over the content span.
 
@@ -106,15 +159,19 @@ def print_explanation(expl: Explanation, console: Console | None = None, max_ste
     scale = colour_scale(expl, shared_scale)
     console.print(f"[bold]model[/] {expl.model}  [bold]method[/] {expl.method}  [bold]answer[/] "
                   f"{expl.generated!r}" + ("  (forced)" if expl.forced else ""), highlight=False)
-    ends = "blue < 0 < red" if scale.diverging else f"white {number(scale.lo)} .. red {number(scale.hi)}"
+    lo, hi = scale.ends
+    ends = f"blue {lo} < 0 < red {hi}" if scale.diverging else f"white {lo} .. red {hi}"
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     table.add_column("step")
     table.add_column("token")
+    if scale.row_peaks is not None:
+        table.add_column("max", no_wrap=True)
     table.add_column(f"content span: {scale.label}, {ends}", overflow="fold")
     tokens = expl.span_display
     for i, step in enumerate(expl.steps[:max_steps]):
-        table.add_row(str(i), repr(step.token), heatmap_text(tokens, scale.unit[i],
-                                                             scale.values[i] if numbers else None))
+        peak = (scale.row_end(i),) if scale.row_peaks is not None else ()
+        table.add_row(str(i), repr(step.token), *peak,
+                      heatmap_text(tokens, scale.unit[i], scale.values[i] if numbers else None))
     console.print(table)
     if len(expl.steps) > max_steps:
         console.print(f"... {len(expl.steps) - max_steps} more steps (see --html / --json)")
@@ -122,52 +179,101 @@ def print_explanation(expl: Explanation, console: Console | None = None, max_ste
         console.print(f"[yellow]warning:[/] {warning}")
 
 
-_STYLE = """<style>
-.llmattr{{font-family:system-ui,sans-serif;color:#222}}
-.llmattr table{{border-collapse:collapse}}
-.llmattr td,.llmattr th{{padding:4px 8px;vertical-align:top;border-bottom:1px solid #eee;text-align:left}}
-.llmattr .tok{{white-space:pre-wrap;border-radius:3px;padding:1px 1px;margin:0 1px;cursor:default;
- display:inline-block;min-width:4px;line-height:1.5}}
-.llmattr .num{{display:block;font-size:70%;opacity:.8;text-align:center}}
-.llmattr .meta{{color:#555;font-size:90%}}
-.llmattr .bar{{display:inline-block;width:220px;height:12px;vertical-align:middle;border:1px solid #ccc;
- background:linear-gradient(to right,{gradient})}}
+# One style for every heatmap: nothing in it depends on an explanation (the bar's gradient is inline).
+STYLE = """<style>
+.llmattr{font-family:system-ui,sans-serif;color:#222}
+.llmattr table{border-collapse:collapse}
+.llmattr td,.llmattr th{padding:4px 8px;vertical-align:top;border-bottom:1px solid #eee;text-align:left}
+.llmattr .tok{white-space:pre-wrap;cursor:default;line-height:1.7;box-decoration-break:clone;
+ -webkit-box-decoration-break:clone}
+.llmattr .tok.n{display:inline-block;text-align:center;margin:0 1px}
+.llmattr .num{display:block;font-size:70%;opacity:.8;text-align:center;direction:ltr;unicode-bidi:isolate}
+.llmattr .meta{color:#555;font-size:90%}
+.llmattr .bar{display:inline-block;width:220px;height:12px;vertical-align:middle;border:1px solid #ccc}
+.llmattr .grid td.c{text-align:center;padding:2px 3px;white-space:pre}
+.llmattr .grid th.c{font-weight:normal;padding:2px 3px;white-space:pre;text-align:center;background:#f6f6f6}
 </style>"""
 
 
-def _colour_bar(scale: Scale) -> str:
-    stops = [-1.0, 0.0, 1.0] if scale.diverging else [0.0, 1.0]
-    gradient = ",".join(f"rgb{shade(u)}" for u in stops)
-    return (_STYLE.format(gradient=gradient)
-            + f'<p class="meta">{html.escape(number(scale.lo))} <span class="bar"></span> '
-            f'{html.escape(number(scale.hi))} &nbsp; {html.escape(scale.label)}</p>')
+def colour_bar(scale: Scale) -> str:
+    """The colour bar of ``scale``: its end labels, a gradient in the element's own style, its label."""
+    return bar_html(scale.diverging, *scale.ends, scale.label)
 
 
-def heatmap_html(expl: Explanation, numbers: bool = False, shared_scale: bool = False) -> str:
+def bar_html(diverging: bool, lo: str, hi: str, label: str) -> str:
+    """A colour bar from ``lo`` to ``hi`` (diverging: blue - white - red, else white - red)."""
+    stops = [-1.0, 0.0, 1.0] if diverging else [0.0, 1.0]
+    gradient = ",".join(rgb(u) for u in stops)
+    return (f'<p class="meta"><span class="lo">{html.escape(lo)}</span> '
+            f'<span class="bar" style="background:linear-gradient(to right,{gradient})"></span> '
+            f'<span class="hi">{html.escape(hi)}</span> &nbsp; {html.escape(label)}</p>')
+
+
+def _cell(token: str, u: float, value: float, score: float, raw: float, numbers: bool) -> str:
+    number_html = f'<span class="num">{html.escape(number(value))}</span>' if numbers else ""
+    return (f'<span class="tok{" n" if numbers else ""}" style="background:{rgb(u)};color:{ink(u)}" '
+            f'title="score {score:.4f} | raw {raw:.4g}">{html.escape(_visible(token))}{number_html}</span>')
+
+
+def heatmap_html(expl: Shown, numbers: bool = False, shared_scale: bool = False) -> str:
     """The heatmap as an HTML fragment (a notebook's ``_repr_html_``): one row per generated token,
     hover shows each token's score and raw value; ``numbers`` writes them in the cells."""
     scale = colour_scale(expl, shared_scale)
     tokens = expl.span_display
     rows = []
     for i, step in enumerate(expl.steps):
-        cells = "".join(
-            f'<span class="tok" style="background:rgb{shade(u)};color:{ink(u)}" '
-            f'title="score {score:.4f} | raw {raw:.4g}">{html.escape(_visible(tok))}'
-            + (f'<span class="num">{html.escape(number(v))}</span>' if numbers else "") + "</span>"
-            for tok, u, v, score, raw in zip(tokens, scale.unit[i], scale.values[i], step.scores, step.raw,
-                                              strict=True)
-        )
-        rows.append(f"<tr><td>{i}</td><td><code>{html.escape(repr(step.token))}</code></td>"
+        cells = "".join(_cell(tok, u, v, score, raw, numbers) for tok, u, v, score, raw in
+                        zip(tokens, scale.unit[i], scale.values[i], step.scores, step.raw, strict=True))
+        peak = f"<td>{html.escape(scale.row_end(i))}</td>" if scale.row_peaks is not None else ""
+        rows.append(f"<tr><td>{i}</td><td><code>{html.escape(repr(step.token))}</code></td>{peak}"
                     f"<td dir='auto'>{cells}</td></tr>")
     warnings = "".join(f'<p class="meta">warning: {html.escape(w)}</p>' for w in expl.warnings)
+    peak_head = "<th>max</th>" if scale.row_peaks is not None else ""
     return (
-        f'<div class="llmattr">{_colour_bar(scale)}'
+        f'{STYLE}<div class="llmattr">{colour_bar(scale)}'
         f'<p class="meta">model <b>{html.escape(expl.model)}</b> &middot; method <b>{html.escape(expl.method)}</b>'
         f' &middot; params {html.escape(str(expl.params))} &middot; answer <b>{html.escape(repr(expl.generated))}</b>'
         f'{" (forced)" if expl.forced else ""}</p>'
-        '<table><tr><th>step</th><th>token</th><th>content span</th></tr>' + "\n".join(rows)
+        f'<table><tr><th>step</th><th>token</th>{peak_head}<th>content span</th></tr>' + "\n".join(rows)
         + f"</table>{warnings}</div>"
     )
+
+
+def grid_html(explanations: Sequence[Shown], numbers: bool = False, shared_scale: bool = False) -> str:
+    """Several explanations as one grid per text: a column per content token (aligned across methods),
+    a row per (explanation, step), each row coloured on its own explanation's scale.
+
+    Explanations of the same text and content tokens (methods side by side, one generation) share a
+    grid; each row names its method and model and the value at the ends of its bar.
+    """
+    groups: dict[tuple, list[Shown]] = {}
+    for expl in explanations:
+        groups.setdefault((expl.text, tuple(expl.span_display)), []).append(expl)
+    kinds = {expl.signed for expl in explanations}
+    bars = "".join(bar_html(True, "-max", "+max", "signed methods: raw score, each row scaled to the max |raw| "
+                            "in its scale column") if signed else
+                   bar_html(False, "min", "max", "unsigned methods: each row from the low to the high end of its "
+                            "scale column")
+                   for signed in sorted(kinds, reverse=True))
+    tables = []
+    for (_, tokens), members in groups.items():
+        head = "".join(f'<th class="c">{html.escape(_visible(t))}</th>' for t in tokens)
+        rows = []
+        for expl in members:
+            scale = colour_scale(expl, shared_scale)
+            for i, step in enumerate(expl.steps):
+                end = (scale.row_end(i) or f"\u00b1{number(scale.hi)}") if scale.diverging else \
+                    f"{scale.ends[0]}..{scale.ends[1]}"
+                cells = "".join(
+                    f'<td class="c" style="background:{rgb(u)};color:{ink(u)}" title="score {s:.4f} | raw {r:.4g}">'
+                    + (html.escape(number(v)) if numbers else "&nbsp;") + "</td>"
+                    for u, v, s, r in zip(scale.unit[i], scale.values[i], step.scores, step.raw, strict=True))
+                rows.append(f"<tr><td><b>{html.escape(expl.method)}</b></td><td class='meta'>"
+                            f"{html.escape(expl.model)}</td><td><code>{html.escape(repr(step.token))}</code></td>"
+                            f"<td class='meta'>{html.escape(end)}</td>{cells}</tr>")
+        tables.append('<table class="grid"><tr><th>method</th><th>model</th><th>step</th><th>scale</th>'
+                      f"{head}</tr>" + "\n".join(rows) + "</table>")
+    return f'{STYLE}<div class="llmattr">{bars}' + "<br>".join(tables) + "</div>"
 
 
 _PAGE = """<!doctype html>
@@ -179,7 +285,17 @@ _PAGE = """<!doctype html>
 """
 
 
-def to_html(expl: Explanation, numbers: bool = False, shared_scale: bool = False) -> str:
+def page(title: str, body: str) -> str:
+    """A self-contained HTML page around view fragments."""
+    return _PAGE.format(title=html.escape(title), body=body)
+
+
+def to_html(expl: Shown, numbers: bool = False, shared_scale: bool = False) -> str:
     """A self-contained page with one row per generated token; hover shows each token's value."""
-    return _PAGE.format(title=html.escape(f"{expl.method} on {expl.task or 'text'}"),
-                        body=heatmap_html(expl, numbers, shared_scale))
+    return page(f"{expl.method} on {expl.task or 'text'}", heatmap_html(expl, numbers, shared_scale))
+
+
+def grid_page(explanations: Sequence[Shown], numbers: bool = False, shared_scale: bool = False) -> str:
+    """A self-contained page of :func:`grid_html`."""
+    methods = ", ".join(dict.fromkeys(expl.method for expl in explanations))
+    return page(f"{methods} side by side", grid_html(explanations, numbers, shared_scale))

@@ -199,7 +199,10 @@ class Store:
             raise
 
     def close(self) -> None:
-        """Checkpoint the write-ahead log into the store file (which then holds everything), then close."""
+        """Checkpoint the write-ahead log into the store file (which then holds everything), then close
+        (a second call does nothing)."""
+        if self.lock.closed:
+            return
         try:
             self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:

@@ -61,7 +61,8 @@ def evaluate_scores(
     routing: str = typer.Option("dynamic", help="dynamic or fixed (clean attention)."),
     samples: int = typer.Option(15, help="Monte-Carlo samples per pi."),
     seed: int = typer.Option(0, help="Seed of the Monte-Carlo masks."),
-    json_out: Path = typer.Option(None, "--json", help="Write one result per record (JSON list) here."),
+    json_out: Path = typer.Option(None, "--json", help="Write one result per record (JSON list, each with its "
+                                                       "'record' index; a record that failed: its 'error') here."),
 ) -> None:
     """pi-Soft-NC/NS AUCs (and Soft-NC/NS, E[R]) of attribution scores computed outside llmattr."""
     one_of(routing, ("dynamic", "fixed"), "--routing")
@@ -73,17 +74,27 @@ def evaluate_scores(
     from ..faithfulness import evaluate
 
     console = Console()
-    results = []
+    results, failed = [], {}
     for i, record in enumerate(records):
-        lm = resolve_model(model_spec(record, model))
-        expl = to_explanation(record, lm)
-        result = evaluate(expl, lm, routing=routing, samples=samples, seed=seed).to_dict()
+        try:
+            lm = resolve_model(model_spec(record, model))
+            expl = to_explanation(record, lm)
+            result = evaluate(expl, lm, routing=routing, samples=samples, seed=seed).to_dict()
+        except LlmattrError as err:  # a bad record is named and skipped; the others are kept
+            failed[i] = str(err)
+            console.print(f"[yellow]{i}: not evaluated:[/] {err}", highlight=False, soft_wrap=True)
+            results.append({"record": i, "error": str(err)})
+            continue
         metrics = result["metrics"]
         console.print(f"{i}: {expl.method} {expl.generated!r}  AUC pi-Soft-NS {metrics['pi_soft_ns']['auc']:.4f}  "
                       f"AUC pi-Soft-NC {metrics['pi_soft_nc']['auc']:.4f}  (Soft-NS {metrics['soft_ns']:.4f}, "
                       f"Soft-NC {metrics['soft_nc']:.4f}, E[R] {metrics['expected_retained']:.2f})",
                       highlight=False, soft_wrap=True)
-        results.append({"explanation": expl.to_dict(), **result})
+        results.append({"record": i, "explanation": expl.to_dict(), **result})
     if json_out is not None:
         json_out.write_text(json.dumps(results, indent=1, ensure_ascii=False))
         console.print(f"wrote {json_out}", highlight=False)
+    if failed:
+        raise LlmattrError(f"{len(failed)} of {len(records)} record(s) not evaluated (record "
+                           f"{', '.join(map(str, failed))}; see above); the others are "
+                           + (f"in {json_out}" if json_out is not None else "printed above"))

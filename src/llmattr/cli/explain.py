@@ -86,7 +86,9 @@ def explain(
     model: str = typer.Option("default", help="'default' (SmolLM2-135M-Instruct), 'gemma-3-270m', a hub id, "
                                                  "a folder or a .gguf."),
     task: str = typer.Option("sentiment", help="Prompt recipe: sentiment, boolq, generate, ..."),
-    method: str = typer.Option("grad-ellm", help="Attribution method (see `llmattr methods`)."),
+    method: str = typer.Option("grad-ellm", help="Attribution method (see `llmattr methods`); several, comma-"
+                                                 "separated, explain one generation side by side (--html: "
+                                                 "one aligned grid)."),
     max_new_tokens: int = typer.Option(None, help="Tokens to generate and explain (task default if unset)."),
     answer: str = typer.Option(None, help="Force this answer text instead of greedy generation."),
     scope: str = typer.Option("span", help="What is attributed, and perturbed/zeroed by --evaluate: span "
@@ -172,39 +174,51 @@ def explain(
             writable_file(path, option, FIGURE_SUFFIXES if option in ("--plot", "--figure") else None)
     if shots_from is not None and not shots_from.is_file():
         raise LlmattrError(f"--shots-from {shots_from}: file not found")
-    methods.get(method, **params)  # fail fast on a bad method before loading the model
+    names = [name.strip() for name in method.split(",") if name.strip()] or [method]
+    for name in names:
+        methods.get(name, **params)  # fail fast on a bad method before loading the model
+    if len(names) > 1 and figure is not None:
+        raise LlmattrError("--figure draws one method's matrix; give one --method (--html shows several)")
     check_checkpointing(checkpointing)
     resolve_dtype(dtype, "cpu")  # a bad --dtype is refused before the model loads
     with console.status(f"loading model {model} ..."):
         lm = load_model(model, device=device, dtype=dtype, verbose=verbose)
-    with console.status(f"explaining with {method} ..."):
-        expl = run_explain(content, model=lm, method=method, task=task_obj, max_new_tokens=max_new_tokens,
-                           answer=answer, shots=shots, shots_from=shots_from, target=target, scope=scope,
-                           checkpointing=checkpointing, method_params=params)
-    if format == "text":
-        print_explanation(expl, console, numbers=numbers, shared_scale=shared_scale)
-    print_classification(expl.classification, console)
-    if verbose:
-        print_convergence(expl, console)
-    result = run_evaluation(expl, lm, console, routing, samples, seed) if evaluate else None
-    data = explanation_data(expl, result)
+    with console.status(f"explaining with {', '.join(names)} ..."):
+        explained = run_explain(content, model=lm, method=names if len(names) > 1 else method, task=task_obj,
+                                max_new_tokens=max_new_tokens, answer=answer, shots=shots, shots_from=shots_from,
+                                target=target, scope=scope, checkpointing=checkpointing, method_params=params)
+    expls = list(explained) if len(names) > 1 else [explained]
+    for expl in expls:
+        if format == "text":
+            print_explanation(expl, console, numbers=numbers, shared_scale=shared_scale)
+        if verbose:
+            print_convergence(expl, console)
+    print_classification(expls[0].classification, console)
+    results = [run_evaluation(expl, lm, console, routing, samples, seed) if evaluate else None for expl in expls]
+    data = [explanation_data(expl, result) for expl, result in zip(expls, results, strict=True)]
     if format == "json":
-        typer.echo(dumps(data, ensure_ascii=False))
-    write_outputs(expl, data, result, outputs, console, numbers=bool(numbers), shared_scale=shared_scale)
+        typer.echo(dumps(data if len(names) > 1 else data[0], ensure_ascii=False))
+    write_outputs(explained, data if len(names) > 1 else data[0], results if len(names) > 1 else results[0],
+                  outputs, console, numbers=bool(numbers), shared_scale=shared_scale)
 
 
-def write_outputs(expl, data: dict, result: dict | None, outputs: dict, console: Console, numbers: bool,
-                  shared_scale: bool) -> None:
-    """Write the requested files, the Explanation JSON first (the one a later failure must not lose)."""
+def write_outputs(explained, data: dict | list, result: dict | list | None, outputs: dict, console: Console,
+                  numbers: bool, shared_scale: bool) -> None:
+    """Write the requested files, the Explanation JSON first (the one a later failure must not lose).
+
+    ``explained``: an Explanation, or the Explanations of several methods (then the JSON files hold lists,
+    the HTML page is their grid and the plot draws every method's curves)."""
     from ..plotting import plot_matrix, plot_pi_curves
-    from ..render import to_html
 
+    expls = explained if isinstance(explained, list) else [explained]
+    curves = {expl.method: res for expl, res in zip(expls, result if isinstance(result, list) else [result],
+                                                    strict=True)}
     writers = {
         "--json": lambda path: path.write_text(dumps(data, indent=1, ensure_ascii=False)),
-        "--html": lambda path: path.write_text(to_html(expl, numbers=numbers, shared_scale=shared_scale)),
+        "--html": lambda path: explained.to_html(path, numbers=numbers, shared_scale=shared_scale),
         "--eval-json": lambda path: path.write_text(dumps(result, indent=1)),
-        "--plot": lambda path: plot_pi_curves({expl.method: result}, path, title=f"{expl.model}: {expl.generated!r}"),
-        "--figure": lambda path: plot_matrix(expl, path, numbers=numbers, shared_scale=shared_scale),
+        "--plot": lambda path: plot_pi_curves(curves, path, title=f"{expls[0].model}: {expls[0].generated!r}"),
+        "--figure": lambda path: plot_matrix(explained, path, numbers=numbers, shared_scale=shared_scale),
     }
     for option, write in writers.items():
         path = outputs[option]

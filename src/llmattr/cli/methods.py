@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from .app import app
 
@@ -25,6 +27,25 @@ def methods_table() -> Table:
     return table
 
 
+WIDE = 140  # below this many columns the table's seven columns break words; the list form is used instead
+
+
+def methods_list() -> Group:
+    """The same facts for a narrow terminal: a line per method (name, family, gradients, signed, objective),
+    then its summary and cost wrapped at whole words under it."""
+    from .. import methods
+
+    entries = []
+    for name in methods.available():
+        cls = methods.REGISTRY[name]
+        facts = (cls.family, "gradients" if cls.needs_gradients else "no gradients",
+                 "signed" if cls.signed else "unsigned", f"objective {cls.objective or '-'}")
+        entries += [Text.assemble((name, "bold"), "  " + " \u00b7 ".join(facts)),
+                    Padding(Text(cls.summary), (0, 0, 0, 4)), Padding(Text(f"cost: {cls.cost}", style="dim"),
+                                                                      (0, 0, 0, 4))]
+    return Group(Text("llmattr attribution methods", style="bold"), *entries)
+
+
 def methods_records() -> list[dict]:
     """One dict per method: name, family, gradients, signed, cost, summary, default parameters and the
     objective it explains by default (``None``: it scores no model output and refuses ``--objective``)."""
@@ -41,4 +62,5 @@ def list_methods(as_json: bool = typer.Option(False, "--json", help="Print a JSO
     if as_json:
         typer.echo(json.dumps(methods_records(), indent=1))
     else:
-        Console().print(methods_table())
+        console = Console()
+        console.print(methods_table() if console.width >= WIDE else methods_list())

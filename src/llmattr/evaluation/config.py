@@ -6,7 +6,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from ..checks import positive_int
+from ..checks import positive_int, writable_file
 from ..errors import LlmattrError
 from ..faithfulness.engine import ROUTINGS
 from ..faithfulness.ranking import REMOVALS
@@ -82,6 +82,7 @@ class EvalConfig:
             raise LlmattrError(f"unknown coupling {self.coupling!r}; valid: {', '.join(COUPLINGS)}")
         parse_max_memory(self.max_memory)
         resolve_dtype(self.dtype, "cpu")
+        writable_file(self.out, "--out")
 
     @property
     def routings(self) -> tuple[str, ...]:

@@ -118,10 +118,10 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
         ds = loader(name, cfg.n, cfg.seed)
         data.append(Dataset(ds.name, ds.task, ds.examples[rank::world]))
     summary = Summary(out=shard_path(cfg.out, rank, world))
+    fresh = not summary.out.exists()
     with Store(summary.out) as store:  # refuses a foreign file or a store another run writes, before the load
         if lm is None:
-            lm = load_model(cfg.model, device=shard_device(cfg.device), dtype=cfg.dtype,
-                            device_map=cfg.device_map, max_memory=cfg.max_memory, load_in_4bit=cfg.load_in_4bit)
+            lm = _load(cfg, summary.out if fresh else None, store)
         store.check_settings(lm.model_id, run_settings(cfg, metrics, lm))
         pending, totals, summary.skipped = _plan(store, lm.model_id, data, specs, metrics, routings)
         left = {key: 0 for key in totals}
@@ -141,6 +141,19 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
                 bar.advance(tasks[(item.dataset.name, item.spec)])
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _load(cfg: EvalConfig, fresh: Path | None, store: Store) -> LoadedModel:
+    """The run's model; a model that cannot be loaded leaves no store behind when this run created it."""
+    try:
+        return load_model(cfg.model, device=shard_device(cfg.device), dtype=cfg.dtype, device_map=cfg.device_map,
+                          max_memory=cfg.max_memory, load_in_4bit=cfg.load_in_4bit)
+    except BaseException:
+        if fresh is not None:
+            store.close()
+            for leftover in (fresh, fresh.with_name(fresh.name + "-wal"), fresh.with_name(fresh.name + "-shm")):
+                leftover.unlink(missing_ok=True)
+        raise
 
 
 def _run_unit(lm: LoadedModel, item: _Pending, store: Store, target_cache: dict, cfg: EvalConfig) -> None:

@@ -125,7 +125,7 @@ def explanation_alignment(expl: Explanation, evidence_words: list[int] | None = 
     """Alignment of every step's raw scores with the example's evidence (``example["evidence_words"]`` of
     a BLiMP row unless given); ``level="word"`` sums sub-word raw scores per word first."""
     evidence = evidence_vector(expl, gold_evidence(expl, evidence_words), level)
-    raw = expl.words()[1] if level == "word" else expl.score_matrix(raw=True)
+    raw = torch.from_numpy(expl.words()[1]) if level == "word" else expl.score_matrix(raw=True)
     return alignment(raw, evidence, normalize, level)
 
 

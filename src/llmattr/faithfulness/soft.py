@@ -178,7 +178,7 @@ def auc(pis: list[float], values: list[float]) -> float:
     return float(curve_auc(torch.tensor(values, dtype=torch.float64), pis))
 
 
-@dataclass
+@dataclass(repr=False)
 class SoftResult:
     """pi-curves, their AUCs, the original Soft-NC/NS (alpha = 1) and E[R], averaged over the steps."""
 
@@ -198,6 +198,13 @@ class SoftResult:
     mc_se: dict = field(default_factory=dict)  # Monte-Carlo standard error of each value (None: 1 sample)
     d0: float | None = None  # mean zero-baseline distance D0 over the evaluated steps
     scope: str = "span"  # what was perturbed and zeroed (the explanation's scope)
+
+    def __repr__(self) -> str:
+        """One line: the AUCs, Soft-NS/NC and E[R] (``to_dict()`` has the curves)."""
+        values = {"auc_ns": self.auc_ns, "auc_nc": self.auc_nc, "soft_ns": self.soft_ns, "soft_nc": self.soft_nc,
+                  "expected_retained": self.expected_retained}
+        shown = ", ".join(f"{key}={value:.4f}" for key, value in values.items() if value is not None)
+        return f"SoftResult({shown}; {self.routing} routing, {self.samples} samples, {len(self.pis)} pis)"
 
     @property
     def auc_ns(self) -> float | None:

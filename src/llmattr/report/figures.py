@@ -8,6 +8,7 @@ pi-curves, error bars on the layer sweep; :mod:`llmattr.stats`, seeded) and ever
 from __future__ import annotations
 
 import json
+import textwrap
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,6 +57,16 @@ def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
     return path
+
+
+def fit_title(fig, text: str, share: float = 0.95) -> None:
+    """The figure's title, wrapped at whole words (or hyphens) until every line fits in ``share`` of the
+    figure's width, measured with the renderer: a long model id is never clipped."""
+    title = fig.suptitle(text)
+    renderer, room, chars = fig.canvas.get_renderer(), share * fig.bbox.width, len(text)
+    while title.get_window_extent(renderer).width > room and chars > 10:
+        chars = max(10, int(chars * room / title.get_window_extent(renderer).width) - 1)
+        title.set_text(textwrap.fill(text, chars))
 
 
 def curve_band(values: dict[float, dict], resamples: int) -> dict:
@@ -165,9 +176,9 @@ def score_distributions(results: Results, model: str, out: Path) -> list[Figure]
         body.set_alpha(0.6)
     ax.set_xticks(range(1, len(labels) + 1), labels, rotation=30, ha="right")
     n = n_text(examples.values())
-    ax.set(ylabel="attribution score (retain probability)", ylim=(-0.02, 1.02),
-           title=f"Attribution-value distributions, {model} ({n} examples)")
+    ax.set(ylabel="attribution score (retain probability)", ylim=(-0.02, 1.02))
     ax.grid(alpha=0.3, axis="y")
+    fit_title(fig, f"Attribution-value distributions, {model} ({n} examples)")
     fig.tight_layout()
     return [Figure(_save(fig, out / "fig6_score_distribution.png"),
                    f"Distribution of the retain probabilities (every content token of every explained step) "

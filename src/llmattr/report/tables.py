@@ -20,6 +20,7 @@ import html
 import io
 import json
 import math
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -508,9 +509,16 @@ def to_latex(table: Table) -> str:
              "significantly different (paired test, Holm, 0.05).") if table.ranked else ""
     notes = "".join(f" {latex_escape(note)}" for note in table.notes)
     lines += [r"\bottomrule", r"\end{tabular}",
-              rf"\caption{{{latex_escape(table.title)}. {latex_escape(_legend(table, ''))}{ranks}{notes}}}",
+              rf"\caption{{{latex_escape(_unnumbered(table.title))}. "
+              rf"{latex_escape(_legend(table, ''))}{ranks}{notes}}}",
               rf"\label{{tab:{table.name}}}", r"\end{table}", ""]
     return "\n".join(lines) + (to_latex(table.tests) if table.tests is not None else "")
+
+
+def _unnumbered(title: str) -> str:
+    """A title without its "Table N: " (LaTeX numbers the caption itself: "Table 1: Table 1: ..." otherwise)."""
+    numbered = re.match(r"Table \d+:\s*", title)
+    return title[numbered.end():][:1].upper() + title[numbered.end() + 1:] if numbered else title
 
 
 def _number(x: float | None, digits: str = ".6g") -> str:
