@@ -10,7 +10,8 @@ from .errors import LlmattrError
 from .version import __version__
 
 _PUBLIC = {"explain": "api", "evaluate": "api", "from_scores": "api", "Explanation": "explanation",
-           "Step": "explanation", "load_model": "models", "wrap_model": "models"}
+           "Step": "explanation", "load_model": "models", "wrap_model": "models", "finetune": "finetuning",
+           "FinetuneConfig": "finetuning"}
 
 
 def __getattr__(name: str):
@@ -19,5 +20,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'llmattr' has no attribute {name!r}")
 
 
-__all__ = ["Explanation", "LlmattrError", "Step", "evaluate", "explain", "from_scores", "load_model", "wrap_model",
-           "__version__"]
+__all__ = ["Explanation", "FinetuneConfig", "LlmattrError", "Step", "evaluate", "explain", "finetune", "from_scores",
+           "load_model", "wrap_model", "__version__"]
