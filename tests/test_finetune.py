@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from conftest import build_tiny
 from llmattr.errors import LlmattrError
 from llmattr.evaluation.accuracy import label_accuracy
-from llmattr.finetuning import Collator, FinetuneConfig, finetune, label_loss, label_sequence, lm_sequence, split
+from llmattr.finetuning import Collator, FinetuneConfig, cap, finetune, label_loss, label_sequence, lm_sequence, split
 from llmattr.models.card import CARD_NAME, content_hash
 from llmattr.models.loading import load_model
 from llmattr.prompting import build_prompt
@@ -199,6 +199,15 @@ def test_bad_input_is_one_line_and_exit_2_before_training(args, fragment, tmp_pa
     result = run_cli("finetune", *NO_MODEL, *argv)
     one_line_error(result, fragment)
     assert not (tmp_path / "new").exists() and (tmp_path / "busy" / "notes.txt").read_text() == "someone's work"
+
+
+def test_long_texts_are_cut_to_max_tokens(tiny_tokenizer):
+    task = get_task("imdb")
+    text = " ".join(["the quick brown fox jumps"] * 40)
+    capped = cap(task, {"id": "a", "text": text, "label": "Positive"}, tiny_tokenizer, 8)
+    ids = tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 8 and capped["text"] == tiny_tokenizer.decode(ids[:8]) and text.startswith(capped["text"])
+    assert cap(task, {"id": "b", "text": "Fine.", "label": "Positive"}, tiny_tokenizer, 8)["text"] == "Fine."
 
 
 def test_the_config_defaults_are_the_issues_recipe():

@@ -5,13 +5,14 @@ that leaves out every row its model card says it was trained on."""
 from __future__ import annotations
 
 import csv
+import json
 import sqlite3
 
 import pytest
 
 from conftest import build_tiny
 from llmattr.errors import LlmattrError
-from llmattr.finetuning import finetune
+from llmattr.models.card import CARD_NAME
 from llmattr.report.tables import accuracy_table, to_markdown
 from llmattr.store import Results
 from llmattr.tasks.files import parse_labels, read_file_examples
@@ -87,8 +88,15 @@ def test_evaluate_on_a_finetune_leaves_out_its_training_rows(tiny_tokenizer, tmp
     """The fine-tuned folder's card lists its training rows; evaluate --data on the same file draws only from the
     rest (the held-out rows), says how many it left out, and the report shows the card under the accuracy."""
     data = toy_file(tmp_path / "toy.jsonl")
-    card = finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "ft", task="sentiment", data=str(data),
-                    text_field="review", held_out=20, epochs=1, learning_rate=3e-3, progress=False)
+    base = build_tiny("llama", tiny_tokenizer)
+    base.model.save_pretrained(tmp_path / "tiny-base")
+    tiny_tokenizer.save_pretrained(tmp_path / "tiny-base")
+    result = run_cli("finetune", "--model", str(tmp_path / "tiny-base"), "--task", "sentiment", "--data", str(data),
+                     "--text-field", "review", "--held-out", "20", "--epochs", "1", "--learning-rate", "3e-3",
+                     "--out", str(tmp_path / "ft"), "--quiet")
+    assert result.returncode == 0, result.stderr
+    card = json.loads((tmp_path / "ft" / CARD_NAME).read_text())
+    assert f"sentiment: {card['n_train']} training rows, held-out accuracy " in result.stderr
     out = tmp_path / "r.sqlite"
     result = run_cli("evaluate", "--model", str(tmp_path / "ft"), "--data", str(data), "--text-field", "review",
                      "--methods", "random", "--metrics", "comp-suff", "--n", "6", "--out", str(out), "--quiet")
@@ -96,7 +104,7 @@ def test_evaluate_on_a_finetune_leaves_out_its_training_rows(tiny_tokenizer, tmp
     assert f"toy: left out {card['n_train']} rows that {tmp_path / 'ft'} was trained on" in result.stderr
     with sqlite3.connect(out) as conn:
         evaluated = {row[0] for row in conn.execute("SELECT DISTINCT example FROM explanations")}
-    assert len(evaluated) == 6 and evaluated <= set(card["held_out_ids"])
+    assert len(evaluated) == 6 and evaluated.isdisjoint(card["train_ids"])  # held-out rows (and unused duplicates)
     markdown = to_markdown(accuracy_table(Results([out]), "ft"))  # the store names a folder model by its name
-    assert "Model card: sentiment fine-tune of tiny-llama" in markdown and f"on {card['n_train']} training rows" \
+    assert "Model card: sentiment fine-tune of tiny-base" in markdown and f"on {card['n_train']} training rows" \
         in markdown

@@ -236,7 +236,8 @@ def card_markdown(card: dict) -> str:
         lines.append(f"| held-out accuracy | {held['accuracy']:.3f} (95% CI {held['low']:.3f}-{held['high']:.3f}, "
                      f"n={held['n']}; majority class {held['majority']:.3f}) |")
     if card.get("train_seconds") is not None:
-        lines.append(f"| training time | {card['train_seconds'] / 60:.1f} min ({card.get('device')}) |")
+        lines.append(f"| training time | {card['train_seconds'] / 60:.1f} min ({card.get('device')}; the last "
+                     "session's if the run was resumed) |")
     return "\n".join(lines) + "\n\nLoad it with `llmattr explain --model DIR ...` or `llmattr evaluate --model DIR`.\n"
 
 
@@ -249,6 +250,22 @@ def held_out_accuracy(lm: LoadedModel, task: Task, held: list[dict]) -> dict:
     return {"n": est.n, "accuracy": est.mean, "low": est.low, "high": est.high,
             "majority": max(counts.values()) / len(held),
             "predicted": {w: pred.count(i) for i, w in enumerate(task.label_words)}}
+
+
+def new_card(cfg: FinetuneConfig, task: Task, data: dict, settings: dict, train: list[dict],
+             held: list[dict]) -> dict:
+    """The model card as training starts (``status: training``); the results are added when it ends."""
+    return {
+        "llmattr_finetune": 1, "llmattr": __version__, "status": "training", "settings": settings,
+        "base_model": settings["base_model"], "task": task.name, "objective": cfg.objective, "data": data,
+        "seed": cfg.seed,
+        "hyperparameters": {"epochs": cfg.epochs, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,
+                            "optimizer": "adamw_torch", "schedule": "linear", "max_tokens": cfg.max_tokens,
+                            "lora_r": cfg.lora_r},
+        "n_train": len(train), "n_held_out": len(held),
+        "train_ids": [ex["id"] for ex in train], "held_out_ids": [ex["id"] for ex in held],
+        "train_hashes": sorted({content_hash(task.user_content(ex)[0]) for ex in train}),
+    }
 
 
 def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned", config: FinetuneConfig | None = None,
@@ -269,16 +286,7 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
     settings = {"base_model": base, **asdict(cfg), "data_sha256": data["sha256"]}
     resumed = check_out(out, settings)
     out.mkdir(parents=True, exist_ok=True)
-    card = {
-        "llmattr_finetune": 1, "llmattr": __version__, "status": "training", "settings": settings,
-        "base_model": base, "task": task.name, "objective": cfg.objective, "data": data, "seed": cfg.seed,
-        "hyperparameters": {"epochs": cfg.epochs, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,
-                            "optimizer": "adamw_torch", "schedule": "linear", "max_tokens": cfg.max_tokens,
-                            "lora_r": cfg.lora_r},
-        "n_train": len(train), "n_held_out": len(held),
-        "train_ids": [ex["id"] for ex in train], "held_out_ids": [ex["id"] for ex in held],
-        "train_hashes": sorted({content_hash(task.user_content(ex)[0]) for ex in train}),
-    }
+    card = new_card(cfg, task, data, settings, train, held)
     if resumed is None:
         write_card(out, card)
     lm = model if isinstance(model, LoadedModel) else load_model(model, device=device, load_in_4bit=cfg.load_in_4bit)
@@ -290,8 +298,7 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
         rows = [lm_sequence(tokenizer, task, cap(task, ex, tokenizer, cfg.max_tokens)) for ex in train]
     start = time.perf_counter()
     trainer = build_trainer(lm, rows, cfg, out / CHECKPOINTS, progress, callbacks)
-    last = get_last_checkpoint(str(out / CHECKPOINTS)) if (out / CHECKPOINTS).is_dir() \
-        else None
+    last = get_last_checkpoint(str(out / CHECKPOINTS)) if (out / CHECKPOINTS).is_dir() else None
     trainer.train(resume_from_checkpoint=last)
     trained = trainer.model.merge_and_unload() if cfg.lora_r else trainer.model
     trained.eval()
@@ -316,13 +323,16 @@ def build_trainer(lm: LoadedModel, rows: list[dict], cfg: FinetuneConfig, checkp
     """transformers' Trainer over ``rows`` (AdamW, linear decay, no warm-up, no weight decay, no dropout change)."""
     transformers.set_seed(cfg.seed)
     model = lm.model
-    model.requires_grad_(True)
-    if cfg.lora_r:
+    if cfg.lora_r:  # the base stays frozen (load_model froze it); only the adapters train
         import peft
 
+        if cfg.load_in_4bit:
+            model = peft.prepare_model_for_kbit_training(model)
         lora = peft.LoraConfig(r=cfg.lora_r, lora_alpha=2 * cfg.lora_r, target_modules="all-linear",
                                task_type="CAUSAL_LM")
         model = peft.get_peft_model(model, lora)
+    else:
+        model.requires_grad_(True)
     steps = math.ceil(len(rows) / cfg.batch_size) * cfg.epochs
     args = transformers.TrainingArguments(
         output_dir=str(checkpoints), num_train_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
