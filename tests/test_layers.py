@@ -31,7 +31,7 @@ def test_the_report_imports_no_model_method_or_evaluation_code():
 # command module are imported at start, so a command loads its implementation when it runs).
 OPTIONAL = {"datasets", "pandas", "IPython", "IPython.display", "platformdirs", "safetensors.torch",
             "transformers", "transformers.utils", "transformers.masking_utils", "socket", "urllib.parse",
-            "matplotlib", "matplotlib.pyplot", "matplotlib.colors", "inseq"}
+            "matplotlib", "matplotlib.pyplot", "matplotlib.colors", "inseq", "peft"}
 
 
 def late_imports(path: Path) -> list[tuple[int, str]]:

@@ -15,7 +15,8 @@ from .version import __version__
 warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
 _PUBLIC = {"explain": "api", "evaluate": "api", "from_scores": "api", "tokens": "api", "Explanation": "explanation",
-           "Explanations": "explanation", "Step": "explanation", "load_model": "models", "wrap_model": "models"}
+           "Explanations": "explanation", "Step": "explanation", "load_model": "models", "wrap_model": "models",
+           "finetune": "finetuning", "FinetuneConfig": "finetuning"}
 
 
 def __getattr__(name: str):
@@ -28,5 +29,5 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_PUBLIC})
 
 
-__all__ = ["Explanation", "Explanations", "LlmattrError", "Step", "evaluate", "explain", "from_scores",
-           "load_model", "tokens", "wrap_model", "__version__"]
+__all__ = ["Explanation", "Explanations", "FinetuneConfig", "LlmattrError", "Step", "evaluate", "explain", "finetune",
+           "from_scores", "load_model", "tokens", "wrap_model", "__version__"]

@@ -53,6 +53,12 @@ def evaluate(
                                               "is offloaded to disk)."),
     load_in_4bit: bool = typer.Option(None, "--load-in-4bit/--no-load-in-4bit", help="4-bit weights "
                                                                                        "(bitsandbytes)."),
+    data: Path = typer.Option(None, help="Your own JSONL/CSV/TSV file instead of --datasets (named by its stem)."),
+    task: str = typer.Option(None, help="--data: the task that prompts its rows (default sentiment)."),
+    text_field: str = typer.Option(None, help="--data: the column holding the text (default: the task's field)."),
+    label_field: str = typer.Option(None, help="--data: the column holding the label (default: label)."),
+    labels: str = typer.Option(None, help="--data: label words, e.g. Positive,Negative, or file value=word pairs, "
+                                          "e.g. 0=Negative,1=Positive (default: the task's)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Evaluate attribution methods on datasets; every finished example is stored at once, reruns resume."""
@@ -63,7 +69,8 @@ def evaluate(
            "step_stride": step_stride, "max_new_tokens": max_new_tokens, "target": target, "scope": scope,
            "removal": removal, "out": None if out is None else str(out), "shard": shard,
            "device": device, "dtype": dtype, "device_map": device_map, "max_memory": max_memory,
-           "load_in_4bit": load_in_4bit}
+           "load_in_4bit": load_in_4bit, "data": None if data is None else str(data), "task": task,
+           "text_field": text_field, "label_field": label_field, "labels": labels}
     base = EvalConfig.from_toml(config) if config is not None else None
     cfg = EvalConfig.from_mapping(cli, base)
     console = Console(stderr=True)
@@ -73,6 +80,10 @@ def evaluate(
         console.print(f"interrupted: every finished example is stored in {cfg.out}; rerun the same command "
                       "to resume", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
+    for name, count in summary.excluded.items():
+        if count:
+            console.print(f"{name}: left out {count} rows that {cfg.model} was trained on (its model card)",
+                          highlight=False, soft_wrap=True)
     console.print(f"{summary.computed} computed, {summary.skipped} already in the store, "
                   f"{len(summary.failed)} failed, {summary.seconds:.1f} s -> {summary.out}")
     for line in summary.failed:

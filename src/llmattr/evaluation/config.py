@@ -42,6 +42,11 @@ class EvalConfig:
     device_map: str | None = None
     max_memory: str | None = None
     load_in_4bit: bool = False
+    data: str | None = None  # the user's own JSONL/CSV file instead of --datasets (docs/evaluate.md)
+    task: str = "sentiment"  # --data: the task that prompts its rows
+    text_field: str | None = None
+    label_field: str | None = None
+    labels: str | None = None
 
     @classmethod
     def from_mapping(cls, data: dict, base: EvalConfig | None = None) -> EvalConfig:

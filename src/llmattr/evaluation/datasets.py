@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import LlmattrError
+from ..models.card import content_hash
 from ..tasks import TASKS, Task, get_task, load_examples
 from ..tasks.blimp import PARADIGMS
+from ..tasks.datasets import sample
+from ..tasks.files import read_file_examples
 
 GROUPS = {"blimp": tuple(f"blimp-{short}" for short in PARADIGMS)}  # paper 003 Table 3's five paradigms
 
@@ -19,9 +23,33 @@ class Dataset:
     name: str
     task: Task
     examples: list[dict]
+    excluded: int = 0  # rows left out because the model was trained on them (its model card)
 
 
 DatasetLoader = Callable[[str, int, int], Dataset]
+Exclude = Callable[[Task, dict, str], bool]  # (task, example, data source) -> the model was trained on it
+
+
+def trained_rows(card: dict | None) -> Exclude | None:
+    """What a fine-tuned model saw, from its model card (:mod:`llmattr.models.card`): a row whose user text
+    hashes to a training row's, or whose id is a training id of the same data source; None without a card."""
+    if not card:
+        return None
+    ids, hashes, source = set(card.get("train_ids", ())), set(card.get("train_hashes", ())), card["data"]["source"]
+
+    def seen(task: Task, example: dict, data_source: str) -> bool:
+        return (content_hash(task.user_content(example)[0]) in hashes
+                or (data_source == source and example["id"] in ids))
+
+    return seen
+
+
+def draw(name: str, task: Task, examples: list[dict], n: int, seed: int, source: str,
+         exclude: Exclude | None) -> Dataset:
+    """``n`` examples balanced per class, drawn with ``seed`` from those the model was not trained on."""
+    kept = [ex for ex in examples if not exclude(task, ex, source)]
+    classes = task.label_words if task.kind == "classification" else ()
+    return Dataset(name, task, sample(kept, n, seed, True, classes), excluded=len(examples) - len(kept))
 
 
 def dataset_names() -> list[str]:
@@ -35,9 +63,20 @@ def expand_datasets(names: list[str]) -> list[str]:
     return list(dict.fromkeys(member for name in names for member in GROUPS.get(name, (name,))))
 
 
-def load_dataset(name: str, n: int, seed: int) -> Dataset:
-    """``n`` examples of dataset ``name`` (its task's sample file in llmattr/data), balanced, seeded."""
+def load_dataset(name: str, n: int, seed: int, exclude: Exclude | None = None) -> Dataset:
+    """``n`` examples of dataset ``name`` (its task's sample file in llmattr/data), balanced, seeded; with
+    ``exclude``, drawn from the rows it does not exclude."""
     if name not in dataset_names():
         raise LlmattrError(f"unknown dataset {name!r}; valid: {', '.join(sorted([*dataset_names(), *GROUPS]))}")
     task = get_task(name)
-    return Dataset(name, task, load_examples(task, n=n, seed=seed))
+    if exclude is None:
+        return Dataset(name, task, load_examples(task, n=n, seed=seed))
+    return draw(name, task, load_examples(task, seed=seed), n, seed, task.data, exclude)
+
+
+def file_dataset(path: str | Path, task: str | Task, n: int, seed: int, text_field: str | None = None,
+                 label_field: str | None = None, labels: str | None = None,
+                 exclude: Exclude | None = None) -> Dataset:
+    """``n`` examples of the user's own file (:func:`llmattr.tasks.files.read_file_examples`), named by its stem."""
+    task, examples = read_file_examples(task, path, text_field, label_field, labels)
+    return draw(Path(path).stem, task, examples, n, seed, str(path), exclude or (lambda *_: False))

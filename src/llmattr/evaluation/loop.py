@@ -23,11 +23,12 @@ from ..api import attribute, prepare
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..faithfulness import Metric, MetricContext, get_metrics
+from ..models.card import card_facts, read_card
 from ..models.loading import LoadedModel, load_model
 from ..stats import stable_seed
 from ..store import MetricOutput, Store, Unit
 from .config import EvalConfig
-from .datasets import Dataset, DatasetLoader, expand_datasets, load_dataset
+from .datasets import Dataset, DatasetLoader, expand_datasets, file_dataset, load_dataset, trained_rows
 from .sharding import shard_device, shard_of, shard_path
 from .specs import MethodSpec, expand_methods
 
@@ -41,6 +42,7 @@ class Summary:
     skipped: int = 0
     failed: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    excluded: dict[str, int] = field(default_factory=dict)  # per dataset: rows the model was trained on
 
 
 @dataclass
@@ -52,13 +54,14 @@ class _Pending:
     needed: list[tuple[Metric, str]]
 
 
-def run_settings(cfg: EvalConfig, metrics: list[Metric], lm: LoadedModel) -> dict:
+def run_settings(cfg: EvalConfig, metrics: list[Metric], lm: LoadedModel, card: dict | None = None) -> dict:
     """The settings that change stored values (a store refuses a run whose settings differ), plus the
-    model's number of layers (``layers=all`` in the Fig. 5 sweep)."""
+    model's number of layers (``layers=all`` in the Fig. 5 sweep) and a fine-tuned model's card facts."""
     keys = sorted({"seed", "max_new_tokens", "target", "scope", *(k for m in metrics for k in m.options)})
     text_config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
     n_layers = getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "n_layer", None)
-    return {"n_layers": n_layers, **{key: getattr(cfg, key) for key in keys}}
+    return {"n_layers": n_layers, **{key: getattr(cfg, key) for key in keys},
+            **({"model_card": card_facts(card)} if card else {})}
 
 
 def _plan(store: Store, model_id: str, data: list[Dataset], specs: list[MethodSpec],
@@ -113,16 +116,21 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
     routings = cfg.routings
     metrics = get_metrics(cfg.metrics)
     specs = expand_methods(cfg.methods, cfg.layers)
-    data = []
-    for name in expand_datasets(cfg.datasets):
-        ds = loader(name, cfg.n, cfg.seed)
-        data.append(Dataset(ds.name, ds.task, ds.examples[rank::world]))
-    summary = Summary(out=shard_path(cfg.out, rank, world))
+    card = read_card(cfg.model)  # a finetune's folder: never evaluate a row it was trained on
+    exclude = trained_rows(card)
+    if cfg.data is not None:
+        loaded = [file_dataset(cfg.data, cfg.task, cfg.n, cfg.seed, cfg.text_field, cfg.label_field, cfg.labels,
+                               exclude)]
+    else:
+        loaded = [loader(name, cfg.n, cfg.seed, **({"exclude": exclude} if exclude else {}))
+                  for name in expand_datasets(cfg.datasets)]
+    data = [Dataset(ds.name, ds.task, ds.examples[rank::world]) for ds in loaded]
+    summary = Summary(out=shard_path(cfg.out, rank, world), excluded={ds.name: ds.excluded for ds in loaded})
     fresh = not summary.out.exists()
     with Store(summary.out) as store:  # refuses a foreign file or a store another run writes, before the load
         if lm is None:
             lm = _load(cfg, summary.out if fresh else None, store)
-        store.check_settings(lm.model_id, run_settings(cfg, metrics, lm))
+        store.check_settings(lm.model_id, run_settings(cfg, metrics, lm, card))
         pending, totals, summary.skipped = _plan(store, lm.model_id, data, specs, metrics, routings)
         left = {key: 0 for key in totals}
         for item in pending:

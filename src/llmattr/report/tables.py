@@ -409,7 +409,23 @@ def accuracy_table(results: Results, model: str, cfg: Stats = Stats()) -> Table 
     return Table("table_accuracy", "Task accuracy of the model",
                  "Share of examples whose predicted label word (argmax over the label words at the first "
                  "answer position) equals the gold label: whether the model does the task at all.",
-                 "", [*map(dataset_name, datasets)], [Section("Label-word prediction", rows)])
+                 "", [*map(dataset_name, datasets)], [Section("Label-word prediction", rows)],
+                 notes=card_notes(results.settings(model).get("model_card")))
+
+
+def card_notes(card: dict | None) -> list[str]:
+    """The facts of a fine-tuned model's card (``llmattr finetune``), shown under the accuracy table."""
+    if not card:
+        return []
+    data = card.get("data", {})
+    lines = [f"Model card: {card.get('task')} fine-tune of {card.get('base_model')} (objective "
+             f"{card.get('objective')}, seed {card.get('seed')}) on {card.get('n_train')} training rows of "
+             f"{data.get('source')}; the evaluation left out every row it was trained on."]
+    held = card.get("held_out")
+    if held:
+        lines.append(f"Held-out accuracy at fine-tuning: {held['accuracy']:.3f} (95% CI {held['low']:.3f}-"
+                     f"{held['high']:.3f}, n={held['n']}; majority class {held['majority']:.3f}).")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------- the tables

@@ -1,0 +1,355 @@
+"""``llmattr finetune``: teach a causal LM a task in the task's own prompt, so the papers' protocols mean something.
+
+Papers 003 and 004 explain *fine-tuned* models. Two objectives (docs/finetune.md):
+
+- ``label`` (the default): each sequence is the task's prompt exactly as ``explain``/``evaluate`` build it
+  (:func:`llmattr.prompting.build_prompt`: system turn, user turn, the chat template's assistant header) followed by
+  the token of the gold label word, and the loss is the cross-entropy of that one token at the answer position::
+
+      L(theta) = -1/B sum_b log p_theta(y_b | prompt_b)
+
+- ``lm`` (paper 004 sec. 5: "fine-tuned the models as ... language models" on the reviews): causal language
+  modelling on the examples' own text, every token after the first::
+
+      L(theta) = -1/B sum_b 1/T_b sum_t log p_theta(x_t | x_<t)
+
+The loop is transformers' :class:`~transformers.Trainer` (AdamW, linear decay, a checkpoint every ``save_steps``,
+resumed from the last one when the same command runs again; deterministic under ``seed`` on a CPU); ``lora_r > 0``
+trains LoRA adapters (``peft``) and merges them, so the output is always a plain Hugging Face folder
+(``save_pretrained`` + tokenizer) that ``--model DIR`` loads everywhere, with a model card
+(:mod:`llmattr.models.card`) naming the base model, task, data, training ids, seed, hyper-parameters and the
+accuracy on a held-out split (balanced per class, seeded) that training never sees, with its 95% bootstrap interval.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import transformers
+from transformers.trainer_utils import get_last_checkpoint
+
+from .checks import positive_int
+from .errors import LlmattrError
+from .evaluation.accuracy import label_predictions
+from .models.card import CARD_NAME, card_path, content_hash, read_card
+from .models.loading import LoadedModel, load_model
+from .prompting import build_prompt
+from .stats import estimate
+from .tasks import Task, get_task, load_examples
+from .tasks.datasets import sample
+from .tasks.files import read_file_examples
+from .version import __version__
+
+OBJECTIVES = ("label", "lm")
+CHECKPOINTS = "checkpoints"  # Trainer's checkpoints inside the output folder, removed once the model is written
+
+
+@dataclass
+class FinetuneConfig:
+    """What ``llmattr finetune`` trains; every field is a CLI option and is recorded in the model card."""
+
+    task: str = "sst2"
+    data: str | None = None  # a JSONL/CSV file (default: the task's sample file in llmattr/data)
+    text_field: str | None = None
+    label_field: str | None = None
+    labels: str | None = None
+    objective: str = "label"
+    held_out: int = 80  # examples kept out of training (balanced per class) for the held-out accuracy
+    epochs: int = 3
+    learning_rate: float = 1e-5
+    batch_size: int = 8
+    max_tokens: int = 256  # each text field is cut to this many tokens (IMDb's length cap)
+    lora_r: int = 0  # 0: full fine-tuning; > 0: LoRA adapters of this rank on every linear layer (peft)
+    seed: int = 0
+    save_steps: int = 50
+    logging_steps: int = 5
+    load_in_4bit: bool = False
+
+    def validate(self) -> Task:
+        """Refuse bad values before any data or model is read; returns the task."""
+        task = get_task(self.task)
+        if self.objective not in OBJECTIVES:
+            raise LlmattrError(f"unknown --objective {self.objective!r}; valid: {', '.join(OBJECTIVES)}")
+        if self.objective == "label" and task.kind != "classification":
+            raise LlmattrError(
+                f"finetune --objective label needs a classification task with label words; {task.name} is a "
+                f"{task.kind} task (STS-B's regression head is not supported: paper 003 trains a sequence-"
+                "regression head that llmattr does not explain); use --objective lm to fine-tune on its text")
+        for name in ("held_out", "epochs", "batch_size", "max_tokens", "save_steps", "logging_steps"):
+            positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
+        if not (isinstance(self.learning_rate, float | int) and 0 < self.learning_rate < 1):
+            raise LlmattrError(f"--learning-rate must be in (0, 1), got {self.learning_rate!r}")
+        if self.lora_r < 0:
+            raise LlmattrError(f"--lora-r must be 0 (full fine-tuning) or a rank >= 1, got {self.lora_r}")
+        if self.lora_r and importlib.util.find_spec("peft") is None:
+            raise LlmattrError("--lora-r needs peft: pip install 'llmattr[finetune]'")
+        if self.load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:
+            raise LlmattrError("--load-in-4bit needs bitsandbytes (a CUDA GPU): pip install 'llmattr[quant]'")
+        if self.load_in_4bit and not self.lora_r:
+            raise LlmattrError("--load-in-4bit trains LoRA adapters on the frozen 4-bit weights: give --lora-r")
+        return task
+
+
+def read_examples(cfg: FinetuneConfig, task: Task) -> tuple[Task, list[dict], dict]:
+    """The task (``--labels`` applied), all examples, and the data's description for the card."""
+    if cfg.data is None:
+        if not task.data:
+            raise LlmattrError(f"task {task.name} has no sample data; pass --data FILE")
+        examples = load_examples(task, seed=cfg.seed)
+        return task, examples, {"source": task.data, "rows": len(examples)}
+    task, examples = read_file_examples(task, cfg.data, cfg.text_field, cfg.label_field, cfg.labels)
+    return task, examples, {"source": str(cfg.data), "rows": len(examples), "text_field": cfg.text_field,
+                            "label_field": cfg.label_field, "labels": cfg.labels}
+
+
+def split(task: Task, examples: list[dict], held_out: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows): ``held_out`` rows balanced per class, drawn with ``seed``; a training row
+    never shares an id or its user text with a held-out row (duplicates in the data stay on the held-out side)."""
+    if held_out >= len(examples):
+        raise LlmattrError(f"--held-out {held_out} leaves no training rows of {len(examples)}")
+    held = sample(examples, held_out, seed, True, task.label_words)
+    ids = {ex["id"] for ex in held}
+    texts = {content_hash(task.user_content(ex)[0]) for ex in held}
+    train = [ex for ex in examples if ex["id"] not in ids and content_hash(task.user_content(ex)[0]) not in texts]
+    return train, held
+
+
+def cap(task: Task, example: dict, tokenizer, max_tokens: int) -> dict:
+    """``example`` with each text field cut to its first ``max_tokens`` tokens (IMDb reviews run to 2,000)."""
+    capped = dict(example)
+    for name in task.fields:
+        ids = tokenizer(str(example[name]), add_special_tokens=False)["input_ids"]
+        if len(ids) > max_tokens:
+            capped[name] = tokenizer.decode(ids[:max_tokens])
+    return capped
+
+
+def label_sequence(tokenizer, task: Task, example: dict, label_ids: torch.Tensor) -> dict:
+    """The task's prompt and the token of the gold label word, the target at the prompt's last position.
+
+    ``labels`` is ``[-100, y]``: the label follows the last prompt position as in a shifted causal-LM loss, so
+    the Trainer's count of targets (``labels[..., 1:] != -100``) is one per row.
+    """
+    prompt = build_prompt(tokenizer, task, example).input_ids[0].tolist()
+    return {"input_ids": prompt, "labels": [-100, int(label_ids[task.label_words.index(example["label"])])]}
+
+
+def lm_sequence(tokenizer, task: Task, example: dict) -> dict:
+    """The example's text (its fields, one paragraph each) after the BOS token; every text token is a target."""
+    text = "\n\n".join(str(example[name]) for name in task.fields)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    return {"input_ids": bos + ids, "labels": [-100] * len(bos) + ids}
+
+
+@dataclass
+class Collator:
+    """Pads a batch of sequences; padding has attention mask 0 and label -100.
+
+    ``left=True`` (the label objective): prompts are left-padded with explicit position ids, so every row's
+    answer position is the last one and the model computes logits there only (``logits_to_keep=1``), as
+    :func:`llmattr.evaluation.accuracy.label_predictions` reads them; the vocabulary projection of every other
+    position (a fifth of the forward's work for SmolLM2, and the largest activation) is never computed.
+    """
+
+    pad_id: int
+    left: bool = False
+
+    def __call__(self, features: list[dict]) -> dict:
+        width = max(len(f["input_ids"]) for f in features)
+        def pad(seq, value, size):
+            fill = [value] * (size - len(seq))
+            return fill + seq if self.left else seq + fill
+        mask = torch.tensor([pad([1] * len(f["input_ids"]), 0, width) for f in features])
+        batch = {"input_ids": torch.tensor([pad(f["input_ids"], self.pad_id, width) for f in features]),
+                 "attention_mask": mask,
+                 "labels": torch.tensor([pad(f["labels"], -100, max(len(g["labels"]) for g in features))
+                                         for f in features])}
+        if self.left:
+            batch["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+            batch["logits_to_keep"] = 1
+        return batch
+
+
+def label_loss(outputs, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+    """``-sum_b log softmax(z_b)[y_b] / B``: the label word's cross-entropy at the answer position (the last)."""
+    logits = outputs.logits[:, -1].float()
+    total = torch.nn.functional.cross_entropy(logits, labels[:, -1].to(logits.device), reduction="sum")
+    return total / (num_items_in_batch if num_items_in_batch is not None else labels.shape[0])
+
+
+def check_out(out: Path, settings: dict) -> dict | None:
+    """Refuse an output folder that is not this finetune's; returns its card when it is (a run to resume)."""
+    if out.exists() and not out.is_dir():
+        raise LlmattrError(f"--out {out} is a file; give a folder")
+    if not out.exists():
+        return None
+    card = read_card(out)
+    if card is None:
+        if any(out.iterdir()):
+            raise LlmattrError(f"--out {out} exists and is not a llmattr finetune's folder (no {CARD_NAME}); "
+                               "give a new or empty folder")
+        return None
+    if card.get("status") == "done":
+        raise LlmattrError(f"--out {out} holds a finished finetune ({card.get('task')}, held-out accuracy "
+                           f"{card.get('held_out', {}).get('accuracy')}); give another folder")
+    if card.get("settings") != settings:
+        stored = card.get("settings", {})
+        diff = ", ".join(f"{k}: {stored.get(k)!r} -> {settings.get(k)!r}" for k in sorted(set(stored) | set(settings))
+                         if stored.get(k) != settings.get(k))
+        raise LlmattrError(f"--out {out} holds an unfinished finetune with other settings ({diff}); rerun it "
+                           "with its settings to resume, or give another folder")
+    return card
+
+
+def write_card(out: Path, card: dict) -> None:
+    """The card as JSON (written atomically) and as README.md."""
+    tmp = out / (CARD_NAME + ".tmp")
+    tmp.write_text(json.dumps(card, indent=1, ensure_ascii=False), encoding="utf-8")
+    tmp.replace(card_path(out))
+    (out / "README.md").write_text(card_markdown(card), encoding="utf-8")
+
+
+def card_markdown(card: dict) -> str:
+    """The model card for a person (the README of the folder)."""
+    held = card.get("held_out") or {}
+    hp = card["hyperparameters"]
+    lines = [
+        "---", "library_name: transformers", f"base_model: {card['base_model']}", "tags: [llmattr, finetune]", "---",
+        "", f"# {card['task']} fine-tune of {card['base_model']}", "",
+        f"Made by `llmattr finetune` (llmattr {card['llmattr']}); status: {card['status']}.", "",
+        "| fact | value |", "| --- | --- |",
+        f"| base model | {card['base_model']} |", f"| task | {card['task']} (objective: {card['objective']}) |",
+        f"| data | {card['data']['source']} ({card['data']['rows']} rows) |",
+        f"| training rows | {card['n_train']} (ids in {CARD_NAME}) |",
+        f"| held-out rows | {card['n_held_out']} (never trained on) |", f"| seed | {card['seed']} |",
+        "| hyper-parameters | " + ", ".join(f"{k}={v}" for k, v in hp.items()) + " |",
+    ]
+    if held:
+        lines.append(f"| held-out accuracy | {held['accuracy']:.3f} (95% CI {held['low']:.3f}-{held['high']:.3f}, "
+                     f"n={held['n']}; majority class {held['majority']:.3f}) |")
+    if card.get("train_seconds") is not None:
+        lines.append(f"| training time | {card['train_seconds'] / 60:.1f} min ({card.get('device')}; the last "
+                     "session's if the run was resumed) |")
+    return "\n".join(lines) + "\n\nLoad it with `llmattr explain --model DIR ...` or `llmattr evaluate --model DIR`.\n"
+
+
+def held_out_accuracy(lm: LoadedModel, task: Task, held: list[dict]) -> dict:
+    """Label-word argmax accuracy on the held-out rows, its 95% BCa bootstrap interval, and the majority rate."""
+    pred = label_predictions(lm, task, held).tolist()
+    correct = {ex["id"]: float(task.label_words[p] == ex["label"]) for ex, p in zip(held, pred, strict=True)}
+    est = estimate({task.name: correct})
+    counts = {w: sum(ex["label"] == w for ex in held) for w in task.label_words}
+    return {"n": est.n, "accuracy": est.mean, "low": est.low, "high": est.high,
+            "majority": max(counts.values()) / len(held),
+            "predicted": {w: pred.count(i) for i, w in enumerate(task.label_words)}}
+
+
+def new_card(cfg: FinetuneConfig, task: Task, data: dict, settings: dict, train: list[dict],
+             held: list[dict]) -> dict:
+    """The model card as training starts (``status: training``); the results are added when it ends."""
+    return {
+        "llmattr_finetune": 1, "llmattr": __version__, "status": "training", "settings": settings,
+        "base_model": settings["base_model"], "task": task.name, "objective": cfg.objective, "data": data,
+        "seed": cfg.seed,
+        "hyperparameters": {"epochs": cfg.epochs, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,
+                            "optimizer": "adamw_torch", "schedule": "linear", "max_tokens": cfg.max_tokens,
+                            "lora_r": cfg.lora_r},
+        "n_train": len(train), "n_held_out": len(held),
+        "train_ids": [ex["id"] for ex in train], "held_out_ids": [ex["id"] for ex in held],
+        "train_hashes": sorted({content_hash(task.user_content(ex)[0]) for ex in train}),
+    }
+
+
+def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned", config: FinetuneConfig | None = None,
+             *, device: str = "auto", progress: bool = True, callbacks: tuple = (), **options) -> dict:
+    """Fine-tune ``model`` on ``config.task`` (or ``**options``, the config's fields) into folder ``out``.
+
+    Returns the model card. Everything the user gave is checked before the model loads. Interrupted, the same
+    call resumes from the last checkpoint in ``out/checkpoints``; ``callbacks`` are extra Trainer callbacks.
+    """
+    cfg = replace(config or FinetuneConfig(), **options)
+    task = cfg.validate()
+    task, examples, data = read_examples(cfg, task)
+    train, held = split(task, examples, cfg.held_out, cfg.seed) if task.label_words else (examples, [])
+    out = Path(out)
+    base = model.model_id if isinstance(model, LoadedModel) else str(model)
+    data["sha256"] = content_hash(json.dumps([[ex["id"], task.user_content(ex)[0], ex.get("label")]
+                                              for ex in examples]))
+    settings = {"base_model": base, **asdict(cfg), "data_sha256": data["sha256"]}
+    resumed = check_out(out, settings)
+    out.mkdir(parents=True, exist_ok=True)
+    card = new_card(cfg, task, data, settings, train, held)
+    if resumed is None:
+        write_card(out, card)
+    lm = model if isinstance(model, LoadedModel) else load_model(model, device=device, load_in_4bit=cfg.load_in_4bit)
+    tokenizer = lm.tokenizer
+    if cfg.objective == "label":
+        label_ids = task.label_ids(tokenizer)
+        rows = [label_sequence(tokenizer, task, cap(task, ex, tokenizer, cfg.max_tokens), label_ids) for ex in train]
+    else:
+        rows = [lm_sequence(tokenizer, task, cap(task, ex, tokenizer, cfg.max_tokens)) for ex in train]
+    start = time.perf_counter()
+    trainer = build_trainer(lm, rows, cfg, out / CHECKPOINTS, progress, callbacks)
+    last = get_last_checkpoint(str(out / CHECKPOINTS)) if (out / CHECKPOINTS).is_dir() else None
+    trainer.train(resume_from_checkpoint=last)
+    trained = trainer.model.merge_and_unload() if cfg.lora_r else trainer.model
+    trained.eval()
+    trained.requires_grad_(False)
+    lm = replace(lm, model=trained)
+    card["train_seconds"] = time.perf_counter() - start
+    card["device"] = str(lm.device)
+    card["base_model"] = lm.model_id
+    card["loss_curve"] = [[entry["step"], entry["loss"]] for entry in trainer.state.log_history if "loss" in entry]
+    trained.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if held:
+        card["held_out"] = held_out_accuracy(lm, task, held)
+    card["status"] = "done"
+    write_card(out, card)
+    shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+    return card
+
+
+def build_trainer(lm: LoadedModel, rows: list[dict], cfg: FinetuneConfig, checkpoints: Path, progress: bool,
+                  callbacks: tuple) -> transformers.Trainer:
+    """transformers' Trainer over ``rows`` (AdamW, linear decay, no warm-up, no weight decay, no dropout change)."""
+    transformers.set_seed(cfg.seed)
+    model = lm.model
+    if cfg.lora_r:  # the base stays frozen (load_model froze it); only the adapters train
+        import peft
+
+        if cfg.load_in_4bit:
+            model = peft.prepare_model_for_kbit_training(model)
+        lora = peft.LoraConfig(r=cfg.lora_r, lora_alpha=2 * cfg.lora_r, target_modules="all-linear",
+                               task_type="CAUSAL_LM")
+        model = peft.get_peft_model(model, lora)
+    else:
+        model.requires_grad_(True)
+    steps = math.ceil(len(rows) / cfg.batch_size) * cfg.epochs
+    args = transformers.TrainingArguments(
+        output_dir=str(checkpoints), num_train_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+        per_device_train_batch_size=cfg.batch_size, seed=cfg.seed, data_seed=cfg.seed,
+        use_cpu=lm.device.type == "cpu", save_strategy="steps", save_steps=min(cfg.save_steps, steps),
+        save_total_limit=1, logging_steps=cfg.logging_steps, logging_first_step=True, report_to="none",
+        disable_tqdm=not progress, remove_unused_columns=False, train_sampling_strategy="group_by_length",
+        weight_decay=0.0, lr_scheduler_type="linear", warmup_steps=0, dataloader_num_workers=0,
+    )
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.tokenizer.eos_token_id
+    label = cfg.objective == "label"
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=list(callbacks),
+                                   data_collator=Collator(pad or 0, left=label),
+                                   compute_loss_func=label_loss if label else None)
+    if not progress:
+        trainer.remove_callback(transformers.PrinterCallback)
+    return trainer
+
+
+__all__ = ["FinetuneConfig", "finetune", "split", "OBJECTIVES"]

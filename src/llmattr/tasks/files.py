@@ -1,0 +1,77 @@
+"""A user's own data file (JSONL, JSON list, CSV, TSV) as examples of a task.
+
+``--data my.csv --text-field review --label-field label [--labels 0=Negative,1=Positive]``: the column
+``review`` fills the task's first field (its other fields keep their names), ``label`` holds the gold label,
+mapped to the task's label words by the task's own map (``positive`` -> ``Positive``) or by ``--labels``.
+Every row is checked before anything heavy runs: a missing column is one line naming the columns the file has.
+One reader serves ``llmattr finetune --data`` and ``llmattr evaluate --data``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import LlmattrError
+from .base import Task
+from .catalog import get_task
+from .datasets import read_rows, to_example
+
+
+def parse_labels(text: str) -> tuple[tuple[str, ...], dict]:
+    """``--labels``: ``Positive,Negative`` (the file holds the words) or ``0=Negative,1=Positive`` (file value =
+    label word), as (label words in the given order, map from file value to word)."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    pairs = [item.split("=", 1) if "=" in item else (item, item) for item in items]
+    words = tuple(dict.fromkeys(word.strip() for _, word in pairs))
+    if len(words) < 2 or any(not word for word in words):
+        raise LlmattrError(f"--labels needs at least two label words, e.g. Positive,Negative or "
+                           f"0=Negative,1=Positive; got {text!r}")
+    return words, {value.strip(): word.strip() for value, word in pairs}
+
+
+def file_task(task: str | Task, labels: str | None = None) -> Task:
+    """``task`` with the label words of ``--labels`` (a classification task only)."""
+    task = get_task(task)
+    if labels is None:
+        return task
+    if task.kind != "classification":
+        raise LlmattrError(f"--labels applies to classification tasks; {task.name} is a {task.kind} task")
+    words, mapping = parse_labels(labels)
+    return replace(task, label_words=words, label_map=mapping)
+
+
+def label_text(value) -> str | None:
+    """A label cell as text: CSV cells are text already; JSON ``1`` -> ``"1"``, ``true`` -> ``"true"``."""
+    return value if value is None or isinstance(value, str) else json.dumps(value)
+
+
+def read_file_examples(task: str | Task, path: str | Path, text_field: str | None = None,
+                       label_field: str | None = None, labels: str | None = None) -> tuple[Task, list[dict]]:
+    """The task (with ``--labels`` applied) and every row of ``path`` as one of its examples, in file order.
+
+    Raises :class:`LlmattrError` (one line) for a missing file, an empty file, a row without the text or label
+    column, or a label that is none of the label words.
+    """
+    task = file_task(task, labels)
+    path = Path(path)
+    rows = read_rows(path)
+    if not rows:
+        raise LlmattrError(f"{path}: no rows")
+    columns = {name: task.columns.get(name, name) for name in task.fields}
+    if text_field:
+        columns[task.fields[0]] = text_field
+    label_column = label_field or task.label_field or "label"
+    hints = {task.fields[0]: "set --text-field", "label": "set --label-field",
+             **{name: f"task {task.name} reads it by this name" for name in task.fields[1:]}}
+    needed = {**columns, "label": label_column}
+    for i, row in enumerate(rows):
+        for name, column in needed.items():
+            if column not in row:
+                what = "the label" if name == "label" else f"field {name!r}"
+                raise LlmattrError(f"{path}: row {i + 1} has no column {column!r} for {what} ({hints[name]}); "
+                                   f"its columns: {', '.join(map(str, row))}")
+    rows = [{"id": f"{path.stem}-{i}", **row} for i, row in enumerate(rows)]
+    rows = [{**row, label_column: label_text(row[label_column])} for row in rows]
+    return task, [to_example(task, row, i, {**columns, "label": label_column}) for i, row in enumerate(rows)]
