@@ -130,9 +130,8 @@ def plot_matrix(expl, path: str | Path, numbers: bool = False, shared_scale: boo
                 ax.text(j, i, number(values[i, j]), ha="center", va="center", fontsize=7, color=ink(u))
         bar = fig.colorbar(image, cax=fig.add_subplot(grid[0, 1]))
         bar.set_label(scale.label, fontsize=8)
-        if scale.diverging:
-            ticks = [number(scale.lo), "0", number(scale.hi)] if shared_scale else ["-max", "0", "+max"]
-            bar.set_ticks([-1.0, 0.0, 1.0], labels=ticks)
+        if scale.diverging:  # the values at the ends, or -max/+max when each step has its own max |raw|
+            bar.set_ticks([-1.0, 0.0, 1.0], labels=[scale.ends[0], "0", scale.ends[1]])
         elif shared_scale:
             bar.set_ticks([0.0, 1.0], labels=[number(scale.lo), number(scale.hi)])
         if has_probs:
