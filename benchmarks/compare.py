@@ -25,6 +25,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     repo = Path(git(Path.cwd(), "rev-parse", "--show-toplevel"))
     if not (repo / args.bench).is_file():
         parser.error(f"no benchmark {args.bench} in {repo}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed comparison still removes its worktrees
     scratch = Path(tempfile.mkdtemp(prefix="llmattr-compare-"))
     runs: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     loads: list[float] = []
