@@ -14,7 +14,8 @@ The figures are the numeric cells of the Markdown tables the benchmark prints (`
 ``row / column``. For each figure the ratio ``B / A`` is taken within each round (the two runs of a round are
 neighbours in time) and the table shows the medians at A and B, the median of the per-round ratios and their
 spread (min..max over rounds). The mark is ``+`` (B larger) or ``-`` (B smaller) when every round's ratio lies
-beyond ``--factor`` on the same side of 1, ``~`` otherwise: a change inside the noise is not called one. Whether
+beyond ``--factor`` on the same side of 1, ``~`` otherwise: a change inside the noise is not called one; ``?``
+where a figure is zero or negative in some run (a difference, whose ratio means nothing). Whether
 larger is better depends on the figure (seconds: worse; a speed-up: better). The 1-minute load average before
 each run is printed with the table; compare ratios, not seconds, across runs.
 """
@@ -83,7 +84,10 @@ def summarise(runs: dict[str, list[dict[str, float]]], factor: float) -> list[tu
         ratios = [y / x for x, y in zip(a, b, strict=True) if x]
         if not ratios:
             continue
-        mark = "+" if min(ratios) > factor else "-" if max(ratios) < 1 / factor else "~"
+        if min(a + b) <= 0:  # a figure at or across zero (a difference): its ratio says nothing
+            mark = "?"
+        else:
+            mark = "+" if min(ratios) > factor else "-" if max(ratios) < 1 / factor else "~"
         rows.append((key, statistics.median(a), statistics.median(b), statistics.median(ratios), min(ratios),
                      max(ratios), mark))
     return rows

@@ -57,6 +57,8 @@ def test_ratios_are_paired_within_rounds_and_marked_only_beyond_the_noise():
     assert (ratio, low, high) == pytest.approx((0.5, 0.4, 0.6))  # per round 0.5, 0.6, 0.4: not median(B)/median(A)
     assert mark == "-"
     assert rows["u"][3:6] == pytest.approx((1.0, 0.9, 1.1)) and rows["u"][6] == "~"  # straddles 1: no change called
+    crossing = {"A": [{"d": 0.2}, {"d": 0.1}], "B": [{"d": -0.1}, {"d": 0.05}]}
+    assert compare.summarise(crossing, factor=1.05)[0][6] == "?"  # a difference crossing zero: no ratio reading
 
 
 def test_two_revisions_in_temporary_worktrees(tmp_path):
