@@ -153,3 +153,23 @@ def test_report_shows_the_task_accuracy_per_dataset(tmp_path):
     (_, accuracy), (_, counts) = table.sections[0].rows
     assert [c.value for c in accuracy] == pytest.approx([2 / 3, 0.0]) and [c.value for c in counts] == [3, 1]
     assert "0.667" in to_markdown(table)
+
+
+@pytest.mark.parametrize("mode", ["label", "generated", "gold"])
+def test_step_probabilities_come_from_the_generation_without_a_second_pass(tiny_llama, mode):
+    """explain's step probabilities are read off the generation that picked the target (the random method runs
+    no model, so explain runs exactly the passes of prepare) and equal a separate forward's."""
+    task, example = pos_the(), {"text": TEXT, "label": "the"}
+    calls = []
+    hook = tiny_llama.model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        target = prepare(tiny_llama, example, task, target=mode)
+        passes = len(calls)
+        expl = llmattr.explain(example, model=tiny_llama, method="random", task=task, target=mode)
+    finally:
+        hook.remove()
+    assert len(calls) == 2 * passes
+    with torch.no_grad():
+        logits = tiny_llama.model(input_ids=target.input_ids).logits[0, target.positions]
+    expected = logits.softmax(-1).gather(-1, target.target_ids[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor([s.prob for s in expl.steps]), expected, rtol=1e-5, atol=1e-7)

@@ -109,8 +109,11 @@ def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod
 
 @torch.no_grad()
 def step_probabilities(lm: LoadedModel, target: Target) -> torch.Tensor:
-    """The model's probability of each explained token at its step: one forward pass, logits kept only at
-    the explained positions (the last ``n_steps`` inputs)."""
+    """The model's probability of each explained token at its step: read off the generation that chose the
+    tokens (``target.step_probs``: the label word's and the free answer's, no second pass), else (a forced
+    answer) one forward pass, logits kept only at the explained positions (the last ``n_steps`` inputs)."""
+    if target.step_probs is not None:
+        return target.step_probs
     logits = lm.model(input_ids=target.input_ids.to(lm.device), logits_to_keep=target.n_steps).logits[0]
     return objectives.probability(logits, target.target_ids).cpu()
 

@@ -15,6 +15,7 @@ import torch
 
 from .errors import LlmattrError
 from .models.loading import LoadedModel
+from .objectives import probability
 from .prompting import Prompt
 
 
@@ -31,6 +32,7 @@ class Target:
     forced: bool = False
     classification: dict | None = None  # record of :func:`label_target` (None without label words)
     scope: str = "span"  # what ``span`` covers: see :func:`with_scope`
+    step_probs: torch.Tensor | None = None  # (T,) p(target_ids[t]) read off the generation that chose them
 
     @property
     def prompt_len(self) -> int:
@@ -64,7 +66,8 @@ def _stop_ids(lm: LoadedModel) -> set[int]:
 @torch.no_grad()
 def generate_with_logits(lm: LoadedModel, prompt: Prompt, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy continuation, without the closing end-of-turn token (kept if it is the only one), and the
-    raw next-token logits ``(V,)`` at the first answer position (from the same generation)."""
+    raw next-token logits ``(max(T, 1), V)`` at each kept answer position (from the same generation: the first
+    row is the prompt's own forward)."""
     ids = prompt.input_ids.to(lm.device)
     stops = _stop_ids(lm)
     result = lm.model.generate(
@@ -76,7 +79,7 @@ def generate_with_logits(lm: LoadedModel, prompt: Prompt, max_new_tokens: int) -
     ends = [i for i, token in enumerate(out.tolist()) if token in stops]
     if ends:
         out = out[: max(ends[0], 1)]
-    return out, result.logits[0][0].float().cpu()
+    return out, torch.stack(result.logits[: max(len(out), 1)])[:, 0].float().cpu()
 
 
 def generate(lm: LoadedModel, prompt: Prompt, max_new_tokens: int) -> torch.Tensor:
@@ -102,7 +105,8 @@ def make_target(lm: LoadedModel, prompt: Prompt, max_new_tokens: int, answer: st
         return Target(prompt=prompt, target_ids=torch.tensor(ids), forced=True)
     if max_new_tokens < 1:
         raise LlmattrError("max_new_tokens must be at least 1")
-    return Target(prompt=prompt, target_ids=generate(lm, prompt, max_new_tokens))
+    ids, logits = generate_with_logits(lm, prompt, max_new_tokens)
+    return Target(prompt=prompt, target_ids=ids, step_probs=probability(logits, ids))
 
 
 def check_gold_word(task, word: str | None) -> None:
@@ -177,10 +181,11 @@ def label_target(lm: LoadedModel, prompt: Prompt, task, max_new_tokens: int, mod
     if max_new_tokens < 1:
         raise LlmattrError("max_new_tokens must be at least 1")
     free, logits = generate_with_logits(lm, prompt, max_new_tokens)
-    record = label_record(task, lm.tokenizer, label_ids, logits, free, gold, mode)
+    record = label_record(task, lm.tokenizer, label_ids, logits[0], free, gold, mode)
     word = {"label": record["predicted"], "gold": record["gold"]}.get(mode)
     ids = free if word is None else label_ids[task.label_words.index(word)][None]
-    return Target(prompt=prompt, target_ids=ids, classification=record)
+    return Target(prompt=prompt, target_ids=ids, classification=record,
+                  step_probs=probability(logits[: len(ids)], ids))
 
 
 SCOPES = ("span", "prompt", "all")
