@@ -10,7 +10,8 @@ sentiment task (one explained token). In the same run:
 * a 5-token generation: every gradient method with its shared forward vs. the same method run once per
   step (one forward + backward per step, each step its own prefix).
 
-Targets (issue 4): normxlogit <= 1.2x single forward; saliency, input-x-gradient <= 1.2x floor;
+Targets (issue 4): normxlogit <= 1.2x single forward; saliency, input-x-gradient <= 1.2x floor (and AttnLRP,
+CP-LRP: one backward under their rules, issue 23);
 integrated-gradients >= 1.5x faster than Captum LIG; gradient methods >= 1.25x faster than per step.
 Run: python benchmarks/bench_methods.py [--n-short 10 --n-long 3 --n-gen 3 --methods a,b]
 """
@@ -32,7 +33,8 @@ from llmattr.methods.gradient import score_fn
 from llmattr.targets import Target
 from llmattr.tasks import get_task
 
-TARGETS = {"normxlogit": ("forward", 1.2), "saliency": ("floor", 1.2), "input-x-gradient": ("floor", 1.2)}
+TARGETS = {"normxlogit": ("forward", 1.2), "saliency": ("floor", 1.2), "input-x-gradient": ("floor", 1.2),
+           "attnlrp": ("floor", 1.2), "cp-lrp": ("floor", 1.2)}
 
 
 def forward_fn(lm, target):
