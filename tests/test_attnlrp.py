@@ -18,10 +18,11 @@ from torch.utils.checkpoint import CheckpointError
 from conftest import ARCHS, build_tiny
 from llmattr import methods
 from llmattr.api import prepare
+from llmattr.errors import LlmattrError
 from llmattr.methods.gradient import embedding_gradients, score_fn
 from llmattr.methods.lrp import SOFTMAX, relevance, relevance_rules
 from llmattr.models.forward import logits_at
-from llmattr.models.memory import checkpointed
+from llmattr.models.memory import LIMIT_ENV, Shapes, activation_bytes, checkpointed, plan
 from llmattr.models.probe import eager_attention
 from llmattr.tasks import get_task
 
@@ -254,3 +255,18 @@ def test_registered_with_the_logit_objective():
         cls = methods.REGISTRY[name]
         assert cls.objective == "logit" and cls.needs_gradients and cls.signed and cls.memory_kind == "backward"
     assert methods.get("cp-lrp", target="contrast", foil=" no").params["target"] == "contrast"
+
+
+def test_memory_guard_plans_the_backward_and_checkpoints_under_the_rules(tiny_llama, monkeypatch):
+    """AttnLRP holds one forward+backward graph (the guard's ``backward``): with a limit between the checkpointed
+    and the plain estimate the guard checkpoints (and the run gives the plain scores, see above); below both it
+    refuses with one line."""
+    method, tokens = methods.get("attnlrp"), 100
+    shapes = Shapes.of(tiny_llama)
+    plain = activation_bytes(shapes, "backward", tokens)
+    blocks = activation_bytes(shapes, "backward", tokens, checkpointing=True)
+    monkeypatch.setenv(LIMIT_ENV, str((plain + blocks) // 2))
+    assert plan(tiny_llama, method, tokens, "auto") is True
+    monkeypatch.setenv(LIMIT_ENV, str(blocks // 2))
+    with pytest.raises(LlmattrError, match="attnlrp on 100 tokens needs about"):
+        plan(tiny_llama, method, tokens, "auto")
