@@ -56,10 +56,10 @@ from .base import register
 from .gradient import EmbeddingGradientMethod, embedding_gradients, span_scores
 
 T = torch.Tensor
-PRODUCTS = {T.__mul__, T.__rmul__, torch.mul, T.mul, torch.matmul, T.__matmul__, T.matmul, torch.bmm, T.bmm}
+ELEMENTWISE = {T.__mul__, T.__rmul__, torch.mul, T.mul}
+PRODUCTS = ELEMENTWISE | {torch.matmul, T.__matmul__, T.matmul, torch.bmm, T.bmm}
 SOFTMAX = {torch.softmax, T.softmax, F.softmax}
 NORMALISERS = {torch.rsqrt, T.rsqrt}  # RMSNorm's 1 / rms(x)
-ELEMENTWISE = {T.__mul__, T.__rmul__, torch.mul, T.mul}
 ACTIVATIONS = tuple({c[0] if isinstance(c, tuple) else c for c in ACT2CLS.values()} | {torch.nn.GELU})
 GATE = "_llmattr_lrp_gate"  # marks an activation module's output (a gate where it multiplies another branch)
 
