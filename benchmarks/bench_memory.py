@@ -25,7 +25,7 @@ many passes of the full length run fewer of them, each with the rows and the len
 * the pi-Soft evaluator: as many perturbed sequences as one of its passes holds
   (:func:`llmattr.faithfulness.engine.forward_batch` at that length), i.e. one full pass;
 * every other method (attention, logit methods, value zeroing, saliency, input x gradient, Grad-ELLM,
-  DeepLIFT, random) runs unbounded, with its defaults.
+  DeepLIFT, AttnLRP, CP-LRP, random) runs unbounded, with its defaults.
 
 Every method runs as ``llmattr explain`` runs it: the memory guard plans the run (``checkpointing="auto"``:
 activation checkpointing only where the plain backward does not fit the available memory, recorded as
@@ -51,7 +51,8 @@ import torch
 from _common import read_jsonl, table
 
 GRADIENT = ("floor-backward", "saliency", "input-x-gradient", "grad-ellm", "deeplift", "deeplift-ixg",
-            "integrated-gradients", "igcg", "aieg", "gradient-shap")  # compared with the forward+backward floor
+            "integrated-gradients", "igcg", "aieg", "gradient-shap",
+            "attnlrp", "cp-lrp")  # compared with the forward+backward floor
 FLOORS = ("floor-forward", "floor-backward")
 EVALUATOR = ("evaluator-dynamic", "evaluator-fixed")
 

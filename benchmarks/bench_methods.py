@@ -17,8 +17,9 @@ sentiment task (one explained token). In the same run:
   step (one forward + backward per step, each step its own prefix).
 
 Targets (issues 4 and 24): normxlogit <= 1.2x single forward; saliency, input-x-gradient, grad-ellm <= 1.05x
-floor; integrated-gradients >= 1.75x faster than Captum LIG; IG, IGCG, AIEG, GradientSHAP <= 1.2x their n-step
-floor (span); gradient methods >= 1.25x faster than per step.
+floor (AttnLRP, CP-LRP: one backward under their rules, issue 23: <= 1.2x); integrated-gradients >= 1.75x faster
+than Captum LIG; IG, IGCG, AIEG, GradientSHAP <= 1.2x their n-step floor (span); gradient methods >= 1.25x faster
+than per step.
 Run: python benchmarks/bench_methods.py [--n-short 10 --n-long 3 --n-gen 3 --methods a,b]
 """
 
@@ -41,7 +42,7 @@ from llmattr.targets import Target
 from llmattr.tasks import get_task
 
 TARGETS = {"normxlogit": ("forward", 1.2), "saliency": ("floor", 1.05), "input-x-gradient": ("floor", 1.05),
-           "grad-ellm": ("floor", 1.05)}
+           "grad-ellm": ("floor", 1.05), "attnlrp": ("floor", 1.2), "cp-lrp": ("floor", 1.2)}
 PATH_POINTS = {"integrated-gradients": "n_steps", "igcg": "n_steps", "aieg": "n_steps", "gradient-shap": "n_samples"}
 PATH_TARGET = 1.2
 CAPTUM_TARGET = 1.75

@@ -9,7 +9,7 @@ is never mutated).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -106,14 +106,26 @@ def logits_and_prefix(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: t
 @contextmanager
 def patched_blocks(model: torch.nn.Module, wrap: Callable[[int, Callable], Callable]) -> Iterator[torch.nn.ModuleList]:
     """Every decoder block's ``forward`` replaced by ``wrap(layer index, original forward)`` for the duration."""
-    blocks = decoder_blocks(model)
-    try:
-        for k, block in enumerate(blocks):
-            block.forward = wrap(k, block.forward)
+    with patched_modules(decoder_blocks(model), wrap) as blocks:
         yield blocks
+
+
+@contextmanager
+def patched_modules(modules: Sequence[torch.nn.Module], wrap: Callable[[int, Callable], Callable]
+                    ) -> Iterator[Sequence[torch.nn.Module]]:
+    """Each module's ``forward`` replaced by ``wrap(its index, its forward)`` for the duration; a forward the
+    instance already had (another patch, an accelerate hook) is put back afterwards."""
+    before = [module.__dict__.get("forward") for module in modules]
+    try:
+        for k, module in enumerate(modules):
+            module.forward = wrap(k, module.forward)
+        yield modules
     finally:
-        for block in blocks:
-            block.__dict__.pop("forward", None)
+        for module, forward in zip(modules, before, strict=True):
+            if forward is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = forward
 
 
 def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:

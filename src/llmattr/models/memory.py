@@ -34,8 +34,8 @@ the budget for tests and shared machines.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 
@@ -201,13 +201,16 @@ def plan(lm: LoadedModel, method, tokens: int, checkpointing: str = "auto") -> b
 
 
 @contextmanager
-def checkpointed(lm: LoadedModel, enable: bool = True) -> Iterator[None]:
+def checkpointed(lm: LoadedModel, enable: bool = True,
+                 recompute: Callable[[], AbstractContextManager] | None = None) -> Iterator[None]:
     """Activation checkpointing of every decoder block for the duration (``torch.utils.checkpoint``, non-reentrant):
     the backward pass keeps each block's input and recomputes the block. Not transformers' own
     ``gradient_checkpointing_enable``: that drops ``past_key_values``, which the shared template prefix needs
-    (our prefix cache stores nothing, so recomputing a block with it is exact)."""
+    (our prefix cache stores nothing, so recomputing a block with it is exact). ``recompute``: a context the
+    recomputation runs in (a method whose forward runs under its own rules, e.g. AttnLRP's, gives them again)."""
     if not enable:
         yield
         return
-    with patched_blocks(lm.model, lambda _, forward: partial(checkpoint, forward, use_reentrant=False)):
+    options = {} if recompute is None else {"context_fn": lambda: (nullcontext(), recompute())}
+    with patched_blocks(lm.model, lambda _, forward: partial(checkpoint, forward, use_reentrant=False, **options)):
         yield
