@@ -8,6 +8,7 @@ real allocator, and the embedded model's attributions and AUCs on CUDA against t
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -70,7 +71,7 @@ def test_load_in_4bit_explains_and_evaluates(tiny_folder):
     expl = llmattr.explain(TEXT, model=lm, method="grad-ellm", task="sentiment", answer="Positive")
     assert torch.isfinite(expl.score_matrix(raw=True)).all()
     result = evaluate(expl, lm, samples=2)
-    assert 0 <= result.auc_nc <= 1 and 0 <= result.auc_ns <= 1
+    assert math.isfinite(result.auc_nc) and 0 <= result.auc_ns <= 1  # NC may pass 1 (a distance over D0)
 
 
 def test_memory_guard_reads_free_gpu_memory(monkeypatch):
@@ -79,16 +80,15 @@ def test_memory_guard_reads_free_gpu_memory(monkeypatch):
     monkeypatch.delenv(memory.LIMIT_ENV, raising=False)
     device = torch.device("cuda", torch.cuda.current_device())
     gib = 2**30
-    before, source = memory.memory_limit(device)
+    (before, source), driver_before = memory.memory_limit(device), torch.cuda.mem_get_info(device)[0]
     assert source == "free GPU memory" and before > gib
     block = torch.empty(gib, dtype=torch.uint8, device=device)
     during = memory.memory_limit(device)[0]
     assert abs((before - during) - gib) < 64 * 2**20
-    driver_free = torch.cuda.mem_get_info(device)[0]
     del block
     after = memory.memory_limit(device)[0]
-    assert torch.cuda.mem_get_info(device)[0] == driver_free  # the allocator kept the block reserved
-    assert abs(after - before) < 64 * 2**20
+    assert driver_before - torch.cuda.mem_get_info(device)[0] > gib // 2  # the driver still counts the block used
+    assert abs(after - before) < 64 * 2**20  # the guard does not: PyTorch reuses it
 
 
 def test_out_of_memory_halves_the_path_chunk_on_a_real_allocator(tiny_tokenizer, monkeypatch):
@@ -97,6 +97,7 @@ def test_out_of_memory_halves_the_path_chunk_on_a_real_allocator(tiny_tokenizer,
     fits, and the scores equal those of a run that asked for that chunk size."""
     lm = build_tiny("llama", tiny_tokenizer, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
                     num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096)
+    lm.model.to("cuda")  # whatever LLMATTR_TEST_DEVICE says: the GPU's allocator is the point
     target = prepare(lm, "A terrific film. " * 150, get_task("sentiment"), answer="Positive")
     per_row = memory.activation_bytes(memory.Shapes.of(lm), "backward", int(target.input_ids.shape[1]))
     chunks, inner = [], integrated.embedding_gradients
