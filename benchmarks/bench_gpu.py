@@ -162,8 +162,12 @@ def run(args) -> dict:
             eval_tokens += counter.tokens - before
             eval_s += seconds
         longest = max(longest, time.perf_counter() - began)
+        parts = costs[name]  # this example's seconds, printed now: a run cut short keeps what it measured
+        done = ", ".join(f"{m} {parts[m][-1]:.2f}+{parts[f'eval:{m}'][-1]:.2f}" for m in args.methods
+                         if len(parts[f"eval:{m}"]) == len(parts["generate"]))
         print(f"[{time.perf_counter() - start:.0f} s] {name} example {k + 1}: {int(target.input_ids.shape[1])} "
-              f"tokens, {time.perf_counter() - began:.1f} s", flush=True)
+              f"tokens, {time.perf_counter() - began:.1f} s; generate {parts['generate'][-1]:.2f}, "
+              f"attribution+evaluation: {done}", flush=True)
     return dict(device=device, dtype=str(dtype).removeprefix("torch."), lm=lm, load_s=load_s, warm_s=warm_s,
                 costs=costs, failed=failed, eval_tokens=eval_tokens, eval_s=eval_s,
                 device_name=torch.cuda.get_device_name(device) if gpu else "CPU")
