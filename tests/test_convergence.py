@@ -57,7 +57,7 @@ def test_path_methods_report_sum_of_every_token_minus_target_delta(tiny_llama, g
     expl = attribute(tiny_llama, gen_target, method)
     _, _, _, target_delta, tol = endpoints(tiny_llama, gen_target)
     attr = method.attributions(tiny_llama, gen_target)  # every token, prefix included
-    expected = full_sum(attr) - target_delta
+    expected = (full_sum(attr) - target_delta).cpu()
     got = torch.tensor([s.convergence_delta for s in expl.steps], dtype=torch.float64)
     assert torch.allclose(got, expected, rtol=1e-4, atol=1e-6 * attr.abs().sum().item() + tol)
     assert [s.target_delta for s in expl.steps] == pytest.approx(target_delta.tolist(), abs=tol)

@@ -10,6 +10,7 @@ import torch
 from scipy.stats import spearmanr
 
 import llmattr
+from conftest import TEST_DEVICE
 from llmattr import methods
 from llmattr.errors import LlmattrError
 from llmattr.evaluation import load_dataset
@@ -52,7 +53,7 @@ def test_bf16_head_returns_float32_logits_of_the_bf16_states(tiny_llama, monkeyp
     """Under bf16 weights the LM head computes x.float() @ W.float()^T: float32 logits, not bf16-rounded ones; cast
     in vocabulary blocks (a small HEAD_BLOCK_BYTES forces several) with the same result as one product."""
     tiny_llama.model.to(torch.bfloat16)
-    ids = torch.arange(3, 15)[None]
+    ids = torch.arange(3, 15, device=tiny_llama.device)[None]
     states, logits = hidden_and_logits(tiny_llama, ids)
     weight = tiny_llama.model.get_output_embeddings().weight
     want = states.float() @ weight.float().T
@@ -67,7 +68,7 @@ def test_bf16_head_returns_float32_logits_of_the_bf16_states(tiny_llama, monkeyp
 
 def test_float32_head_leaves_float32_models_unchanged_and_survives_a_copy(tiny_llama):
     head = tiny_llama.model.get_output_embeddings()
-    x = torch.randn(2, 5, head.in_features)
+    x = torch.randn(2, 5, head.in_features).to(tiny_llama.device)
     assert torch.equal(head(x), torch.nn.functional.linear(x, head.weight))
     twin = copy.deepcopy(tiny_llama.model).get_output_embeddings()
     with torch.no_grad():
@@ -94,7 +95,7 @@ def test_memory_guard_counts_the_float32_head(tiny_llama, monkeypatch):
 
 @pytest.fixture(scope="module")
 def smollm_bf16():
-    return load_model("default", device="cpu", dtype="bf16")
+    return load_model("default", device=TEST_DEVICE, dtype="bf16")
 
 
 @pytest.mark.slow

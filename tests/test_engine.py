@@ -25,7 +25,7 @@ def make_target(lm, n_steps: int = 3) -> Target:
 @torch.no_grad()
 def reference_probs(lm, target: Target, step: int, keep: torch.Tensor, routing: str) -> torch.Tensor:
     """Plain full-sequence forward with full eager attention, no cache, no batching tricks."""
-    ids = target.input_ids[0, : int(target.positions[step]) + 1]
+    ids = target.input_ids[0, : int(target.positions[step]) + 1].to(lm.device)
     a, b = target.span
     replay = None
     with eager_attention():
@@ -34,7 +34,7 @@ def reference_probs(lm, target: Target, step: int, keep: torch.Tensor, routing: 
                 lm.model(input_ids=ids[None])
             replay = probe.layers
         embeds = lm.embed(ids)[None].repeat(keep.shape[0], 1, 1)
-        factor = keep if keep.dim() == 3 else keep[..., None]
+        factor = (keep if keep.dim() == 3 else keep[..., None]).to(lm.device)
         embeds[:, a:b] = embeds[:, a:b] * factor
         with Probe(replay=replay):
             logits = lm.model(inputs_embeds=embeds, use_cache=False).logits[:, -1]
@@ -139,7 +139,7 @@ def test_padded_last_probs_equal_each_row_alone(tiny_lm):
         ids[i, 9 - len(row):], mask[i, 9 - len(row):] = row, 1
     got = padded_last_probs(tiny_lm, ids, mask, batch_size=2)
     with torch.no_grad():
-        want = torch.stack([torch.softmax(tiny_lm.model(input_ids=row[None]).logits[0, -1].float(), -1)
-                            for row in rows])
+        want = torch.stack([torch.softmax(tiny_lm.model(input_ids=row[None].to(tiny_lm.device)).logits[0, -1].float(),
+                                          -1) for row in rows])
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

@@ -24,7 +24,7 @@ def _by_hand(lm, ids, t, target_id, attention):
     """H_i = ReLU(lambda_i * sum_c w_c v_ic), lambda = minmax(q_t . k_i) or softmax, w = dl_t/do_t."""
     tr = lm.model.transformer
     block = tr.h[0]
-    x = tr.wte(ids[0]) + tr.wpe(torch.arange(ids.shape[1]))  # (S, d)
+    x = tr.wte(ids[0]) + tr.wpe(torch.arange(ids.shape[1], device=ids.device))  # (S, d)
     h = block.ln_1(x)
     q, k, v = block.attn.c_attn(h).split(x.shape[-1], dim=-1)
     scores = q[t] @ k[: t + 1].T  # keys 0..t (causal)
@@ -49,7 +49,7 @@ def test_grad_ellm_matches_hand_computation(tiny_tokenizer, attention):
     target = prepare(lm, "An engrossing film that is never boring.", get_task("generate"), max_new_tokens=3)
     got = methods.get("grad-ellm", attention=attention).attribute(lm, target)
     a, b = target.span
-    ids = target.input_ids
+    ids = target.input_ids.to(lm.device)
     for step in range(target.n_steps):
         t = int(target.positions[step])
         expected = _by_hand(lm, ids, t, int(target.target_ids[step]), attention)[a:b]

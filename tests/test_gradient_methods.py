@@ -145,7 +145,7 @@ def test_igcg_clips_each_path_gradient(tiny_llama, gen_target):
     alphas, weights = path_alphas("gausslegendre", 4)
     grads = torch.stack([embedding_gradients(f, a.float() * x)[1][:, 0] for a in alphas], 1)  # (T, N, S, D)
     theta = float(grads.abs().amax() / 10)
-    by_hand = x[0] * torch.einsum("n,tnsd->tsd", weights.float(), grads.clamp(-theta, theta))
+    by_hand = x[0] * torch.einsum("n,tnsd->tsd", weights.float().to(x.device), grads.clamp(-theta, theta))
     a, b = tgt.span
     igcg = methods.get("igcg", n_steps=4, threshold=theta).attribute(lm, tgt)
     assert torch.allclose(igcg, by_hand[:, a:b].sum(-1), rtol=RTOL, atol=ATOL)

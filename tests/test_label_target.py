@@ -26,7 +26,8 @@ def pos_the(**kwargs) -> Task:
 
 def first_answer_logits(lm, task, example) -> torch.Tensor:
     with torch.no_grad():
-        return lm.model(input_ids=build_prompt(lm.tokenizer, task, example).input_ids).logits[0, -1].double()
+        ids = build_prompt(lm.tokenizer, task, example).input_ids.to(lm.device)
+        return lm.model(input_ids=ids).logits[0, -1].double()
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

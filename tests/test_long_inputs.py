@@ -48,7 +48,7 @@ def test_every_method_equals_the_eager_computation(tiny_lm):
         logits = logits_at(tiny_lm, tiny_lm.embed(target.input_ids), target.positions)[0]
     # LIME's ridge (alpha = 1) shrinks its coefficients far below the probability it regresses, whose float
     # error is what carries over: compare on that probability's scale
-    probability = torch.softmax(logits.float(), -1).gather(-1, target.target_ids[:, None]).amax()
+    probability = torch.softmax(logits.float(), -1).cpu().gather(-1, target.target_ids[:, None]).amax()
     for name in sorted(set(methods.available()) - {"value-zeroing"}):  # its distances are compared below
         method = methods.get(name, **CHEAP.get(name, {}))
         got = method.attribute(tiny_lm, target)

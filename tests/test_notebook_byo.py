@@ -180,8 +180,8 @@ def test_shots_from_a_file(tiny_llama, tmp_path):
 def test_step_probabilities_and_load_time(generated, tiny_llama):
     target = llmattr.faithfulness.target_from_explanation(generated)
     with torch.no_grad():
-        logits = tiny_llama.model(input_ids=target.input_ids).logits[0, target.positions]
-    expected = logits.softmax(-1).gather(-1, target.target_ids[:, None])[:, 0]
+        logits = tiny_llama.model(input_ids=target.input_ids.to(tiny_llama.device)).logits[0, target.positions]
+    expected = logits.softmax(-1).cpu().gather(-1, target.target_ids[:, None])[:, 0]
     torch.testing.assert_close(torch.tensor([s.prob for s in generated.steps]), expected,
                                rtol=1e-5, atol=1e-7)
     assert generated.timings["load_s"] == 0.0  # a model built in memory took no load
@@ -242,7 +242,7 @@ def test_captum_result_converts_to_the_same_aucs(generated, tiny_llama):
     a, b = generated.span
     start = [k for k in range(len(result.input_tokens))
              if result.input_tokens[k: k + b - a] == tok.convert_ids_to_tokens(generated.span_ids)][-1]
-    columns = np.asarray(result.token_attr, dtype=np.float64)[:, start: start + b - a]
+    columns = np.asarray(result.token_attr.cpu(), dtype=np.float64)[:, start: start + b - a]
     np.testing.assert_array_equal(expl.to_numpy(raw=True), columns)
     same = llmattr.from_scores(TEXT, columns, model=tiny_llama, task="generate", method=generated.method,
                                    signed=True, answer=generated.generated)

@@ -66,9 +66,9 @@ def reference_value_zeroing(lm, target, layers):
     """One forward per (token, layer), zeroing only that layer: Inseq's definition, unbatched."""
     a, b = target.span
     blocks = decoder_blocks(lm.model)
-    pos = target.positions
+    pos, ids = target.positions, target.input_ids.to(lm.device)
     with torch.no_grad(), BlockTap(blocks, layers, pos) as tap:
-        lm.model(target.input_ids)
+        lm.model(ids)
     clean = dict(tap.outputs)
     dist = torch.zeros(len(layers), target.n_steps, b - a)
     for li, layer in enumerate(layers):
@@ -77,7 +77,7 @@ def reference_value_zeroing(lm, target, layers):
             scale[0, j] = 0
             with torch.no_grad(), BlockTap(blocks, [layer], pos) as tap, \
                     Probe(value_scale=scale, value_layers={layer}):
-                lm.model(target.input_ids)
+                lm.model(ids)
             cos = torch.nn.functional.cosine_similarity(tap.outputs[layer][0], clean[layer][0], dim=-1)
             dist[li, :, j - a] = 1 - cos
     dist = torch.where(dist > 1e-6, dist, torch.zeros_like(dist))
@@ -249,7 +249,7 @@ def test_lime_agrees_with_a_direct_captum_call(tiny_llama):
     target = gen_target(tiny_llama)
     a, b = target.span
     span = tiny_llama.embed(target.input_ids)[:, a:b].detach()
-    mask = torch.arange(b - a)[None, :, None].expand_as(span)
+    mask = torch.arange(b - a, device=span.device)[None, :, None].expand_as(span)
     forward = span_forward(tiny_llama, target)
     got = methods.get("lime", n_samples=30, batch_size=7, seed=5).attribute(tiny_llama, target)
     for t in range(target.n_steps):

@@ -20,7 +20,8 @@ def _eager_twin(lm):
 
 
 def _ids(lm, batch=2, length=12, seed=1):
-    return torch.randint(3, len(lm.tokenizer), (batch, length), generator=torch.Generator().manual_seed(seed))
+    ids = torch.randint(3, len(lm.tokenizer), (batch, length), generator=torch.Generator().manual_seed(seed))
+    return ids.to(lm.device)
 
 
 def test_probed_logits_equal_eager_logits(tiny_lm):
@@ -91,7 +92,7 @@ def test_replay_mixes_current_values_with_clean_probabilities(tiny_tokenizer):
 
 def test_value_scale_zeroes_one_token(tiny_tokenizer):
     lm = build_tiny("qwen2", tiny_tokenizer)
-    ids = torch.arange(3, 11)[None].repeat(2, 1)
+    ids = torch.arange(3, 11, device=lm.device)[None].repeat(2, 1)
     scale = torch.ones(2, 8)
     scale[1, 4] = 0
     with Probe(record=True, value_scale=scale, value_layers={0}) as probe:

@@ -84,7 +84,7 @@ def test_deleted_tokens_match_a_forward_of_the_shortened_prompt(toy):
         ids = target.input_ids[0]
         kept = torch.cat([ids[:a], ids[a:b][keep[row].bool()], ids[b:]])
         with torch.no_grad():
-            ref = torch.softmax(lm.model(input_ids=kept[None]).logits[0, -1], -1)
+            ref = torch.softmax(lm.model(input_ids=kept[None].to(lm.device)).logits[0, -1], -1)
         torch.testing.assert_close(probs[row], ref, atol=1e-5, rtol=1e-4)
 
 

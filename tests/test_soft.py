@@ -239,7 +239,7 @@ def test_monte_carlo_matches_exact_enumeration(tiny_tokenizer):
     n = 3000
     mc = soft_samples(engine, s_tilde, n, torch.Generator().manual_seed(0))
     masks = torch.tensor(list(itertools.product([0.0, 1.0], repeat=m)), dtype=torch.float64)
-    dist = hellinger(engine.clean_probs.double()[None], engine.probs(masks).double())
+    dist = hellinger(engine.clean_probs.double()[None], engine.probs(masks).double()).cpu()
     ns_value, nc_value = (mc.d0 - dist).clamp_min(0) / mc.d0, dist / mc.d0
     for row, st in enumerate(s_tilde):
         weight_ns = (st ** masks * (1 - st) ** (1 - masks)).prod(-1)  # P(mask) with keep prob s~
@@ -406,7 +406,7 @@ def test_reagent_mode_reproduces_original_code(tiny_tokenizer, coupling):
 
     def prob(feature_mask):
         embeds = wte.clone()
-        embeds[:, a:b] = embeds[:, a:b] * feature_mask
+        embeds[:, a:b] = embeds[:, a:b] * feature_mask.to(embeds.device)
         with torch.no_grad():
             return torch.softmax(lm.model(inputs_embeds=embeds).logits[0, -1], -1).double()
 

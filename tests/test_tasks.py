@@ -213,6 +213,7 @@ def test_label_predictions_batch_matches_single_prompts(tiny_llama, tiny_tokeniz
     pred = label_predictions(tiny_llama, task, examples, batch_size=2)
     ids = task.label_ids(tiny_tokenizer)
     for ex, p in zip(examples, pred.tolist(), strict=True):
-        logits = tiny_llama.model(input_ids=build_prompt(tiny_tokenizer, task, ex).input_ids).logits[0, -1]
+        ids_ex = build_prompt(tiny_tokenizer, task, ex).input_ids.to(tiny_llama.device)
+        logits = tiny_llama.model(input_ids=ids_ex).logits[0, -1]
         assert p == int(logits[ids].argmax())
     assert label_accuracy(tiny_llama, task, examples)["n"] == 3

@@ -133,7 +133,8 @@ def draw_masks(s_tilde: torch.Tensor, samples: int, generator: torch.Generator, 
 
 @dataclass
 class StepSamples:
-    """Per-sample metric values of one step: ``ns``/``nc`` are ``(K, samples)`` or None if not requested."""
+    """Per-sample metric values of one step, on the CPU whatever the model's device: ``ns``/``nc`` are ``(K, samples)``
+    or None if not requested."""
 
     d0: float
     ns: torch.Tensor | None
@@ -154,7 +155,7 @@ def soft_samples(engine: PerturbationEngine, s_tilde: torch.Tensor, samples: int
     masks = draw_masks(s_tilde, samples, generator, families, dims, coupling)
     zero = torch.zeros((1, m) if dims is None else (1, m, dims))
     batch = torch.cat([zero] + [mask.flatten(0, 1) for mask in masks.values()])
-    distance = DISTANCES[mode](engine.clean_probs.double()[None], engine.probs(batch).double())
+    distance = DISTANCES[mode](engine.clean_probs.double()[None], engine.probs(batch).double()).cpu()  # (1 + F K S,)
     d0, rest = float(distance[0]), distance[1:].reshape(len(masks), k, samples)
     if d0 <= D0_MIN:
         return StepSamples(d0=d0, ns=None, nc=None)

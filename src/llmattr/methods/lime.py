@@ -39,8 +39,8 @@ class WeightedRidge:
 
     def fit(self, train_data, **kwargs) -> dict:
         z, y, w = (torch.cat(parts).double() for parts in zip(*train_data, strict=True))
-        x = torch.cat([z.reshape(len(z), -1), torch.ones(len(z), 1, dtype=z.dtype)], dim=1)
-        penalty = torch.full((x.shape[1],), float(self.alpha), dtype=x.dtype)
+        x = torch.cat([z.reshape(len(z), -1), torch.ones(len(z), 1, dtype=z.dtype, device=z.device)], dim=1)
+        penalty = torch.full((x.shape[1],), float(self.alpha), dtype=x.dtype, device=x.device)
         penalty[-1] = 0.0  # the intercept is not penalised
         gram = x.T @ (w.reshape(-1, 1) * x) + torch.diag(penalty)
         beta = torch.linalg.lstsq(gram, x.T @ (w.reshape(-1) * y.reshape(-1))).solution
@@ -105,7 +105,8 @@ def lime_step(forward, span_embeds: torch.Tensor, n_samples: int, batch_size: in
     n, d = span_embeds.shape[1:]
     mask = torch.arange(n, device=span_embeds.device)[None, :, None].expand(1, n, d)
     lime = Lime(forward, interpretable_model=WeightedRidge(alpha))
-    with torch.random.fork_rng(devices=[]):
+    gpu = [span_embeds.device] if span_embeds.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpu):  # the seed leaves the caller's generators (CPU and GPU) as they were
         torch.manual_seed(seed)
         coef = lime.attribute(span_embeds, baselines=0.0, feature_mask=mask, n_samples=n_samples,
                               perturbations_per_eval=batch_size, return_input_shape=False)

@@ -138,7 +138,7 @@ def value_zeroing_distances(lm: LoadedModel, input_ids: torch.Tensor, positions:
         for start in range(a, b, batch_size):
             tokens = torch.arange(start, min(start + batch_size, b), device=lm.device)
             scale = torch.ones(len(tokens), seq_len, device=lm.device)
-            scale[torch.arange(len(tokens)), tokens] = 0.0
+            scale[torch.arange(len(tokens), device=lm.device), tokens] = 0.0
             with replayed(blocks, skip), BlockTap(blocks, layers, positions - suffix, patch) as tap, \
                     Probe(value_scale=scale, value_layers=set(layers)):
                 prefix.logits_at(lm, embeds[:, suffix:].expand(len(tokens), -1, -1), positions[-1:])

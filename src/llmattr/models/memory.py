@@ -27,8 +27,9 @@ per token (the blocks' inputs kept; measured 13.9 KB a token and layer, 6 d), ``
 block's linearised graph rebuilt), and about 26 float32 temporaries of one block of attention multipliers (0.43 GB);
 it gives 1.11 GB at 1k tokens and 6.07 GB at 8k against 1.06 and 5.78 GB measured. The estimate is
 compared with the memory the device has free: CPU available RAM (``psutil``), GPU free memory
-(``torch.cuda.mem_get_info``), or the ``LLMATTR_MEMORY_LIMIT`` environment variable (e.g. ``2GB``), which lowers
-the budget for tests and shared machines.
+(``torch.cuda.mem_get_info`` plus what PyTorch's caching allocator holds reserved but unused), or the
+``LLMATTR_MEMORY_LIMIT`` environment variable (e.g. ``2GB``), which lowers the budget for tests and shared
+machines.
 """
 
 from __future__ import annotations
@@ -95,8 +96,16 @@ def memory_limit(device: torch.device) -> tuple[int, str]:
     if os.environ.get(LIMIT_ENV):
         return parse_bytes(os.environ[LIMIT_ENV]), LIMIT_ENV
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0], "free GPU memory"
+        return free_gpu_memory(device), "free GPU memory"
     return psutil.virtual_memory().available, "available RAM"
+
+
+def free_gpu_memory(device: torch.device) -> int:
+    """Bytes this process can still allocate on a GPU: the driver's free memory plus what PyTorch's caching
+    allocator holds reserved but unused (freed tensors stay reserved, invisible to the driver's count, and are
+    the first memory the next allocation takes)."""
+    free = torch.cuda.mem_get_info(device)[0]
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
 def activation_bytes(shapes: Shapes, kind: str, tokens: int, rows: int = 1, checkpointing: bool = False) -> int:

@@ -177,7 +177,7 @@ def probe_attention(
         scaling = query.shape[-1] ** -0.5
     if probe is not None and probe.value_scale is not None:
         if probe.value_layers is None or layer in probe.value_layers:
-            value = value * probe.value_scale[:, None, -n_keys:, None].to(value.dtype)
+            value = value * probe.value_scale[:, None, -n_keys:, None].to(value.device, value.dtype)
     query_rows = torch.arange(n_keys - n_queries, n_keys, device=query.device)  # absolute positions
     replay = probe.replay.get(layer) if probe is not None and probe.replay else None
     if replay is not None:  # fixed routing: the clean pass's q and k set the probabilities
