@@ -34,6 +34,10 @@ layer's update is traced to the input tokens through the ALTI rollout of the lay
 ``logit_{w <- x} = sum_l Delta^l R^{l-1}`` with ``R^{-1} = I``. The contrastive target (``target=contrast``)
 explains ``z_w - z_f`` with ``U_w - U_f``.
 
+Precision: float32 (float64 for a float64 model). ALTI's proximity ``||y_i||_1 - ||y_i - T_i(x_j)||_1`` is a
+difference of two nearly equal numbers when ``T_i(x_j)`` is small beside the residual, so its float32 rounding
+(about 1e-7 of ``||y_i||_1``) shows in small contributions, as in the authors' code.
+
 Cost: no tensor of size ``S x S``. One forward records q, k and v of every layer (linear in ``S``); the rollout
 runs top-down, ``r <- r C^l`` with ``r`` the ``(T, S)`` rows of the explained steps, and ``C^l`` is built a
 block of query rows at a time (``BLOCK_BYTES`` of float32 contribution vectors, ``rows x S x d``). The per-layer
@@ -64,6 +68,11 @@ OUT_PROJ_NAMES = ("o_proj", "c_proj", "out_proj", "dense")
 KINDS = ("alti", "globenc", "attention")
 
 
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32, or float64 if it is (the decomposition never computes below float32)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 # --- the model's pieces -------------------------------------------------------------------------------------------
 
 
@@ -91,8 +100,8 @@ def out_projection(proj: torch.nn.Module, heads: int) -> tuple[torch.Tensor, tor
     n_in = getattr(proj, "in_features", None) or proj.nx  # nn.Linear or Conv1D
     param = next(proj.parameters())
     with torch.no_grad():
-        bias = proj(torch.zeros(1, n_in, dtype=param.dtype, device=param.device))[0].float()
-        weight = proj(torch.eye(n_in, dtype=param.dtype, device=param.device)).float() - bias
+        bias = wide(proj(torch.zeros(1, n_in, dtype=param.dtype, device=param.device))[0])
+        weight = wide(proj(torch.eye(n_in, dtype=param.dtype, device=param.device))) - bias
     return weight.reshape(heads, n_in // heads, -1), bias
 
 
@@ -117,15 +126,15 @@ def frozen_norm(module: torch.nn.Module, states: torch.Tensor) -> tuple[torch.Te
     identity, ``scale = 1 / sqrt(mean(x^2) + eps)`` and ``gain = norm(1) sqrt(1 + eps)`` (the norm of the all-ones
     vector, whose mean square is 1), so the gain is read from the module itself.
     """
-    states = states.float()
+    states = wide(states)
     if isinstance(module, torch.nn.LayerNorm):
-        gain = module.weight.float() if module.weight is not None else torch.ones(states.shape[-1])
+        gain = wide(module.weight) if module.weight is not None else torch.ones_like(states[0])
         return gain, torch.rsqrt(states.var(-1, unbiased=False, keepdim=True) + module.eps), True
     eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", 1e-6)
     param = next(module.parameters())
     with torch.no_grad():
         ones = torch.ones(1, states.shape[-1], dtype=param.dtype, device=param.device)
-        gain = module(ones)[0].float() * (1.0 + eps) ** 0.5
+        gain = wide(module(ones)[0]) * (1.0 + eps) ** 0.5
     return gain, torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + eps), False
 
 
@@ -181,12 +190,12 @@ def _probs(record: LayerRecord, rows: torch.Tensor) -> torch.Tensor:
     """Attention probabilities ``(H, R, S)`` (float32) of absolute query positions ``rows``."""
     index = torch.searchsorted(record.rows, rows.to(record.rows.device))
     q = record.q[:, :, index]
-    return attention_probs(q, record.keys(), record.visible_at(rows), record.scaling, record.softcap)[0].float()
+    return wide(attention_probs(q, record.keys(), record.visible_at(rows), record.scaling, record.softcap)[0])
 
 
 def _heads_out(record: LayerRecord, part: LayerParts) -> torch.Tensor:
     """``u^h_j = v^h_j W_O^h``: ``(H, S, d)`` float32."""
-    values = repeat_heads(record.v, part.out_proj.shape[0])[0].float()
+    values = wide(repeat_heads(record.v, part.out_proj.shape[0])[0])
     return torch.einsum("hsk,hkd->hsd", values, part.out_proj.to(values.device))
 
 
@@ -206,7 +215,7 @@ def transformed_vectors(record: LayerRecord, part: LayerParts, residual: torch.T
     else:
         bias = part.out_bias.expand(len(rows), -1)
     index = torch.arange(len(rows))
-    vectors[index, rows] += residual[rows].float()
+    vectors[index, rows] += wide(residual[rows])
     return vectors, vectors.sum(1) + bias
 
 
@@ -290,9 +299,9 @@ def logit_directions(lm: LoadedModel, target_ids: torch.Tensor, foil_id: torch.T
     """``w'_t`` ``(T, d)`` with ``w'_t . v = F_{p_t}(v) . U_{y_t}`` (minus ``U_f`` if contrastive), ``F`` the final
     norm frozen at the explained rows ``final`` ``(T, d)``; the head's bias adds a constant and is left out."""
     head = lm.model.get_output_embeddings().weight
-    unembed = head[target_ids.to(head.device)].float()
+    unembed = wide(head[target_ids.to(head.device)])
     if foil_id is not None:
-        unembed = unembed - head[foil_id.to(head.device)].float()
+        unembed = unembed - wide(head[foil_id.to(head.device)])
     norm = final_norm(lm.model)
     if norm is None:
         return unembed
@@ -318,7 +327,7 @@ def alti_logit(lm: LoadedModel, input_ids: torch.Tensor, positions: torch.Tensor
         if r is not None:
             r = decomposition.times(r)
         vectors, _ = decomposition.vectors(positions)
-        vectors[torch.arange(len(positions)), positions] -= tr.inputs[layer][positions].float()  # the update only
+        vectors[torch.arange(len(positions)), positions] -= wide(tr.inputs[layer][positions])  # the update only
         delta = torch.einsum("tjd,td->tj", vectors, direction)
         r = delta if r is None else r + delta
     return r
