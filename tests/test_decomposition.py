@@ -252,8 +252,9 @@ def test_parameters_and_decompx_are_checked_up_front():
         methods.get("alti", layer="last")
     with pytest.raises(LlmattrError, match="explains a logit"):
         methods.get("alti-logit", target="probability")
-    with pytest.raises(LlmattrError, match="not defined for decoder-only models"):
+    with pytest.raises(LlmattrError, match="decompx is not defined for decoder-only models: DecompX"):
         methods.get("decompx")
+    assert "decompx" not in methods.available()
 
 
 def test_memory_guard_counts_the_records(tiny_llama, monkeypatch):

@@ -59,7 +59,7 @@ from ..models.loading import LoadedModel
 from ..models.memory import Shapes
 from ..models.probe import LayerRecord, Probe, attention_probs, repeat_heads
 from ..targets import Target
-from .base import AttributionMethod, register
+from .base import NOT_DEFINED, AttributionMethod, register
 from .logit import final_norm
 
 BLOCK_BYTES = 2**27  # float32 bytes of contribution vectors (rows x S x d) one block of query rows holds
@@ -443,18 +443,6 @@ class AltiLogit(AttributionMethod):
         return _record_bytes(lm, tokens, True)
 
 
-@register
-class DecompX(AttributionMethod):
-    """DecompX (Modarressi et al. 2023) is defined for encoders with a classification head; not for decoders."""
-
-    name = "decompx"
-    family = "vector decomposition"
-    summary = "DecompX: not defined for decoder-only models (encoders with a classification head; paper 003: N/A)"
-    needs_gradients = False
-    signed = True
-    cost = "-"
-
-    def __init__(self, **params):
-        raise LlmattrError("decompx is not defined for decoder-only models: it propagates decompositions through "
-                           "BERT-style post-norm encoders into a classification head (paper 003 reports N/A); "
-                           "use alti-logit, the decoder counterpart")
+NOT_DEFINED["decompx"] = (
+    "DecompX (Modarressi et al. 2023) propagates decomposed vectors through BERT-style post-norm encoders into a "
+    "classification head (paper 003 reports N/A for Llama 2); alti-logit is the decoder counterpart")
