@@ -36,6 +36,14 @@ def test_alti_and_globenc_rows_by_hand():
     torch.testing.assert_close(dec.globenc_rows(vectors), (norms / norms.sum())[None])
 
 
+def test_alti_proximity_keeps_the_precision_of_small_contributions():
+    """y = [1e8, 1] in float32, T_0 = [1, 0]: ||y||_1 - ||y - T_0||_1 = 1 exactly, but both norms round to 1e8, so
+    the difference of the two norms would be 0; the per-coordinate sum keeps it (row [1, 1e8] / (1e8 + 1))."""
+    vectors = torch.tensor([[[1.0, 0.0], [1e8 - 1, 1.0]]])
+    row = dec.alti_rows(vectors, vectors.sum(1))[0]
+    assert row[0] == pytest.approx(1e-8, rel=1e-3) and row[1] == pytest.approx(1.0)
+
+
 def hand_gpt2(tiny_tokenizer, layers: int = 2):
     """GPT-2 with d = 2, one head, q = k = 0 (uniform attention over the visible keys), values = LN(x) (gain 1,
     bias 0, eps 0: in two dimensions LN([a, b]) = [1, -1] if a > b), W_O = I, MLP = 0, no positions. Tokens
@@ -188,7 +196,7 @@ def test_layers_and_rollout_equal_the_reference(arch, tiny_tokenizer, monkeypatc
     ids = _ids(lm)
     n = ids.shape[1]
     hidden = lm.config.get_text_config().hidden_size
-    monkeypatch.setattr(dec, "BLOCK_BYTES", 3 * 2 * 4 * n * hidden)
+    monkeypatch.setattr(dec, "BLOCK_BYTES", 3 * 4 * 4 * n * hidden)
     assert dec.block_rows(n, hidden) == 3
     reference = reference_matrices(lm, ids)
     positions = torch.tensor([n - 4, n - 1])

@@ -35,8 +35,8 @@ layer's update is traced to the input tokens through the ALTI rollout of the lay
 explains ``z_w - z_f`` with ``U_w - U_f``.
 
 Precision: float32 (float64 for a float64 model). ALTI's proximity ``||y_i||_1 - ||y_i - T_i(x_j)||_1`` is a
-difference of two nearly equal numbers when ``T_i(x_j)`` is small beside the residual, so its float32 rounding
-(about 1e-7 of ``||y_i||_1``) shows in small contributions, as in the authors' code.
+difference of two nearly equal numbers when ``T_i(x_j)`` is small beside the residual; :func:`alti_rows` sums it
+per coordinate without that cancellation.
 
 Cost: no tensor of size ``S x S``. One forward records q, k and v of every layer (linear in ``S``); the rollout
 runs top-down, ``r <- r C^l`` with ``r`` the ``(T, S)`` rows of the explained steps, and ``C^l`` is built a
@@ -62,7 +62,7 @@ from ..targets import Target
 from .base import NOT_DEFINED, AttributionMethod, register
 from .logit import final_norm
 
-BLOCK_BYTES = 2**27  # float32 bytes of contribution vectors (rows x S x d) one block of query rows holds
+BLOCK_BYTES = 2**27  # float32 bytes one block of query rows holds: its rows x S x d vectors and ALTI's temporaries
 ATTENTION_NAMES = ("self_attn", "attn")
 OUT_PROJ_NAMES = ("o_proj", "c_proj", "out_proj", "dense")
 KINDS = ("alti", "globenc", "attention")
@@ -220,9 +220,16 @@ def transformed_vectors(record: LayerRecord, part: LayerParts, residual: torch.T
 
 
 def alti_rows(vectors: torch.Tensor, resultant: torch.Tensor) -> torch.Tensor:
-    """ALTI (Ferrando et al. 2022, eqs. 8-9): ``max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)`` over its row sum."""
-    proximity = resultant.abs().sum(-1, keepdim=True) - (resultant[:, None] - vectors).abs().sum(-1)
-    return _row_normalised(proximity.clamp_min(0))
+    """ALTI (Ferrando et al. 2022, eqs. 8-9): ``max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)`` over its row sum.
+
+    Summed per coordinate without cancellation: where ``y_k`` and ``y_k - T_k`` have the same sign,
+    ``|y_k| - |y_k - T_k| = sign(y_k) T_k`` exactly, so a small ``T_i(x_j)`` beside a large residual keeps its
+    own precision instead of the rounding of ``||y_i||_1``.
+    """
+    sign = torch.where(resultant >= 0, 1.0, -1.0).to(vectors.dtype)[:, None]
+    diff = resultant[:, None] - vectors
+    gain = torch.where(sign * diff >= 0, sign * vectors, resultant.abs()[:, None] - diff.abs())
+    return _row_normalised(gain.sum(-1).clamp_min(0))
 
 
 def globenc_rows(vectors: torch.Tensor) -> torch.Tensor:
@@ -243,9 +250,9 @@ def rollout_attention_rows(probs: torch.Tensor, rows: torch.Tensor) -> torch.Ten
 
 
 def block_rows(tokens: int, hidden: int) -> int:
-    """Query rows per block so that the ``rows x S x d`` float32 vectors (and their difference) stay within
-    ``BLOCK_BYTES``."""
-    return max(1, BLOCK_BYTES // (2 * 4 * tokens * hidden))
+    """Query rows per block so that the ``rows x S x d`` float32 vectors and ALTI's three temporaries of their size
+    stay within ``BLOCK_BYTES``."""
+    return max(1, BLOCK_BYTES // (4 * 4 * tokens * hidden))
 
 
 class Layer:
