@@ -41,8 +41,9 @@ per coordinate without that cancellation.
 Cost: no tensor of size ``S x S``. One forward records q, k and v of every layer (linear in ``S``); the rollout
 runs top-down, ``r <- r C^l`` with ``r`` the ``(T, S)`` rows of the explained steps, and ``C^l`` is built a
 block of query rows at a time (``BLOCK_BYTES`` of float32 contribution vectors, ``rows x S x d``). The per-layer
-variants need the explained rows only. Compute: a rollout of ALTI or GlobEnc forms every (i, j) vector,
-``L S^2 H d`` multiply-adds; attention rollout ``L S^2 H D`` (the scores recomputed).
+variants need the explained rows only. Compute: every layer's attention scores recomputed, ``L S^2 H D``
+multiply-adds (attention rollout: that alone); ALTI's L1 distances need every (i, j) vector, ``L S^2 H d``;
+GlobEnc's norms come from per-key Gram matrices of the heads' outputs, ``L S^2 H^2``.
 """
 
 from __future__ import annotations
@@ -199,24 +200,52 @@ def _heads_out(record: LayerRecord, part: LayerParts) -> torch.Tensor:
     return torch.einsum("hsk,hkd->hsd", values, part.out_proj.to(values.device))
 
 
+def post_attention(part: LayerParts, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool, torch.Tensor]:
+    """``P_i`` for rows whose attention output (``W_O`` applied, bias included) is ``attn`` ``(R, d)``:
+    ``P_i(v) = gain * scale_i * C(v)`` as ``(gain (d,), scale (R, 1), centred, P_i(b_O) (R, d))`` (the identity
+    without a post-attention norm)."""
+    if part.post_norm is None:
+        return torch.ones_like(attn[0]), torch.ones_like(attn[:, :1]), False, part.out_bias.expand_as(attn)
+    gain, scale, centred = frozen_norm(part.post_norm, attn)
+    bias = part.out_bias - part.out_bias.mean() if centred else part.out_bias
+    shift = getattr(part.post_norm, "bias", None)
+    return gain, scale, centred, gain * scale * bias + (0 if shift is None else wide(shift))
+
+
+def _centred(x: torch.Tensor, centred: bool) -> torch.Tensor:
+    return x - x.mean(-1, keepdim=True) if centred else x
+
+
 def transformed_vectors(record: LayerRecord, part: LayerParts, residual: torch.Tensor, rows: torch.Tensor,
                         u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``T_i(x_j)`` ``(R, S, d)`` and ``y_i`` ``(R, d)`` for absolute positions ``rows`` (module docstring);
     ``residual`` is the block input ``(S, d)``, ``u`` from :func:`_heads_out`."""
-    probs = _probs(record, rows)
-    vectors = torch.einsum("hrj,hjd->rjd", probs, u)  # (R, S, d)
-    if part.post_norm is not None:
-        attn = vectors.sum(1) + part.out_bias
-        gain, scale, centred = frozen_norm(part.post_norm, attn)
-        if centred:
-            vectors = vectors - vectors.mean(-1, keepdim=True)
-        vectors = vectors * (gain * scale)[:, None, :]
-        bias = gain * scale * (part.out_bias - part.out_bias.mean() if centred else part.out_bias)
-    else:
-        bias = part.out_bias.expand(len(rows), -1)
-    index = torch.arange(len(rows))
-    vectors[index, rows] += wide(residual[rows])
+    vectors = torch.einsum("hrj,hjd->rjd", _probs(record, rows), u)  # (R, S, d)
+    gain, scale, centred, bias = post_attention(part, vectors.sum(1) + part.out_bias)
+    vectors = _centred(vectors, centred) * (gain * scale)[:, None, :]
+    vectors[torch.arange(len(rows)), rows] += wide(residual[rows])
     return vectors, vectors.sum(1) + bias
+
+
+def globenc_norms(record: LayerRecord, part: LayerParts, residual: torch.Tensor, rows: torch.Tensor,
+                  u: torch.Tensor) -> torch.Tensor:
+    """``||T_i(x_j)||_2`` ``(R, S)`` without forming the vectors: off the diagonal
+    ``||P_i(sum_h A^h_ij u^h_j)||^2 = s_i^2 sum_{h,h'} A^h_ij A^h'_ij G_j[h, h']`` with the per-key Gram matrix
+    ``G_j = (g C(u_j))(g C(u_j))^T`` of the heads' outputs (``H x H``), since ``P_i`` is a per-dimension gain ``g``
+    times a per-row scalar ``s_i``; the diagonal, which adds ``x_i``, directly. ``S H^2`` per row instead of
+    ``S H d``."""
+    probs = _probs(record, rows)  # (H, R, S)
+    values = wide(repeat_heads(record.v, probs.shape[0])[0])
+    attn = torch.einsum("hrk,hkd->rd", probs @ values, part.out_proj.to(values)) + part.out_bias
+    gain, scale, centred, _ = post_attention(part, attn)
+    heads = _centred(u, centred) * gain  # (H, S, d)
+    gram = torch.einsum("hjd,kjd->jhk", heads, heads)  # (S, H, H)
+    squared = (torch.einsum("hrj,jhk->krj", probs, gram) * probs).sum(0) * scale**2
+    index = torch.arange(len(rows))
+    diagonal = torch.einsum("hr,hrd->rd", probs[:, index, rows], u[:, rows])
+    diagonal = _centred(diagonal, centred) * gain * scale + wide(residual[rows])
+    squared[index, rows] = diagonal.pow(2).sum(-1)
+    return squared.clamp_min(0).sqrt()
 
 
 def alti_rows(vectors: torch.Tensor, resultant: torch.Tensor) -> torch.Tensor:
@@ -230,11 +259,6 @@ def alti_rows(vectors: torch.Tensor, resultant: torch.Tensor) -> torch.Tensor:
     diff = resultant[:, None] - vectors
     gain = torch.where(sign * diff >= 0, sign * vectors, resultant.abs()[:, None] - diff.abs())
     return _row_normalised(gain.sum(-1).clamp_min(0))
-
-
-def globenc_rows(vectors: torch.Tensor) -> torch.Tensor:
-    """GlobEnc's N_Enc (Modarressi et al. 2022) in a pre-norm block: ``||T_i(x_j)||_2`` over its row sum."""
-    return _row_normalised(vectors.norm(dim=-1))
 
 
 def _row_normalised(scores: torch.Tensor) -> torch.Tensor:
@@ -270,8 +294,9 @@ class Layer:
         """``C^l`` at absolute positions ``rows``: ``(R, S)``, each row summing to 1."""
         if self.kind == "attention":
             return rollout_attention_rows(_probs(self.record, rows), rows)
-        vectors, resultant = self.vectors(rows)
-        return alti_rows(vectors, resultant) if self.kind == "alti" else globenc_rows(vectors)
+        if self.kind == "globenc":
+            return _row_normalised(globenc_norms(self.record, self.part, self.residual, rows, self.u))
+        return alti_rows(*self.vectors(rows))
 
     def times(self, r: torch.Tensor) -> torch.Tensor:
         """``r C^l`` for ``r`` ``(T, S)``, ``C^l`` built a block of query rows at a time (never ``(S, S)``)."""
@@ -402,7 +427,8 @@ class GlobEnc(_Decomposition):
 
     name = "globenc"
     summary = "GlobEnc: L2 norms of the decomposed attention block output, rollout over layers (layer=l: GlobEnc-)"
-    cost = "1 forward; rollout: every (query, key) vector of every layer, L S^2 H d (layer=l: explained rows only)"
+    cost = "1 forward; rollout: every layer's scores and per-key head Gram matrices, L S^2 H (D + H) (layer=l: " \
+           "explained rows only)"
     kind = "globenc"
 
 
