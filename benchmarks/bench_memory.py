@@ -24,7 +24,8 @@ many passes of the full length run fewer of them, each with the rows and the len
   (updates and checks), as every later pass of the real run does;
 * the pi-Soft evaluator: as many perturbed sequences as one of its passes holds
   (:func:`llmattr.faithfulness.engine.forward_batch` at that length), i.e. one full pass;
-* every other method (attention, logit methods, value zeroing, saliency, input x gradient, Grad-ELLM,
+* every other method (attention, logit methods, value zeroing, the decomposition methods (ALTI, GlobEnc,
+  ALTI-Logit, attention rollout: their rollout, every layer), saliency, input x gradient, Grad-ELLM,
   DeepLIFT, AttnLRP, CP-LRP, random) runs unbounded, with its defaults.
 
 Every method runs as ``llmattr explain`` runs it: the memory guard plans the run (``checkpointing="auto"``:

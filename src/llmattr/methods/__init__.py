@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 
 from ..errors import LlmattrError
-from .base import REGISTRY, AttributionMethod, layer_parameter, parse_params, register
+from .base import NOT_DEFINED, REGISTRY, AttributionMethod, layer_parameter, parse_params, register
 
 for _module in pkgutil.iter_modules(__path__):
     if not _module.name.startswith("_") and _module.name != "base":
@@ -19,6 +19,8 @@ def available() -> list[str]:
 
 def get(name: str, **params) -> AttributionMethod:
     """An attribution method by name, e.g. ``get("grad-ellm", layers=4)``."""
+    if name in NOT_DEFINED:
+        raise LlmattrError(f"{name} is not defined for decoder-only models: {NOT_DEFINED[name]}")
     if name not in REGISTRY:
         raise LlmattrError(f"unknown method {name!r}; valid: {', '.join(available())}")
     return REGISTRY[name](**params)

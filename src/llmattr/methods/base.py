@@ -15,6 +15,7 @@ from ..models.loading import LoadedModel
 from ..targets import Target, foil_id
 
 REGISTRY: dict[str, type[AttributionMethod]] = {}
+NOT_DEFINED: dict[str, str] = {}  # methods of the literature with no reading for a causal LM -> why (one line)
 
 
 class AttributionMethod:

@@ -42,12 +42,26 @@ class LayerRecord:
     """
 
     rows: torch.Tensor  # (R,) absolute positions of the recorded query rows
-    visible: torch.Tensor  # (B, R, S) bool: the keys the layer's mask let each recorded row attend to
+    mask: torch.Tensor | None  # the layer's attention mask as it got it (a reference; None: plain causal)
+    shape: tuple[int, int, int]  # (B, Q, S): batch, query rows of the pass, keys
+    scaling: float = 1.0  # the layer's score scaling (probabilities of other rows: ``attention_probs``)
+    softcap: float | None = None
     q: torch.Tensor | None = None  # (B, H, R, D) queries after RoPE
     k: torch.Tensor | None = None  # (B, H_kv, S, D) keys after RoPE, as the layer holds them (GQA: H_kv heads)
     v: torch.Tensor | None = None  # (B, H_kv, S, D) values (after any value scaling)
     probs: torch.Tensor | None = None  # (B, H, R, S) attention probabilities
     out: torch.Tensor | None = None  # (B, Q, H, D) attention output of every query before o_proj (autograd graph)
+
+    @property
+    def visible(self) -> torch.Tensor:
+        """``(B, R, S)`` bool: the keys the layer's mask let each recorded row attend to."""
+        return self.visible_at(self.rows)
+
+    def visible_at(self, rows: torch.Tensor) -> torch.Tensor:
+        """``(B, len(rows), S)`` bool for any absolute query positions of the pass (a block of rows at a time,
+        so recording every row never builds an ``(S, S)`` mask)."""
+        batch, n_queries, n_keys = self.shape
+        return visible_keys(self.mask, rows, n_queries, n_keys, batch)
 
     def keys(self) -> torch.Tensor:
         """``k`` repeated to the query heads: ``(B, H, S, D)``."""
@@ -206,18 +220,15 @@ def _record(probe: Probe, query: torch.Tensor, key: torch.Tensor, value: torch.T
     if rows is None:
         rows = torch.arange(n_keys - n_queries, n_keys, device=query.device)
     rows = rows.to(query.device)
-    visible = visible_keys(attention_mask, rows, n_queries, n_keys, batch)
     q = query[:, :, rows - (n_keys - n_queries)]
     fields = probe.fields
-    return LayerRecord(
-        rows=rows,
-        visible=visible,
-        q=q if "q" in fields else None,
-        k=key if "k" in fields else None,
-        v=value if "v" in fields else None,
-        probs=attention_probs(q, repeat_heads(key, n_heads), visible, scaling, softcap) if "probs" in fields else None,
-        out=out if "out" in fields else None,
-    )
+    record = LayerRecord(rows=rows, mask=attention_mask, shape=(batch, n_queries, n_keys), scaling=scaling,
+                         softcap=softcap,
+                         q=q if "q" in fields else None, k=key if "k" in fields else None,
+                         v=value if "v" in fields else None, out=out if "out" in fields else None)
+    if "probs" in fields:
+        record.probs = attention_probs(q, repeat_heads(key, n_heads), record.visible, scaling, softcap)
+    return record
 
 
 def install_probe(model: torch.nn.Module) -> None:

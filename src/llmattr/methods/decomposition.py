@@ -1,0 +1,481 @@
+"""Vector decomposition of the attention block: ALTI, GlobEnc, attention rollout and ALTI-Logit.
+
+A pre-norm decoder block l writes, at position i, the attention block's output (before the MLP)
+
+    y_i = x_i + P_i( sum_j sum_h A^h_ij v^h_j W_O^h + b_O )
+
+with ``x`` the block input (the residual stream), ``A^h`` head h's attention probabilities, ``v^h_j`` the value
+vector of key j (the block's input norm, its value projection and its bias inside), ``W_O^h`` head h's rows of
+the output projection and ``P_i`` the post-attention norm where the block has one (Gemma 2/3), taken as linear
+with its statistics frozen at row i (identity elsewhere). Splitting the sum by key gives the *transformed
+vectors* (Kobayashi et al. 2020; Ferrando et al. 2022, eq. 6)
+
+    T_i(x_j) = P_i( sum_h A^h_ij v^h_j W_O^h ) + delta_ij x_i,        y_i = sum_j T_i(x_j) + P_i(b_O).
+
+Each method turns them into a row-stochastic contribution matrix ``C^l`` (rows: query i, columns: key j):
+
+* **ALTI** (Ferrando et al. 2022, eqs. 8-9): proximity ``max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)``, each row
+  divided by its sum;
+* **GlobEnc** (Modarressi et al. 2022, N_Enc): ``||T_i(x_j)||_2``, each row divided by its sum (a pre-norm block
+  has no norm after the residual, so GlobEnc's two LayerNorm steps have nothing to act on here);
+* **attention rollout** (Abnar & Zuidema 2020): ``0.5 mean_h A^h + 0.5 I``.
+
+``layer=l`` returns row ``p_t`` of ``C^l`` for each explained step's predicting position ``p_t`` (paper 003's
+per-layer "ALTI-" and "GlobEnc-", sec. 5.1); by default the layers are aggregated by rollout,
+``R = C^{L-1} C^{L-2} ... C^0`` (Abnar & Zuidema 2020, eq. 1), row ``p_t`` of R.
+
+**ALTI-Logit** (Ferrando et al. 2023, sec. 3) explains the target logit through the residual stream: layer l's
+attention block adds to the logit of token w at position i
+
+    Delta^l_{w <- j} = (F_i( T_i(x_j) - delta_ij x_i )) . U_w
+
+(``U_w`` the unembedding row of w, ``F_i`` the final norm with its statistics frozen at row i), and each
+layer's update is traced to the input tokens through the ALTI rollout of the layers below it:
+``logit_{w <- x} = sum_l Delta^l R^{l-1}`` with ``R^{-1} = I``. The contrastive target (``target=contrast``)
+explains ``z_w - z_f`` with ``U_w - U_f``.
+
+Precision: float32 (float64 for a float64 model). ALTI's proximity ``||y_i||_1 - ||y_i - T_i(x_j)||_1`` is a
+difference of two nearly equal numbers when ``T_i(x_j)`` is small beside the residual; :func:`alti_rows` sums it
+per coordinate without that cancellation.
+
+Cost: no tensor of size ``S x S``. One forward records q, k and v of every layer (linear in ``S``); the rollout
+runs top-down, ``r <- r C^l`` with ``r`` the ``(T, S)`` rows of the explained steps, and ``C^l`` is built a
+block of query rows at a time (``BLOCK_BYTES`` of float32 contribution vectors, ``rows x S x d``). The per-layer
+variants need the explained rows only. Compute: every layer's attention scores recomputed, ``L S^2 H D``
+multiply-adds (attention rollout: that alone); ALTI's L1 distances need every (i, j) vector, ``L S^2 H d``;
+GlobEnc's norms come from per-key Gram matrices of the heads' outputs, ``L S^2 H^2``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import LlmattrError
+from ..models.forward import decoder_blocks
+from ..models.loading import LoadedModel
+from ..models.memory import Shapes
+from ..models.probe import LayerRecord, Probe, attention_probs, repeat_heads
+from ..targets import Target
+from .base import NOT_DEFINED, AttributionMethod, register
+from .logit import final_norm
+
+BLOCK_BYTES = 2**27  # float32 bytes one block of query rows holds: its rows x S x d vectors and ALTI's temporaries
+ATTENTION_NAMES = ("self_attn", "attn")
+OUT_PROJ_NAMES = ("o_proj", "c_proj", "out_proj", "dense")
+KINDS = ("alti", "globenc", "attention")
+
+
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32, or float64 if it is (the decomposition never computes below float32)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+# --- the model's pieces -------------------------------------------------------------------------------------------
+
+
+def _child(module: torch.nn.Module, names: tuple[str, ...], what: str) -> torch.nn.Module:
+    for name in names:
+        found = getattr(module, name, None)
+        if isinstance(found, torch.nn.Module):
+            return found
+    raise LlmattrError(f"cannot find the {what} of {type(module).__name__} (looked for {', '.join(names)})")
+
+
+@dataclass
+class LayerParts:
+    """What a layer's decomposition reads beside the probe: ``W_O`` per head ``(H, D, d)`` and ``b_O`` ``(d,)``
+    (float32), and the post-attention norm (Gemma's sandwich norm; ``None`` for Llama, Qwen2, Mistral, GPT-2)."""
+
+    out_proj: torch.Tensor
+    out_bias: torch.Tensor
+    post_norm: torch.nn.Module | None
+
+
+def out_projection(proj: torch.nn.Module, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(W_O (H, D, d), b_O (d,))`` of any linear map (``nn.Linear``, GPT-2's ``Conv1D``): ``b_O = proj(0)`` and
+    the rows of ``W_O`` are ``proj(e_k) - b_O``, so no layout of the weight is assumed."""
+    n_in = getattr(proj, "in_features", None) or proj.nx  # nn.Linear or Conv1D
+    param = next(proj.parameters())
+    with torch.no_grad():
+        bias = wide(proj(torch.zeros(1, n_in, dtype=param.dtype, device=param.device))[0])
+        weight = wide(proj(torch.eye(n_in, dtype=param.dtype, device=param.device))) - bias
+    return weight.reshape(heads, n_in // heads, -1), bias
+
+
+def layer_parts(lm: LoadedModel) -> list[LayerParts]:
+    """Every block's :class:`LayerParts`. A block with a ``pre_feedforward_layernorm`` normalises the attention
+    output with its ``post_attention_layernorm`` (Gemma 2/3); elsewhere that name is the pre-MLP norm (Llama)."""
+    heads = lm.config.get_text_config().num_attention_heads
+    parts = []
+    for block in decoder_blocks(lm.model):
+        attention = _child(block, ATTENTION_NAMES, "attention module")
+        weight, bias = out_projection(_child(attention, OUT_PROJ_NAMES, "attention output projection"), heads)
+        sandwich = hasattr(block, "pre_feedforward_layernorm")
+        parts.append(LayerParts(weight, bias, block.post_attention_layernorm if sandwich else None))
+    return parts
+
+
+def frozen_norm(module: torch.nn.Module, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The linear part of a norm with its statistics frozen at ``states`` ``(R, d)``: ``v -> gain * C(v) * scale``.
+
+    Returns ``(gain (d,), scale (R, 1), centred)``. LayerNorm: ``gain = gamma``, ``C`` subtracts the mean,
+    ``scale = 1 / sqrt(var(x) + eps)``. RMSNorm (any variant: Llama's ``w``, Gemma's ``1 + w``): ``C`` is the
+    identity, ``scale = 1 / sqrt(mean(x^2) + eps)`` and ``gain = norm(1) sqrt(1 + eps)`` (the norm of the all-ones
+    vector, whose mean square is 1), so the gain is read from the module itself.
+    """
+    states = wide(states)
+    if isinstance(module, torch.nn.LayerNorm):
+        gain = wide(module.weight) if module.weight is not None else torch.ones_like(states[0])
+        return gain, torch.rsqrt(states.var(-1, unbiased=False, keepdim=True) + module.eps), True
+    eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", 1e-6)
+    param = next(module.parameters())
+    with torch.no_grad():
+        ones = torch.ones(1, states.shape[-1], dtype=param.dtype, device=param.device)
+        gain = wide(module(ones)[0]) * (1.0 + eps) ** 0.5
+    return gain, torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + eps), False
+
+
+# --- one forward: the recordings ------------------------------------------------------------------------------
+
+
+@dataclass
+class Trace:
+    """One forward's recordings: the probe's q (at ``rows``), k, v per layer, every block's input ``(S, d)`` and
+    the final norm's input ``(S, d)`` (the residual stream after the last block)."""
+
+    records: dict[int, LayerRecord]
+    inputs: dict[int, torch.Tensor]
+    final: torch.Tensor | None
+
+
+@contextmanager
+def _inputs_of(modules: dict[int, torch.nn.Module], store: dict[int, torch.Tensor]) -> Iterator[None]:
+    """Forward pre-hooks keeping each module's first input (batch row 0) in ``store``."""
+    def hook(key):
+        def keep(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            store[key] = hidden[0].detach()
+        return keep
+
+    handles = [m.register_forward_pre_hook(hook(k), with_kwargs=True) for k, m in modules.items()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def trace(lm: LoadedModel, input_ids: torch.Tensor, rows: torch.Tensor | None, layers: list[int],
+          final: bool = False) -> Trace:
+    """Run the model once (no LM head) recording what the decomposition of ``layers`` needs; q only at ``rows``
+    (``None``: every row, for a rollout)."""
+    blocks = decoder_blocks(lm.model)
+    inputs: dict[int, torch.Tensor] = {}
+    modules = {k: blocks[k] for k in layers}
+    if final:
+        modules[-1] = final_norm(lm.model)
+    with torch.no_grad(), Probe(record=("q", "k", "v"), rows=rows, layers=layers) as probe, \
+            _inputs_of(modules, inputs):
+        lm.model.base_model(input_ids=input_ids.to(lm.device), use_cache=False)
+    return Trace(probe.layers, inputs, inputs.pop(-1, None))
+
+
+# --- one layer: contribution rows ------------------------------------------------------------------------------
+
+
+def _probs(record: LayerRecord, rows: torch.Tensor) -> torch.Tensor:
+    """Attention probabilities ``(H, R, S)`` (float32) of absolute query positions ``rows``."""
+    index = torch.searchsorted(record.rows, rows.to(record.rows.device))
+    q = record.q[:, :, index]
+    return wide(attention_probs(q, record.keys(), record.visible_at(rows), record.scaling, record.softcap)[0])
+
+
+def _heads_out(record: LayerRecord, part: LayerParts) -> torch.Tensor:
+    """``u^h_j = v^h_j W_O^h``: ``(H, S, d)`` float32."""
+    values = wide(repeat_heads(record.v, part.out_proj.shape[0])[0])
+    return torch.einsum("hsk,hkd->hsd", values, part.out_proj.to(values.device))
+
+
+def post_attention(part: LayerParts, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool, torch.Tensor]:
+    """``P_i`` for rows whose attention output (``W_O`` applied, bias included) is ``attn`` ``(R, d)``:
+    ``P_i(v) = gain * scale_i * C(v)`` as ``(gain (d,), scale (R, 1), centred, P_i(b_O) (R, d))`` (the identity
+    without a post-attention norm)."""
+    if part.post_norm is None:
+        return torch.ones_like(attn[0]), torch.ones_like(attn[:, :1]), False, part.out_bias.expand_as(attn)
+    gain, scale, centred = frozen_norm(part.post_norm, attn)
+    bias = part.out_bias - part.out_bias.mean() if centred else part.out_bias
+    shift = getattr(part.post_norm, "bias", None)
+    return gain, scale, centred, gain * scale * bias + (0 if shift is None else wide(shift))
+
+
+def _centred(x: torch.Tensor, centred: bool) -> torch.Tensor:
+    return x - x.mean(-1, keepdim=True) if centred else x
+
+
+def transformed_vectors(record: LayerRecord, part: LayerParts, residual: torch.Tensor, rows: torch.Tensor,
+                        u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``T_i(x_j)`` ``(R, S, d)`` and ``y_i`` ``(R, d)`` for absolute positions ``rows`` (module docstring);
+    ``residual`` is the block input ``(S, d)``, ``u`` from :func:`_heads_out`."""
+    vectors = torch.einsum("hrj,hjd->rjd", _probs(record, rows), u)  # (R, S, d)
+    gain, scale, centred, bias = post_attention(part, vectors.sum(1) + part.out_bias)
+    vectors = _centred(vectors, centred) * (gain * scale)[:, None, :]
+    vectors[torch.arange(len(rows)), rows] += wide(residual[rows])
+    return vectors, vectors.sum(1) + bias
+
+
+def globenc_norms(record: LayerRecord, part: LayerParts, residual: torch.Tensor, rows: torch.Tensor,
+                  u: torch.Tensor) -> torch.Tensor:
+    """``||T_i(x_j)||_2`` ``(R, S)`` without forming the vectors: off the diagonal
+    ``||P_i(sum_h A^h_ij u^h_j)||^2 = s_i^2 sum_{h,h'} A^h_ij A^h'_ij G_j[h, h']`` with the per-key Gram matrix
+    ``G_j = (g C(u_j))(g C(u_j))^T`` of the heads' outputs (``H x H``), since ``P_i`` is a per-dimension gain ``g``
+    times a per-row scalar ``s_i``; the diagonal, which adds ``x_i``, directly. ``S H^2`` per row instead of
+    ``S H d``."""
+    probs = _probs(record, rows)  # (H, R, S)
+    values = wide(repeat_heads(record.v, probs.shape[0])[0])
+    attn = torch.einsum("hrk,hkd->rd", probs @ values, part.out_proj.to(values)) + part.out_bias
+    gain, scale, centred, _ = post_attention(part, attn)
+    heads = _centred(u, centred) * gain  # (H, S, d)
+    gram = torch.einsum("hjd,kjd->jhk", heads, heads)  # (S, H, H)
+    squared = (torch.einsum("hrj,jhk->krj", probs, gram) * probs).sum(0) * scale**2
+    index = torch.arange(len(rows))
+    diagonal = torch.einsum("hr,hrd->rd", probs[:, index, rows], u[:, rows])
+    diagonal = _centred(diagonal, centred) * gain * scale + wide(residual[rows])
+    squared[index, rows] = diagonal.pow(2).sum(-1)
+    return squared.clamp_min(0).sqrt()
+
+
+def alti_rows(vectors: torch.Tensor, resultant: torch.Tensor) -> torch.Tensor:
+    """ALTI (Ferrando et al. 2022, eqs. 8-9): ``max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)`` over its row sum.
+
+    Summed per coordinate without cancellation: where ``y_k`` and ``y_k - T_k`` have the same sign,
+    ``|y_k| - |y_k - T_k| = sign(y_k) T_k`` exactly, so a small ``T_i(x_j)`` beside a large residual keeps its
+    own precision instead of the rounding of ``||y_i||_1``.
+    """
+    sign = torch.where(resultant >= 0, 1.0, -1.0).to(vectors.dtype)[:, None]
+    diff = resultant[:, None] - vectors
+    gain = torch.where(sign * diff >= 0, sign * vectors, resultant.abs()[:, None] - diff.abs())
+    return _row_normalised(gain.sum(-1).clamp_min(0))
+
+
+def _row_normalised(scores: torch.Tensor) -> torch.Tensor:
+    total = scores.sum(-1, keepdim=True)
+    return scores / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def rollout_attention_rows(probs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Abnar & Zuidema's residual-augmented attention ``0.5 mean_h A^h + 0.5 I`` at ``rows``: ``(R, S)``."""
+    mixed = 0.5 * probs.mean(0)
+    mixed[torch.arange(len(rows)), rows] += 0.5
+    return mixed
+
+
+def block_rows(tokens: int, hidden: int) -> int:
+    """Query rows per block so that the ``rows x S x d`` float32 vectors and ALTI's three temporaries of their size
+    stay within ``BLOCK_BYTES``."""
+    return max(1, BLOCK_BYTES // (4 * 4 * tokens * hidden))
+
+
+class Layer:
+    """One layer's decomposition over a :class:`Trace`: contribution rows of method ``kind`` for any rows."""
+
+    def __init__(self, tr: Trace, parts: list[LayerParts], layer: int, kind: str):
+        self.record, self.part, self.kind = tr.records[layer], parts[layer], kind
+        self.residual = tr.inputs.get(layer)
+        self.u = None if kind == "attention" else _heads_out(self.record, self.part)
+
+    def vectors(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return transformed_vectors(self.record, self.part, self.residual, rows, self.u)
+
+    def rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """``C^l`` at absolute positions ``rows``: ``(R, S)``, each row summing to 1."""
+        if self.kind == "attention":
+            return rollout_attention_rows(_probs(self.record, rows), rows)
+        if self.kind == "globenc":
+            return _row_normalised(globenc_norms(self.record, self.part, self.residual, rows, self.u))
+        return alti_rows(*self.vectors(rows))
+
+    def times(self, r: torch.Tensor) -> torch.Tensor:
+        """``r C^l`` for ``r`` ``(T, S)``, ``C^l`` built a block of query rows at a time (never ``(S, S)``)."""
+        tokens = r.shape[1]
+        step = block_rows(tokens, self.part.out_proj.shape[-1])
+        out = torch.zeros_like(r)
+        for start in range(0, tokens, step):
+            rows = torch.arange(start, min(start + step, tokens), device=r.device)
+            out += r[:, rows] @ self.rows(rows)
+        return out
+
+
+def contribution_rows(lm: LoadedModel, input_ids: torch.Tensor, positions: torch.Tensor, kind: str,
+                      layer: int | None = None) -> torch.Tensor:
+    """Row ``p_t`` of ``C^layer`` (``layer`` given) or of the rollout ``C^{L-1} ... C^0`` for every explained
+    position: ``(T, S)``."""
+    n_layers = lm.config.get_text_config().num_hidden_layers
+    positions = positions.to(lm.device)
+    parts = layer_parts(lm)
+    if layer is not None:
+        tr = trace(lm, input_ids, positions, [layer])
+        return Layer(tr, parts, layer, kind).rows(positions)
+    tr = trace(lm, input_ids, None, list(range(n_layers)))
+    r = Layer(tr, parts, n_layers - 1, kind).rows(positions)
+    for below in range(n_layers - 2, -1, -1):
+        r = Layer(tr, parts, below, kind).times(r)
+    return r
+
+
+def logit_directions(lm: LoadedModel, target_ids: torch.Tensor, foil_id: torch.Tensor | None,
+                     final: torch.Tensor) -> torch.Tensor:
+    """``w'_t`` ``(T, d)`` with ``w'_t . v = F_{p_t}(v) . U_{y_t}`` (minus ``U_f`` if contrastive), ``F`` the final
+    norm frozen at the explained rows ``final`` ``(T, d)``; the head's bias adds a constant and is left out."""
+    head = lm.model.get_output_embeddings().weight
+    unembed = wide(head[target_ids.to(head.device)])
+    if foil_id is not None:
+        unembed = unembed - wide(head[foil_id.to(head.device)])
+    norm = final_norm(lm.model)
+    if norm is None:
+        return unembed
+    gain, scale, centred = frozen_norm(norm, final)
+    direction = unembed * gain
+    if centred:  # C is symmetric: (g * C(v)) . w = v . C(g * w)
+        direction = direction - direction.mean(-1, keepdim=True)
+    return direction * scale
+
+
+def alti_logit(lm: LoadedModel, input_ids: torch.Tensor, positions: torch.Tensor, target_ids: torch.Tensor,
+               foil_id: torch.Tensor | None = None) -> torch.Tensor:
+    """ALTI-Logit (module docstring): ``sum_l Delta^l R^{l-1}`` rows ``(T, S)``, evaluated top-down as
+    ``(((Delta^{L-1}) C^{L-2} + Delta^{L-2}) C^{L-3} + ...) C^0 + Delta^0``."""
+    n_layers = lm.config.get_text_config().num_hidden_layers
+    positions = positions.to(lm.device)
+    parts = layer_parts(lm)
+    tr = trace(lm, input_ids, None, list(range(n_layers)), final=True)
+    direction = logit_directions(lm, target_ids, foil_id, tr.final[positions])
+    r = None
+    for layer in range(n_layers - 1, -1, -1):
+        decomposition = Layer(tr, parts, layer, "alti")
+        if r is not None:
+            r = decomposition.times(r)
+        vectors, _ = decomposition.vectors(positions)
+        vectors[torch.arange(len(positions)), positions] -= wide(tr.inputs[layer][positions])  # the update only
+        delta = torch.einsum("tjd,td->tj", vectors, direction)
+        r = delta if r is None else r + delta
+    return r
+
+
+# --- the registered methods -----------------------------------------------------------------------------------------
+
+
+def _check_layer(name: str, layer) -> None:
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
+        raise LlmattrError(f"{name} layer must be an integer layer index (or absent for the rollout); got {layer!r}")
+
+
+def _layer_index(lm: LoadedModel, name: str, layer: int | None) -> int | None:
+    if layer is None:
+        return None
+    n_layers = lm.config.get_text_config().num_hidden_layers
+    if not -n_layers <= layer < n_layers:
+        raise LlmattrError(f"{name} layer must be in [0, {n_layers - 1}] (or -1 for the last); got {layer}")
+    return layer % n_layers
+
+
+def _record_bytes(lm: LoadedModel, tokens: int, rollout: bool) -> int:
+    """Bytes a decomposition holds beside the forward: every recorded layer's q, k, v and block input (model
+    dtype), one layer's ``u^h_j`` ``(H, S, d)`` and one block of contribution vectors (float32)."""
+    s = Shapes.of(lm)
+    layers = s.layers if rollout else 1
+    per_layer = tokens * s.element * ((s.heads + 2 * s.kv_heads) * s.head_dim + s.hidden)
+    return layers * per_layer + 4 * s.heads * tokens * s.hidden + BLOCK_BYTES + 4 * tokens * s.hidden
+
+
+class _Decomposition(AttributionMethod):
+    family = "vector decomposition"
+    needs_gradients = False
+    signed = False
+    defaults = {"layer": None}
+    kind: str
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        _check_layer(self.name, self.params.get("layer"))
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        a, b = target.span
+        layer = _layer_index(lm, self.name, self.params.get("layer"))
+        return contribution_rows(lm, target.input_ids, target.positions, self.kind, layer)[:, a:b].cpu()
+
+    def memory_extra(self, lm: LoadedModel, tokens: int) -> int:
+        return _record_bytes(lm, tokens, self.params.get("layer") is None)
+
+
+@register
+class Alti(_Decomposition):
+    """ALTI (Ferrando et al. 2022): Manhattan-distance contributions per layer, aggregated by rollout."""
+
+    name = "alti"
+    summary = "ALTI: L1-proximity contributions of the attention block, rollout over layers (layer=l: ALTI-)"
+    cost = "1 forward; rollout: every (query, key) vector of every layer, L S^2 H d (layer=l: explained rows only)"
+    kind = "alti"
+
+
+@register
+class GlobEnc(_Decomposition):
+    """GlobEnc (Modarressi et al. 2022): norms of the decomposed attention block output, aggregated by rollout."""
+
+    name = "globenc"
+    summary = "GlobEnc: L2 norms of the decomposed attention block output, rollout over layers (layer=l: GlobEnc-)"
+    cost = "1 forward; rollout: every layer's scores and per-key head Gram matrices, L S^2 H (D + H) (layer=l: " \
+           "explained rows only)"
+    kind = "globenc"
+
+
+@register
+class AttentionRollout(_Decomposition):
+    """Attention rollout (Abnar & Zuidema 2020): product of ``0.5 mean_h A + 0.5 I`` over layers."""
+
+    name = "attention-rollout"
+    summary = "attention rollout: product over layers of 0.5 mean-head attention + 0.5 I (layer=l: that layer's)"
+    cost = "1 forward; every layer's attention rows recomputed a block at a time, L S^2 H D"
+    kind = "attention"
+
+    def memory_extra(self, lm: LoadedModel, tokens: int) -> int:
+        s = Shapes.of(lm)
+        records = s.layers * tokens * s.element * (s.heads + 2 * s.kv_heads) * s.head_dim
+        return records + BLOCK_BYTES
+
+
+@register
+class AltiLogit(AttributionMethod):
+    """ALTI-Logit (Ferrando et al. 2023): each layer's attention update to the target logit, traced to the input
+    tokens through the ALTI rollout of the layers below."""
+
+    name = "alti-logit"
+    family = "vector decomposition"
+    summary = "ALTI-Logit: attention updates to the target logit traced to the inputs by ALTI rollout (signed)"
+    needs_gradients = False
+    signed = True
+    cost = "1 forward; every (query, key) vector of every layer, L S^2 H d"
+    objective = "logit"
+    LINEAR = ("logit", "contrast")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        if self.params.get("target", self.objective) not in self.LINEAR:
+            raise LlmattrError(f"alti-logit explains a logit: target must be one of {', '.join(self.LINEAR)}")
+
+    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        a, b = target.span
+        _, foil = self.explained(lm)
+        scores = alti_logit(lm, target.input_ids, target.positions, target.target_ids, foil)
+        return scores[:, a:b].cpu()
+
+    def memory_extra(self, lm: LoadedModel, tokens: int) -> int:
+        return _record_bytes(lm, tokens, True)
+
+
+NOT_DEFINED["decompx"] = (
+    "DecompX (Modarressi et al. 2023) propagates decomposed vectors through BERT-style post-norm encoders into a "
+    "classification head (paper 003 reports N/A for Llama 2); alti-logit is the decoder counterpart")
