@@ -108,3 +108,42 @@ def test_evaluate_on_a_finetune_leaves_out_its_training_rows(tiny_tokenizer, tmp
     markdown = to_markdown(accuracy_table(Results([out]), "ft"))  # the store names a folder model by its name
     assert "Model card: sentiment fine-tune of tiny-base" in markdown and f"on {card['n_train']} training rows" \
         in markdown
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--data", "{tmp}/r.csv"], "no column 'text' for field 'text' (set --text-field); its columns: review, stars"),
+    (["--data", "{tmp}/r.csv", "--text-field", "review"], "row 2: empty text"),
+    (["A text.", "--data", "{tmp}/r.csv", "--text-field", "review"], "not both"),
+    (["--data", "{tmp}/r.csv", "--text-field", "review", "--target", "gold"], "--target gold"),
+    (["--data", "{tmp}/r.csv", "--text-field", "review", "--n", "0"], "--n must be at least 1"),
+    (["A text.", "--text-field", "review"], "go with --data"),
+])
+def test_explain_refuses_a_bad_file_before_the_model_loads(args, fragment, tmp_path):
+    write_csv(tmp_path / "r.csv", [{"review": "Fine.", "stars": "1"}, {"review": " ", "stars": "0"}])
+    result = run_cli("explain", *NO_MODEL, *(a.format(tmp=tmp_path) for a in args))
+    one_line_error(result, fragment)
+
+
+def test_explain_over_a_file_explains_every_row(tiny_llama, tmp_path, monkeypatch):
+    """`llmattr explain --data FILE --text-field COL`: one explanation per row (the first --n rows), in file order,
+    each equal to explaining that row's text alone; --json holds the list, --html one grid per row."""
+    from typer.testing import CliRunner
+
+    import llmattr
+    from llmattr.cli import app
+
+    rows = [{"review": "A fine film.", "stars": "1"}, {"review": "Dull and long.", "stars": "0"},
+            {"review": "Never again.", "stars": "0"}]
+    path = write_csv(tmp_path / "r.csv", rows)
+    monkeypatch.setattr("llmattr.models.loading.load_model", lambda *args, **kwargs: tiny_llama)
+    out, page = tmp_path / "e.json", tmp_path / "e.html"
+    result = CliRunner().invoke(app, ["explain", "--data", str(path), "--text-field", "review", "--n", "2",
+                                      "--method", "input-x-gradient", "--json", str(out), "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    records = json.loads(out.read_text())
+    assert [r["example"]["text"] for r in records] == ["A fine film.", "Dull and long."]
+    alone = llmattr.explain("Dull and long.", model=tiny_llama, method="input-x-gradient")
+    assert records[1]["steps"][0]["raw"] == pytest.approx(alone.steps[0].raw, rel=1e-5, abs=1e-7)
+    html = page.read_text()
+    assert html.count('<table class="grid"') == 2  # one grid per row, each with its own tokens
+    assert ">ull<" in html and ">lo<" in html  # row 2 drawn by its own token pieces

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from json import dumps
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def explanation_data(expl, result: dict | None) -> dict:
 
 @app.command()
 def explain(
-    text: str = typer.Argument(..., help="The text to explain (the content span of the prompt)."),
+    text: str = typer.Argument(None, help="The text to explain (the content span of the prompt); or --data FILE."),
     model: str = typer.Option("default", help="'default' (SmolLM2-135M-Instruct), 'gemma-3-270m', a hub id, "
                                                  "a folder or a .gguf."),
     task: str = typer.Option("sentiment", help="Prompt recipe: sentiment, boolq, generate, ..."),
@@ -132,20 +133,31 @@ def explain(
                                                                     "one per step."),
     format: str = typer.Option("text", "--format", help="text (heatmap) or json (the Explanation JSON on stdout, "
                                                         "messages on stderr)."),
+    data: Path = typer.Option(None, help="Explain every row of your own JSONL/JSON/CSV/TSV file instead of TEXT "
+                                         "(--json: a list, --html: one grid per row)."),
+    text_field: str = typer.Option(None, help="--data: the column holding the text (default: the task's field)."),
+    n: int = typer.Option(None, help="--data: explain the first N rows only."),
 ) -> None:
-    """Explain the model's answer to TEXT: answer, token heatmap, optional HTML and JSON."""
+    """Explain the model's answer to TEXT (or to every row of --data FILE): answer, token heatmap, optional HTML
+    and JSON."""
     from .. import methods
     from ..api import explain as run_explain
+    from ..api import text_problem
     from ..models.loading import load_model, resolve_dtype
     from ..models.memory import check_checkpointing
     from ..render import print_explanation
     from ..tasks import get_task
+    from ..tasks.files import read_file_texts
 
     one_of(format, FORMATS, "--format")
     console = Console(stderr=format == "json")
-    if not text.strip():
-        raise LlmattrError("empty text: give the text to explain")
     task_obj = get_task(task)
+    if (text is None) == (data is None):
+        raise LlmattrError("give the text to explain, or --data FILE (not both)")
+    if data is None and not text.strip():
+        raise LlmattrError("empty text: give the text to explain")
+    if data is None and (text_field is not None or n is not None):
+        raise LlmattrError("--text-field and --n go with --data FILE")
     if target not in TARGET_MODES:
         raise LlmattrError(f"--target must be one of {', '.join(TARGET_MODES)}; got {target!r}")
     if scope not in SCOPES:
@@ -158,7 +170,10 @@ def explain(
     if foil is not None:
         params["foil"] = foil
     gold_field = ("label",) if task_obj.label_words or task_obj.kind == "lm" else ()  # --target gold's word
-    content = parse_fields(text, field, task_obj.fields + gold_field)
+    if data is not None:
+        content = file_texts(read_file_texts(task_obj, data, text_field), n, field, target, text_problem)
+    else:
+        content = parse_fields(text, field, task_obj.fields + gold_field)
     if isinstance(content, dict):
         content = {task_obj.fields[0]: content.pop("__text__"), **content}
     if target == "gold" and task_obj.kind == "lm" and answer is None:
@@ -177,29 +192,54 @@ def explain(
     names = [name.strip() for name in method.split(",") if name.strip()] or [method]
     for name in names:
         methods.get(name, **params)  # fail fast on a bad method before loading the model
-    if len(names) > 1 and figure is not None:
-        raise LlmattrError("--figure draws one method's matrix; give one --method (--html shows several)")
+    many = len(names) > 1 or data is not None  # an Explanations collection: lists in the JSON, a grid page
+    if many and figure is not None:
+        raise LlmattrError("--figure draws one explanation's matrix; give one --method and one text (--html shows "
+                           "several)")
+    if data is not None and plot is not None:
+        raise LlmattrError("--plot draws one text's curves; with --data, --eval-json holds every row's")
     check_checkpointing(checkpointing)
     resolve_dtype(dtype, "cpu")  # a bad --dtype is refused before the model loads
     with console.status(f"loading model {model} ..."):
         lm = load_model(model, device=device, dtype=dtype, verbose=verbose)
-    with console.status(f"explaining with {', '.join(names)} ..."):
+    with console.status(f"explaining with {', '.join(names)} ...") if data is None else nullcontext():
         explained = run_explain(content, model=lm, method=names if len(names) > 1 else method, task=task_obj,
+                                progress=data is not None and format == "text",
                                 max_new_tokens=max_new_tokens, answer=answer, shots=shots, shots_from=shots_from,
                                 target=target, scope=scope, checkpointing=checkpointing, method_params=params)
-    expls = list(explained) if len(names) > 1 else [explained]
+    expls = list(explained) if many else [explained]
     for expl in expls:
         if format == "text":
             print_explanation(expl, console, numbers=numbers, shared_scale=shared_scale)
         if verbose:
             print_convergence(expl, console)
-    print_classification(expls[0].classification, console)
+    if data is None:
+        print_classification(expls[0].classification, console)
     results = [run_evaluation(expl, lm, console, routing, samples, seed) if evaluate else None for expl in expls]
-    data = [explanation_data(expl, result) for expl, result in zip(expls, results, strict=True)]
+    records = [explanation_data(expl, result) for expl, result in zip(expls, results, strict=True)]
     if format == "json":
-        typer.echo(dumps(data if len(names) > 1 else data[0], ensure_ascii=False))
-    write_outputs(explained, data if len(names) > 1 else data[0], results if len(names) > 1 else results[0],
+        typer.echo(dumps(records if many else records[0], ensure_ascii=False))
+    write_outputs(explained, records if many else records[0], results if many else results[0],
                   outputs, console, numbers=bool(numbers), shared_scale=shared_scale)
+    failed = getattr(explained, "failed", {})
+    if failed:  # every good row is written above; the bad ones are named, and the exit code says so
+        raise LlmattrError(f"{len(failed)} row(s) of {data} not explained: "
+                           + "; ".join(f"row {i + 1}: {why}" for i, why in failed.items()))
+
+
+def file_texts(texts: list, n: int | None, field: list[str], target: str, text_problem) -> list:
+    """``--data``'s texts (the first ``n``), every one checked before the model loads: an empty or malformed row
+    is named by its number in one line."""
+    if field:
+        raise LlmattrError("--field sets one text's extra fields; with --data they come from the file's columns")
+    if target == "gold":
+        raise LlmattrError("--target gold explains one given gold word; with --data use --target label or "
+                           "generated (llmattr evaluate --data reads each row's gold label)")
+    texts = texts[:positive_int(n, "--n")] if n is not None else texts
+    bad = {i: problem for i, item in enumerate(texts) if (problem := text_problem(item))}
+    if bad:
+        raise LlmattrError("cannot explain " + "; ".join(f"row {i + 1}: {why}" for i, why in bad.items()))
+    return texts
 
 
 def write_outputs(explained, data: dict | list, result: dict | list | None, outputs: dict, console: Console,

@@ -4,7 +4,8 @@
 ``review`` fills the task's first field (its other fields keep their names), ``label`` holds the gold label,
 mapped to the task's label words by the task's own map (``positive`` -> ``Positive``) or by ``--labels``.
 Every row is checked before anything heavy runs: a missing column is one line naming the columns the file has.
-One reader serves ``llmattr finetune --data`` and ``llmattr evaluate --data``.
+One reader serves ``llmattr finetune --data``, ``llmattr evaluate --data`` and ``llmattr explain --data``
+(the texts alone: :func:`read_file_texts`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,39 @@ def label_text(value) -> str | None:
     return value if value is None or isinstance(value, str) else json.dumps(value)
 
 
+def file_rows(task: Task, path: str | Path, text_field: str | None = None,
+              label_field: str | None = None) -> tuple[list[dict], dict]:
+    """Every row of ``path`` and the map from the task's fields (and ``"label"`` when ``label_field`` is not
+    ``False``) to the file's columns, each row checked to hold them all (one line naming the file's columns)."""
+    path = Path(path)
+    rows = read_rows(path)
+    if not rows:
+        raise LlmattrError(f"{path}: no rows")
+    columns = {name: task.columns.get(name, name) for name in task.fields}
+    if text_field:
+        columns[task.fields[0]] = text_field
+    hints = {task.fields[0]: "set --text-field", "label": "set --label-field",
+             **{name: f"task {task.name} reads it by this name" for name in task.fields[1:]}}
+    if label_field is not False:
+        columns["label"] = label_field or task.label_field or "label"
+    for i, row in enumerate(rows):
+        for name, column in columns.items():
+            if column not in row:
+                what = "the label" if name == "label" else f"field {name!r}"
+                raise LlmattrError(f"{path}: row {i + 1} has no column {column!r} for {what} ({hints[name]}); "
+                                   f"its columns: {', '.join(map(str, row))}")
+    return rows, columns
+
+
+def read_file_texts(task: str | Task, path: str | Path, text_field: str | None = None) -> list[str | dict]:
+    """The text of every row of ``path`` as :func:`llmattr.explain` takes it (the first field's string, or a dict
+    of every field for a multi-field task), in file order; no label is read (``llmattr explain --data``)."""
+    task = get_task(task)
+    rows, columns = file_rows(task, path, text_field, label_field=False)
+    texts = [{name: str(row[column]) for name, column in columns.items()} for row in rows]
+    return [text[task.fields[0]] for text in texts] if len(task.fields) == 1 else texts
+
+
 def read_file_examples(task: str | Task, path: str | Path, text_field: str | None = None,
                        label_field: str | None = None, labels: str | None = None) -> tuple[Task, list[dict]]:
     """The task (with ``--labels`` applied) and every row of ``path`` as one of its examples, in file order.
@@ -56,22 +90,8 @@ def read_file_examples(task: str | Task, path: str | Path, text_field: str | Non
     """
     task = file_task(task, labels)
     path = Path(path)
-    rows = read_rows(path)
-    if not rows:
-        raise LlmattrError(f"{path}: no rows")
-    columns = {name: task.columns.get(name, name) for name in task.fields}
-    if text_field:
-        columns[task.fields[0]] = text_field
-    label_column = label_field or task.label_field or "label"
-    hints = {task.fields[0]: "set --text-field", "label": "set --label-field",
-             **{name: f"task {task.name} reads it by this name" for name in task.fields[1:]}}
-    needed = {**columns, "label": label_column}
-    for i, row in enumerate(rows):
-        for name, column in needed.items():
-            if column not in row:
-                what = "the label" if name == "label" else f"field {name!r}"
-                raise LlmattrError(f"{path}: row {i + 1} has no column {column!r} for {what} ({hints[name]}); "
-                                   f"its columns: {', '.join(map(str, row))}")
+    rows, columns = file_rows(task, path, text_field, label_field)
+    label_column = columns["label"]
     rows = [{"id": f"{path.stem}-{i}", **row} for i, row in enumerate(rows)]
     rows = [{**row, label_column: label_text(row[label_column])} for row in rows]
-    return task, [to_example(task, row, i, {**columns, "label": label_column}) for i, row in enumerate(rows)]
+    return task, [to_example(task, row, i, columns) for i, row in enumerate(rows)]
