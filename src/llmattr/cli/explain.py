@@ -194,8 +194,8 @@ def explain(
         methods.get(name, **params)  # fail fast on a bad method before loading the model
     many = len(names) > 1 or data is not None  # an Explanations collection: lists in the JSON, a grid page
     if many and figure is not None:
-        raise LlmattrError("--figure draws one explanation's matrix; give one --method and one text (--html shows "
-                           "several)")
+        raise LlmattrError("--figure draws one method's matrix of one text; give one --method and one TEXT "
+                           "(--html shows several)")
     if data is not None and plot is not None:
         raise LlmattrError("--plot draws one text's curves; with --data, --eval-json holds every row's")
     check_checkpointing(checkpointing)
