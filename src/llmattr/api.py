@@ -196,9 +196,7 @@ def explain(
         check_text(text)
         return explain_text(resolve_model(model, device), text, method_objs, task, **args)[0]
     texts = list(text) if isinstance(text, list | tuple) else [text]
-    bad = {i: problem for i, item in enumerate(texts) if (problem := text_problem(item))}
-    if bad:
-        raise LlmattrError("cannot explain " + "; ".join(f"item {i}: {why}" for i, why in bad.items()))
+    check_texts(texts)
     lm = resolve_model(model, device)
     out = Explanations()
     for i, item in enumerate(track(texts, description="explaining", disable=not progress or len(texts) < 2,
@@ -273,6 +271,14 @@ def tokens(text: str | dict, model: str | LoadedModel = "default", task: str | T
     prompt = build_prompt(lm.tokenizer, task, task.example_from_text(text), demonstrations)
     decoded = [lm.tokenizer.decode([i]) for i in prompt.input_ids[0].tolist()]
     return span_display(decoded, prompt.offsets, prompt.text, prompt.span, [])
+
+
+def check_texts(texts: list, first: int = 0, noun: str = "item") -> None:
+    """Refuse a batch in one line naming every text that cannot be explained (``noun`` and its number, counted
+    from ``first``), before any work."""
+    bad = {i + first: problem for i, item in enumerate(texts) if (problem := text_problem(item))}
+    if bad:
+        raise LlmattrError("cannot explain " + "; ".join(f"{noun} {i}: {why}" for i, why in bad.items()))
 
 
 def check_text(text: object) -> None:

@@ -141,8 +141,8 @@ def explain(
     """Explain the model's answer to TEXT (or to every row of --data FILE): answer, token heatmap, optional HTML
     and JSON."""
     from .. import methods
+    from ..api import check_texts
     from ..api import explain as run_explain
-    from ..api import text_problem
     from ..models.loading import load_model, resolve_dtype
     from ..models.memory import check_checkpointing
     from ..render import print_explanation
@@ -171,7 +171,7 @@ def explain(
         params["foil"] = foil
     gold_field = ("label",) if task_obj.label_words or task_obj.kind == "lm" else ()  # --target gold's word
     if data is not None:
-        content = file_texts(read_file_texts(task_obj, data, text_field), n, field, target, text_problem)
+        content = file_texts(read_file_texts(task_obj, data, text_field), n, field, target, check_texts)
     else:
         content = parse_fields(text, field, task_obj.fields + gold_field)
     if isinstance(content, dict):
@@ -227,7 +227,7 @@ def explain(
                            + "; ".join(f"row {i + 1}: {why}" for i, why in failed.items()))
 
 
-def file_texts(texts: list, n: int | None, field: list[str], target: str, text_problem) -> list:
+def file_texts(texts: list, n: int | None, field: list[str], target: str, check_texts) -> list:
     """``--data``'s texts (the first ``n``), every one checked before the model loads: an empty or malformed row
     is named by its number in one line."""
     if field:
@@ -236,9 +236,7 @@ def file_texts(texts: list, n: int | None, field: list[str], target: str, text_p
         raise LlmattrError("--target gold explains one given gold word; with --data use --target label or "
                            "generated (llmattr evaluate --data reads each row's gold label)")
     texts = texts[:positive_int(n, "--n")] if n is not None else texts
-    bad = {i: problem for i, item in enumerate(texts) if (problem := text_problem(item))}
-    if bad:
-        raise LlmattrError("cannot explain " + "; ".join(f"row {i + 1}: {why}" for i, why in bad.items()))
+    check_texts(texts, first=1, noun="row")
     return texts
 
 
