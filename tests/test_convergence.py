@@ -8,6 +8,7 @@ import pytest
 import torch
 from captum.attr import IntegratedGradients
 
+from conftest import build_tiny
 from llmattr import methods
 from llmattr.api import attribute, prepare
 from llmattr.explanation import Explanation
@@ -102,3 +103,33 @@ def test_json_round_trip_and_cli_verbose(tiny_llama, tmp_path, monkeypatch):
     plain = attribute(tiny_llama, prepare(tiny_llama, "A terrific film.", get_task("generate"), answer=" movie"),
                       methods.get("saliency"))
     assert plain.steps[0].convergence_delta is None
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
+def test_template_share_through_its_cache_is_its_summed_attribution(tiny_tokenizer, arch, monkeypatch):
+    """The template runs as a PathPrefix (keys/values per path point, their forward-mode derivatives): the
+    backward stops at the span, and the template's share <dF/dKV, dKV> of the delta equals the sum of its
+    attributions from a full backward. The second example of the task reuses the prefix (computed once)."""
+    from llmattr.models.forward import PathPrefix
+
+    lm = build_tiny(arch, tiny_tokenizer)
+    computed = []
+    compute = PathPrefix.compute.__func__
+    monkeypatch.setattr(PathPrefix, "compute", classmethod(lambda cls, *a: computed.append(1) or compute(cls, *a)))
+    task, ig = get_task("sentiment"), methods.get("integrated-gradients", n_steps=5)
+    for text in ("A terrific film.", "Dull, slow and far too long."):
+        target = prepare(lm, text, task, answer=" movie was")
+        scores, info = ig.attribute_with_info(lm, target)
+        assert target.span[0] > 0 and lm.memo["path-prefix"][1].tangents is not None
+        full = ig.attributions(lm, target)  # every token through the graph
+        _, _, _, target_delta, tol = endpoints(lm, target)
+        expected = full_sum(full) - target_delta
+        scale = full.abs().sum((1, 2)).double() * 1e-5 + tol  # float32 sums of these terms
+        assert (torch.tensor(info["convergence_delta"], dtype=torch.float64) - expected).abs().le(scale).all()
+        a, b = target.span
+        ref = full[:, a:b].sum(-1)
+        assert torch.allclose(scores, ref, atol=1e-5 * full[:, a:b].abs().sum().item())
+        if arch != "gemma3":  # the tiny Gemma-3's 4-token sliding window hides the template from the steps
+            template = full[:, :a].double().sum((1, 2))
+            assert template.abs().max() > 1e-3 * full.abs().sum()  # the template's share is not negligible
+    assert computed == [1]

@@ -125,7 +125,7 @@ def test_gradient_shap_matches_captum(tiny_llama, gen_target):
     np.random.seed(7)
     np.random.choice(1, 5)  # Captum draws the baseline index, then the alphas
     alphas = torch.tensor(np.random.uniform(0.0, 1.0, 5))
-    ours = x * integrate(f, x, torch.zeros_like(x), alphas, torch.full((5,), 0.2), batch_size=16)
+    ours = x * integrate(f, x, torch.zeros_like(x), alphas, torch.full((5,), 0.2), batch_size=16)[0]
     for t in range(tgt.n_steps):
         np.random.seed(7)
         ref = GradientShap(per_step(f, t)).attribute(x, baselines=torch.zeros_like(x), n_samples=5, stdevs=0.0)
@@ -168,8 +168,8 @@ def test_aieg_emphasis_zero_where_f_is_flat():
     f = lambda e: (e[..., 0].sum(-1) - e[..., 1].sum(-1))[:, None]  # noqa: E731
     alphas, weights = methods.get("aieg", n_steps=8).path()
     x0 = torch.zeros_like(x)
-    plain = integrate(f, x, x0, alphas, weights, batch_size=3)
-    emph = integrate(f, x, x0, alphas, weights, batch_size=3, f_start=f(x0))
+    plain = integrate(f, x, x0, alphas, weights, batch_size=3)[0]
+    emph = integrate(f, x, x0, alphas, weights, batch_size=3, f_start=f(x0))[0]
     assert plain.abs().sum() > 0 and emph.abs().sum() == 0
 
 
@@ -180,8 +180,8 @@ def test_aieg_emphasis_one_everywhere_is_plain_riemann_ig():
     f = lambda e: torch.cos(n * math.pi * (e * w).sum((1, 2)) / (x * w).sum())[:, None]  # noqa: E731
     alphas, weights = methods.get("aieg", n_steps=n).path()
     x0 = torch.zeros_like(x)
-    plain = integrate(f, x, x0, alphas, weights, batch_size=3)
-    emph = integrate(f, x, x0, alphas, weights, batch_size=3, f_start=f(x0))
+    plain = integrate(f, x, x0, alphas, weights, batch_size=3)[0]
+    emph = integrate(f, x, x0, alphas, weights, batch_size=3, f_start=f(x0))[0]
     assert torch.allclose(plain, emph, rtol=1e-5)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from transformers.cache_utils import Cache
 
 from .. import objectives
 from ..errors import LlmattrError
@@ -76,19 +77,30 @@ def score_fn(lm: LoadedModel, target: Target, kind: str, prefix: int = 0,
     attention masks the cache forces would cost more memory than it saves (:func:`~..models.memory.prefix_cache_pays`),
     the prefix runs through the graph instead: the same ``F`` and span gradients.
     """
-    positions = target.positions.to(lm.device)
     if not prefix_cache_pays(lm, prefix, int(target.input_ids.shape[1])):
-        return lambda embeds: target_scores(lm, embeds, positions, target.target_ids, kind, foil_ids)
+        return suffix_score_fn(lm, target, kind, 0, foil_ids)
+    after = suffix_score_fn(lm, target, kind, prefix, foil_ids)
+    return lambda embeds: after(embeds[:, prefix:], prefix_cache(lm, embeds[:, :prefix]))
 
-    def f(embeds: torch.Tensor) -> torch.Tensor:
-        cache = prefix_cache(lm, embeds[:, :prefix])
-        return target_scores(lm, embeds[:, prefix:], positions - prefix, target.target_ids, kind, foil_ids,
-                             past_key_values=cache, use_cache=True)
+
+def suffix_score_fn(lm: LoadedModel, target: Target, kind: str, prefix: int,
+                    foil_ids: torch.Tensor | None = None) -> Callable[..., torch.Tensor]:
+    """``F`` of the tokens after the first ``prefix``: ``(embeds (B, S - prefix, D), cache) -> (B, T)``, the
+    prefix's keys and values in ``cache`` (none when ``prefix`` is 0)."""
+    positions = target.positions.to(lm.device) - prefix
+
+    def f(embeds: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+        if cache is None:
+            return target_scores(lm, embeds, positions, target.target_ids, kind, foil_ids)
+        return target_scores(lm, embeds, positions, target.target_ids, kind, foil_ids, past_key_values=cache,
+                             use_cache=True)
     return f
 
 
-def embedding_gradients(f: ScoreFn, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``F`` at ``embeds`` ``(B, T)`` and ``dF_t/d embeds`` ``(T, B, S, D)``.
+def embedding_gradients(f: ScoreFn, embeds: torch.Tensor, *others: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, ...]:
+    """``F`` at ``embeds`` ``(B, T)`` and ``dF_t/d embeds`` ``(T, B, S, D)`` (then ``dF_t/d other`` for each
+    tensor of ``others`` that ``f`` reads and that requires a gradient, ``(T, *other.shape)``).
 
     One forward; one backward whose T vector-Jacobian products are batched (rows are independent, so
     the gradient of ``sum_b F[b, t]`` holds each row's own gradient).
@@ -96,8 +108,8 @@ def embedding_gradients(f: ScoreFn, embeds: torch.Tensor) -> tuple[torch.Tensor,
     embeds = embeds.detach().requires_grad_(True)
     with torch.enable_grad():
         scores = f(embeds)
-        (grads,) = step_gradients(scores.sum(0), [embeds])
-    return scores.detach(), grads
+        grads = step_gradients(scores.sum(0), [embeds, *others])
+    return (scores.detach(), *grads)
 
 
 def baseline_embeds(lm: LoadedModel, embeds: torch.Tensor, target: Target, scope: str) -> torch.Tensor:
@@ -124,12 +136,15 @@ def baseline_embeds(lm: LoadedModel, embeds: torch.Tensor, target: Target, scope
     return torch.where(mask, torch.zeros_like(embeds), embeds)
 
 
-def convergence(attr: torch.Tensor, target_delta: torch.Tensor) -> dict:
+def convergence(attr: torch.Tensor, target_delta: torch.Tensor, rest: torch.Tensor | None = None) -> dict:
     """Completeness per step (Captum's ``convergence_delta``): ``target_delta = F(x) - F(x0)`` and
     ``convergence_delta = sum_i sum_d attr_tid - target_delta`` over every input token, from embedding-level
-    attributions ``(T, S, D)``; float64 lists, one value per step."""
+    attributions ``(T, S, D)`` and ``rest`` ``(T,)``, the summed attributions of tokens not in ``attr`` (a
+    cached template's share, :class:`~..models.forward.PathPrefix`); float64 lists, one value per step."""
     target_delta = target_delta.detach().double().cpu()
     total = attr.detach().double().sum((1, 2)).cpu()
+    if rest is not None:
+        total = total + rest.detach().double().cpu()
     return {"target_delta": target_delta.tolist(), "convergence_delta": (total - target_delta).tolist()}
 
 

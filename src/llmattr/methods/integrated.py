@@ -10,12 +10,15 @@ algorithm A.3) or for the content span only (``baseline="span"``: template and g
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import torch
 
 from ..errors import LlmattrError
+from ..models.forward import PathPrefix
 from ..models.loading import LoadedModel
-from ..models.memory import is_oom, path_batch
+from ..models.memory import PATH_BUDGET, Shapes, is_oom, path_batch, prefix_cache_pays
 from ..models.probe import Probe
 from ..scores import pos_norm
 from ..targets import Target
@@ -30,6 +33,7 @@ from .gradient import (
     endpoint_delta,
     reduce_tokens,
     span_scores,
+    suffix_score_fn,
 )
 
 PATH_METHODS = ("riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid", "gausslegendre")
@@ -65,18 +69,23 @@ def emphasis_factor(f_now: torch.Tensor, f_prev: torch.Tensor) -> torch.Tensor:
 
 
 def integrate(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor, alphas: torch.Tensor, weights: torch.Tensor,
-              batch_size: int, clip: float | None = None, f_start: torch.Tensor | None = None) -> torch.Tensor:
-    """Path integral ``sum_k w_k [EF_k] clip(dF_t/dx (x0 + alpha_k (x - x0)))``: ``(T, S, D)``.
+              batch_size: int, clip: float | None = None, f_start: torch.Tensor | None = None,
+              prefix: PathPrefix | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Path integral ``sum_k w_k [EF_k] clip(dF_t/dx (x0 + alpha_k (x - x0)))``: ``(T, S, D)``, and with a
+    moving ``prefix`` its share ``sum_k w_k [EF_k] <dF_t/dKV_k, dKV_k>`` ``(T,)`` (else ``None``).
 
     ``x``, ``x0``: ``(1, S, D)``. ``clip``: clamp each gradient to ``[-clip, clip]`` (IGCG, paper 004
-    app. A.2). ``f_start``: ``F`` at the point before ``alphas[0]`` ``(1, T)``; when given, each step's
-    gradient is weighted by the emphasis factor of ``F`` between consecutive points (eq. 12, alg. A.3).
+    app. A.2; a prefix's share is that of its unclipped gradients). ``f_start``: ``F`` at the point before
+    ``alphas[0]`` ``(1, T)``; when given, each step's gradient is weighted by the emphasis factor of ``F``
+    between consecutive points (eq. 12, alg. A.3). ``prefix``: the keys and values of tokens before ``x``
+    at each path point (:class:`~..models.forward.PathPrefix`), which ``f(embeds, cache)`` attends to.
     """
-    total, prev, start = None, f_start, 0
+    total, share, prev, start = None, None, f_start, 0
     while start < len(alphas):
-        a = alphas[start:start + batch_size].to(x.device, x.dtype)[:, None, None]
+        rows = slice(start, start + batch_size)
+        a = alphas[rows].to(x.device, x.dtype)[:, None, None]
         try:
-            scores, grads = embedding_gradients(f, x0 + a * (x - x0))  # (n, T), (T, n, S, D)
+            scores, grads, *scale_grads = path_gradients(f, x0 + a * (x - x0), prefix, rows)
         except RuntimeError as err:  # out of memory after all (a GPU's allocator): halve the chunk
             if not is_oom(err) or batch_size == 1:
                 raise
@@ -84,14 +93,49 @@ def integrate(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor, alphas: torch.Tenso
             continue
         if clip is not None:
             grads = grads.clamp(-clip, clip)
-        w = weights[start:start + batch_size].to(scores)[:, None].expand_as(scores)  # (n, T)
+        w = weights[rows].to(scores)[:, None].expand_as(scores)  # (n, T)
         if f_start is not None:
             w = w * emphasis_factor(scores, torch.cat([prev, scores[:-1]]))
             prev = scores[-1:]
         part = torch.einsum("nt,tnsd->tsd", w.to(grads.dtype), grads)
         total = part if total is None else total + part
+        if scale_grads:
+            part = torch.einsum("nt,tn->t", w.to(scale_grads[0].dtype), scale_grads[0])
+            share = part if share is None else share + part
         start += batch_size
-    return total
+    return total, share
+
+
+def path_gradients(f: ScoreFn, points: torch.Tensor, prefix: PathPrefix | None, rows: slice) -> tuple:
+    """``F``, ``dF/dx`` at the path ``points`` ``(n, S, D)`` and, with a moving ``prefix``, ``dF/ds`` ``(T, n)``
+    for the prefix's derivative scale ``s`` (:meth:`~..models.forward.PathPrefix.cache`): one backward."""
+    if prefix is None:
+        return embedding_gradients(f, points)
+    if prefix.tangents is None:
+        return embedding_gradients(lambda e: f(e, prefix.cache(rows)), points)
+    scale = torch.zeros(len(points), dtype=points.dtype, device=points.device, requires_grad=True)
+    return embedding_gradients(lambda e: f(e, prefix.cache(rows, scale)), points, scale)
+
+
+def path_prefix(lm: LoadedModel, x: torch.Tensor, x0: torch.Tensor, alphas: torch.Tensor) -> PathPrefix | None:
+    """The template's :class:`~..models.forward.PathPrefix` for the path ``x0 -> x`` ``(1, P, D)`` at ``alphas``,
+    kept on the model for the next call with the same template, baseline and points (the examples of one
+    task share them); ``None`` where its keys, values and derivatives would take more than
+    ``PATH_BUDGET / 8`` bytes, or its eager attention more than ``PATH_BUDGET`` per point."""
+    s, length = Shapes.of(lm), x.shape[1]
+    moving = not torch.equal(x, x0)
+    rows = len(alphas) if moving else 1
+    stored = rows * s.layers * 2 * s.kv_heads * s.head_dim * length * s.element * (2 if moving else 1)
+    eager = 4 * s.heads * length * length * s.element
+    if stored > PATH_BUDGET // 8 or eager > PATH_BUDGET:
+        return None
+    key = tuple(hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+                for t in (x, x0, alphas))
+    kept = lm.memo.get("path-prefix")
+    if kept is None or kept[0] != key:
+        kept = key, PathPrefix.compute(lm, x, x0, alphas, max(1, PATH_BUDGET // eager))
+        lm.memo["path-prefix"] = kept
+    return kept[1]
 
 
 def net_attention(lm: LoadedModel, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -139,7 +183,7 @@ class PathMethod(EmbeddingGradientMethod):
     def gradient_integral(self, lm: LoadedModel, f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
         """The weighted path integral of the gradient, ``memory_rows`` path points per chunk."""
         alphas, weights = self.path()
-        return integrate(f, x, x0, alphas, weights, self.memory_rows(lm, x.shape[1]), clip=self.clip())
+        return integrate(f, x, x0, alphas, weights, self.memory_rows(lm, x.shape[1]), clip=self.clip())[0]
 
     def attributions(self, lm: LoadedModel, target: Target, prefix: int = 0) -> torch.Tensor:
         """Embedding-level attributions ``(T, S, D)`` for every input token (completeness holds over all).
@@ -152,14 +196,26 @@ class PathMethod(EmbeddingGradientMethod):
     def attribute_with_info(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, dict]:
         """Span scores and Captum's convergence delta per step (:func:`~.gradient.convergence`).
 
-        Completeness sums over every token whose baseline differs from the input, so the backward pass
-        skips the tokens before the content span only where the baseline keeps them (``baseline="span"``:
-        their attributions are exactly zero).
+        Completeness sums over every token whose baseline differs from the input, the template's too. The
+        template (the tokens before the content span) runs as a :class:`~..models.forward.PathPrefix`: its keys
+        and values at each path point, kept for the task's next example, and its share of the sum through them,
+        so the backward pass covers only the span and what follows it (:func:`path_prefix`). Where that
+        prefix does not pay (long inputs, :func:`~..models.memory.prefix_cache_pays`), every token is in the graph.
         """
-        prefix = target.span[0] if self.params["baseline"] == "span" else 0
-        f, x, x0 = self.inputs(lm, target, prefix)
-        attr = (x - x0) * self.gradient_integral(lm, f, x, x0)
-        return span_scores(attr, target, self.params["reduction"]), convergence(attr, endpoint_delta(f, x, x0))
+        alphas, weights = self.path()
+        f, x, x0 = self.inputs(lm, target, target.span[0])
+        p, rows = target.span[0], self.memory_rows(lm, x.shape[1])
+        prefix = path_prefix(lm, x[:, :p], x0[:, :p], alphas) if prefix_cache_pays(lm, p, x.shape[1]) else None
+        if prefix is None:
+            f_all = self.score_fn(lm, target)
+            grads, share = integrate(f_all, x, x0, alphas, weights, rows, clip=self.clip())
+            attr = (x - x0) * grads
+        else:
+            after = suffix_score_fn(lm, target, self.params["target"], p, self.explained(lm)[1])
+            grads, share = integrate(after, x[:, p:], x0[:, p:], alphas, weights, rows, clip=self.clip(),
+                                     prefix=prefix)
+            attr = torch.cat([grads.new_zeros(grads.shape[0], p, grads.shape[2]), (x - x0)[:, p:] * grads], 1)
+        return span_scores(attr, target, self.params["reduction"]), convergence(attr, endpoint_delta(f, x, x0), share)
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         return self.attribute_with_info(lm, target)[0]
@@ -221,7 +277,7 @@ class AIEG(PathMethod):
         alphas, weights = self.path()
         with torch.no_grad():
             f_start = f(x0)
-        grads = integrate(f, x, x0, alphas, weights, self.memory_rows(lm, x.shape[1]), f_start=f_start)
+        grads = integrate(f, x, x0, alphas, weights, self.memory_rows(lm, x.shape[1]), f_start=f_start)[0]
         attr = (x - x0) * grads
         ig = reduce_tokens(attr.float(), "sum")  # (T, S)
         scores = pos_norm(ig) * net_attention(lm, x, target.positions.to(lm.device))

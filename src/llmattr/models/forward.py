@@ -13,10 +13,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
+import torch.autograd.forward_ad as fwad
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from ..errors import LlmattrError
 from .loading import LoadedModel
+from .probe import eager_attention
 
 
 def logits_at(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -91,6 +93,66 @@ class SharedPrefix:
         if not self.length:
             return logits_at(lm, suffix_embeds, positions)
         return logits_at(lm, suffix_embeds, positions - self.length, past_key_values=self.cache(), use_cache=True)
+
+
+class PathPrefix:
+    """The first ``P`` tokens' keys and values at each point ``x0 + alpha_k (x - x0)`` of a straight path, and
+    their derivatives along it, ``dKV_k = J_KV(alpha_k) (x - x0)`` (the prefix's share of a path integral).
+
+    A causal model's later tokens see the prefix only through these keys and values, so for any ``F`` of the
+    later tokens the chain rule through the cache gives the prefix's summed attribution without its backward:
+
+        sum_{i < P} (x - x0)_i . dF/dx_i (x0 + alpha_k (x - x0)) = <dF/dKV_k, dKV_k>.
+
+    :meth:`cache` serves keys ``K_k + s_k dK_k`` (values alike) for a zero vector ``s`` that requires a
+    gradient: one backward of the later tokens gives ``dF/ds_k = <dF/dKV_k, dKV_k>`` per path point and step,
+    and no gradient of the cache is kept. The derivatives come from forward-mode AD
+    (``torch.autograd.forward_ad``) through eager attention (PyTorch's sdpa kernels have no forward-mode
+    derivative): ``(P, P)`` probabilities per layer and path point, ``P`` the prefix length. Where the prefix
+    is the same at every point (``x = x0`` there) there is one row and no derivative.
+    """
+
+    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]],
+                 tangents: list[tuple[torch.Tensor, torch.Tensor]] | None, length: int):
+        self.layers, self.tangents, self.length = layers, tangents, length
+
+    @classmethod
+    @torch.no_grad()
+    def compute(cls, lm: LoadedModel, x: torch.Tensor, x0: torch.Tensor, alphas: torch.Tensor,
+                batch_size: int) -> PathPrefix:
+        """The prefix ``x``, ``x0`` ``(1, P, D)`` at ``alphas`` ``(n,)``, ``batch_size`` points per forward."""
+        length = x.shape[1]
+        if torch.equal(x, x0):
+            cache = DynamicCache()
+            lm.model(inputs_embeds=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            return cls([(layer.keys, layer.values) for layer in cache.layers], None, length)
+        parts = []
+        for start in range(0, len(alphas), batch_size):
+            a = alphas[start:start + batch_size].to(x.device, x.dtype)[:, None, None]
+            parts.append(_kv_derivatives(lm, x0 + a * (x - x0), (x - x0).expand(len(a), -1, -1)))
+        layers = [tuple(torch.cat([p[0][k][j] for p in parts]) for j in range(2)) for k in range(len(parts[0][0]))]
+        tangents = [tuple(torch.cat([p[1][k][j] for p in parts]) for j in range(2)) for k in range(len(parts[0][1]))]
+        return cls(layers, tangents, length)
+
+    def cache(self, rows: slice, scale: torch.Tensor | None = None) -> Cache:
+        """A cache of the path points ``rows`` (every row for a constant prefix); with ``scale`` ``(n,)``, keys and
+        values ``K + scale dK``."""
+        if self.tangents is None or scale is None:
+            pick = (lambda t: t) if self.tangents is None else (lambda t: t[rows])
+            return Cache(layers=[PrefixLayer(pick(k), pick(v)) for k, v in self.layers])
+        s = scale[:, None, None, None]
+        return Cache(layers=[PrefixLayer(k[rows] + s * dk[rows].to(k.dtype), v[rows] + s * dv[rows].to(v.dtype))
+                             for (k, v), (dk, dv) in zip(self.layers, self.tangents, strict=True)])
+
+
+def _kv_derivatives(lm: LoadedModel, points: torch.Tensor, direction: torch.Tensor):
+    """Keys/values of ``points`` ``(n, P, D)`` and their forward-mode derivatives along ``direction``."""
+    with fwad.dual_level(), eager_attention():
+        cache = DynamicCache()
+        lm.model(inputs_embeds=fwad.make_dual(points, direction), past_key_values=cache, use_cache=True,
+                 logits_to_keep=1)
+        unpacked = [(fwad.unpack_dual(layer.keys), fwad.unpack_dual(layer.values)) for layer in cache.layers]
+    return ([(k.primal, v.primal) for k, v in unpacked], [(k.tangent, v.tangent) for k, v in unpacked])
 
 
 def logits_and_prefix(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch.Tensor,

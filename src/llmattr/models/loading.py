@@ -40,6 +40,7 @@ class LoadedModel:
     model_id: str
     folder: str | None = None
     info: dict = field(default_factory=dict)
+    memo: dict = field(default_factory=dict, repr=False, compare=False)  # computations reused across calls
 
     @property
     def device(self) -> torch.device:
