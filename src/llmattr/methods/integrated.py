@@ -11,6 +11,7 @@ algorithm A.3) or for the content span only (``baseline="span"``: template and g
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -36,6 +37,7 @@ from .gradient import (
     suffix_score_fn,
 )
 
+PREFIXES_KEPT = 4  # path prefixes kept per model (each at most PATH_BUDGET / 8 bytes)
 PATH_METHODS = ("riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid", "gausslegendre")
 
 
@@ -120,7 +122,8 @@ def path_gradients(f: ScoreFn, points: torch.Tensor, prefix: PathPrefix | None, 
 def path_prefix(lm: LoadedModel, x: torch.Tensor, x0: torch.Tensor, alphas: torch.Tensor) -> PathPrefix | None:
     """The template's :class:`~..models.forward.PathPrefix` for the path ``x0 -> x`` ``(1, P, D)`` at ``alphas``,
     kept on the model for the next call with the same template, baseline and points (the examples of one
-    task share them); ``None`` where its keys, values and derivatives would take more than
+    task share them; the ``PREFIXES_KEPT`` last used are kept, so methods with other points do not evict each
+    other); ``None`` where its keys, values and derivatives would take more than
     ``PATH_BUDGET / 8`` bytes, or its eager attention more than ``PATH_BUDGET`` per point."""
     s, length = Shapes.of(lm), x.shape[1]
     moving = not torch.equal(x, x0)
@@ -131,11 +134,13 @@ def path_prefix(lm: LoadedModel, x: torch.Tensor, x0: torch.Tensor, alphas: torc
         return None
     key = tuple(hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
                 for t in (x, x0, alphas))
-    kept = lm.memo.get("path-prefix")
-    if kept is None or kept[0] != key:
-        kept = key, PathPrefix.compute(lm, x, x0, alphas, max(1, PATH_BUDGET // eager))
-        lm.memo["path-prefix"] = kept
-    return kept[1]
+    kept = lm.memo.setdefault("path-prefix", OrderedDict())
+    if key not in kept:
+        kept[key] = PathPrefix.compute(lm, x, x0, alphas, max(1, PATH_BUDGET // eager))
+        while len(kept) > PREFIXES_KEPT:
+            kept.popitem(last=False)
+    kept.move_to_end(key)
+    return kept[key]
 
 
 def net_attention(lm: LoadedModel, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
