@@ -28,6 +28,11 @@ many passes of the full length run fewer of them, each with the rows and the len
   ALTI-Logit, attention rollout: their rollout, every layer), saliency, input x gradient, Grad-ELLM,
   DeepLIFT, AttnLRP, CP-LRP, random) runs unbounded, with its defaults.
 
+Resident memory includes what the C allocator keeps after frees: glibc's ``malloc`` raises its mmap threshold as
+large blocks are freed, and the heap then holds freed memory, which can add a quarter to a long gradient run's
+peak, more or less from run to run (docs/methods-lrp.md, Cost). The workers inherit the environment:
+``MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/bench_memory.py ...`` measures with that threshold fixed.
+
 Every method runs as ``llmattr explain`` runs it: the memory guard plans the run (``checkpointing="auto"``:
 activation checkpointing only where the plain backward does not fit the available memory, recorded as
 ``checkpointing`` in the run's parameters). The seconds printed are those of the bounded run, not of the real one.

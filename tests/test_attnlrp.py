@@ -270,3 +270,35 @@ def test_memory_guard_plans_the_backward_and_checkpoints_under_the_rules(tiny_ll
     monkeypatch.setenv(LIMIT_ENV, str(blocks // 2))
     with pytest.raises(LlmattrError, match="attnlrp on 100 tokens needs about"):
         plan(tiny_llama, method, tokens, "auto")
+
+
+def peak_tensor_bytes(run) -> int:
+    """The most bytes of CPU tensors alive at once during ``run()``: the running sum of the profiler's allocation
+    and free events (what the memory guard estimates; a process's resident size adds the C allocator's own
+    retention, see docs/methods-lrp.md, Cost)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    alive = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        alive += event.nbytes()
+        peak = max(peak, alive)
+    return peak
+
+
+@pytest.mark.parametrize("name", ["attnlrp", "cp-lrp"])
+def test_memory_guard_covers_the_tensors_alive(tiny_llama, name):
+    """At two lengths (one explained token) the tensors alive at the peak stay within the guard's ``backward``
+    estimate. The measurement sees an ``(S, S)`` term where there is one: under eager attention, which keeps every
+    layer's ``(H, S, S)`` probabilities for the backward, the longer run exceeds the estimate."""
+    method, shapes = methods.get(name), Shapes.of(tiny_llama)
+    targets = [prepare(tiny_llama, TEXT * n, get_task("sentiment"), answer=" m") for n in (6, 23)]  # " m": one token
+    lengths = [int(t.input_ids.shape[1]) for t in targets]
+    assert [t.n_steps for t in targets] == [1, 1] and 100 < lengths[0] < lengths[1] <= 256, lengths
+    estimate = [activation_bytes(shapes, "backward", n) for n in lengths]
+    peaks = [peak_tensor_bytes(lambda t=t: method.attribute(tiny_llama, t)) for t in targets]
+    assert peaks[0] <= estimate[0] and peaks[1] <= estimate[1], (peaks, estimate)
+    if name == "attnlrp":  # CP-LRP sends no gradient through the probabilities: eager keeps none of them either
+        with eager_attention():
+            eager = peak_tensor_bytes(lambda: method.attribute(tiny_llama, targets[1]))
+        assert eager > estimate[1], (eager, estimate)

@@ -188,13 +188,14 @@ def reference_matrices(lm, ids) -> dict[str, list[torch.Tensor]]:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_layers_and_rollout_equal_the_reference(arch, tiny_tokenizer, monkeypatch):
     """Per layer, every row equals the full-tensor reference; the rollout of the explained rows equals the product
-    of the reference's per-layer matrices, with blocks of 3 query rows (the block loop is exercised)."""
+    of the reference's per-layer matrices, with blocks of 3 query rows for GlobEnc and rollout and 1 for ALTI
+    (the block loop is exercised)."""
     lm = build_tiny(arch, tiny_tokenizer)
     ids = _ids(lm)
     n = ids.shape[1]
-    hidden = lm.config.get_text_config().hidden_size
-    monkeypatch.setattr(dec, "BLOCK_BYTES", 3 * 4 * 4 * n * hidden)
-    assert dec.block_rows(n, hidden) == 3
+    cfg = lm.config.get_text_config()
+    monkeypatch.setattr(dec, "BLOCK_BYTES", 3 * 4 * n * 4 * cfg.num_attention_heads)
+    assert dec.block_rows(n, 4 * cfg.num_attention_heads) == 3 and dec.block_rows(n, 3 * cfg.hidden_size) == 1
     reference = reference_matrices(lm, ids)
     positions = torch.tensor([n - 4, n - 1])
     for kind, matrices in reference.items():

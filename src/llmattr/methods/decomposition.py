@@ -216,31 +216,52 @@ def _centred(x: torch.Tensor, centred: bool) -> torch.Tensor:
     return x - x.mean(-1, keepdim=True) if centred else x
 
 
+def by_key(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``sum_h A^h_ij u^h_j`` ``(R, S, d)`` from ``probs`` ``(H, R, S)`` and ``u`` ``(H, S, d)``: one batched matrix
+    product over the keys ``j`` (``(R, H) @ (H, d)`` each; an einsum picks a far slower layout here), returned as a
+    transposed view of the ``(S, R, d)`` result (contiguous operands: a strided batch is far slower too)."""
+    return torch.bmm(probs.permute(2, 1, 0).contiguous(), u.transpose(0, 1).contiguous()).transpose(0, 1)
+
+
 def transformed_vectors(record: LayerRecord, part: LayerParts, residual: torch.Tensor, rows: torch.Tensor,
                         u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``T_i(x_j)`` ``(R, S, d)`` and ``y_i`` ``(R, d)`` for absolute positions ``rows`` (module docstring);
     ``residual`` is the block input ``(S, d)``, ``u`` from :func:`_heads_out`."""
-    vectors = torch.einsum("hrj,hjd->rjd", _probs(record, rows), u)  # (R, S, d)
-    gain, scale, centred, bias = post_attention(part, vectors.sum(1) + part.out_bias)
-    vectors = _centred(vectors, centred) * (gain * scale)[:, None, :]
+    vectors = by_key(_probs(record, rows), u)  # (R, S, d)
+    if part.post_norm is not None:
+        gain, scale, centred, bias = post_attention(part, vectors.sum(1) + part.out_bias)
+        vectors = _centred(vectors, centred).mul_((gain * scale)[:, None, :])
+    else:
+        bias = part.out_bias
     vectors[torch.arange(len(rows)), rows] += wide(residual[rows])
     return vectors, vectors.sum(1) + bias
 
 
+def head_grams(part: LayerParts, u: torch.Tensor) -> torch.Tensor:
+    """GlobEnc's per-key Gram matrices ``G_j = (g C(u_j))(g C(u_j))^T`` ``(S, H, H)`` of the heads' outputs, with
+    ``g``/``C`` the post-attention norm's gain and centring (``g = 1``, ``C = I`` without one): computed once per
+    layer, shared by every block of rows."""
+    if part.post_norm is None:
+        heads = u
+    else:
+        gain, _, centred = frozen_norm(part.post_norm, u[0, :1])  # gain, centring: the module's own
+        heads = _centred(u, centred) * gain
+    per_key = heads.transpose(0, 1).contiguous()  # (S, H, d)
+    return torch.bmm(per_key, per_key.transpose(1, 2))
+
+
 def globenc_norms(record: LayerRecord, part: LayerParts, residual: torch.Tensor, rows: torch.Tensor,
-                  u: torch.Tensor) -> torch.Tensor:
+                  u: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     """``||T_i(x_j)||_2`` ``(R, S)`` without forming the vectors: off the diagonal
     ``||P_i(sum_h A^h_ij u^h_j)||^2 = s_i^2 sum_{h,h'} A^h_ij A^h'_ij G_j[h, h']`` with the per-key Gram matrix
-    ``G_j = (g C(u_j))(g C(u_j))^T`` of the heads' outputs (``H x H``), since ``P_i`` is a per-dimension gain ``g``
-    times a per-row scalar ``s_i``; the diagonal, which adds ``x_i``, directly. ``S H^2`` per row instead of
-    ``S H d``."""
+    ``G_j`` of :func:`head_grams` (``H x H``), since ``P_i`` is a per-dimension gain ``g`` times a per-row scalar
+    ``s_i``; the diagonal, which adds ``x_i``, directly. ``S H^2`` per row instead of ``S H d``."""
     probs = _probs(record, rows)  # (H, R, S)
     values = wide(repeat_heads(record.v, probs.shape[0])[0])
     attn = torch.einsum("hrk,hkd->rd", probs @ values, part.out_proj.to(values)) + part.out_bias
     gain, scale, centred, _ = post_attention(part, attn)
-    heads = _centred(u, centred) * gain  # (H, S, d)
-    gram = torch.einsum("hjd,kjd->jhk", heads, heads)  # (S, H, H)
-    squared = (torch.einsum("hrj,jhk->krj", probs, gram) * probs).sum(0) * scale**2
+    per_key = probs.permute(2, 1, 0).contiguous()  # (S, R, H)
+    squared = (torch.bmm(per_key, gram) * per_key).sum(-1).T * scale**2
     index = torch.arange(len(rows))
     diagonal = torch.einsum("hr,hrd->rd", probs[:, index, rows], u[:, rows])
     diagonal = _centred(diagonal, centred) * gain * scale + wide(residual[rows])
@@ -251,14 +272,17 @@ def globenc_norms(record: LayerRecord, part: LayerParts, residual: torch.Tensor,
 def alti_rows(vectors: torch.Tensor, resultant: torch.Tensor) -> torch.Tensor:
     """ALTI (Ferrando et al. 2022, eqs. 8-9): ``max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)`` over its row sum.
 
-    Summed per coordinate without cancellation: where ``y_k`` and ``y_k - T_k`` have the same sign,
-    ``|y_k| - |y_k - T_k| = sign(y_k) T_k`` exactly, so a small ``T_i(x_j)`` beside a large residual keeps its
-    own precision instead of the rounding of ``||y_i||_1``.
+    Summed per coordinate without cancellation: with ``a_k = |y_k|`` and ``t_k = sign(y_k) T_k``,
+    ``|y_k| - |y_k - T_k| = t_k`` where ``t_k <= a_k`` and ``2 a_k - t_k`` where ``t_k > a_k``, i.e.
+    ``t_k - 2 max(0, t_k - a_k)``; so a small ``T_i(x_j)`` beside a large residual keeps its own precision
+    instead of the rounding of ``||y_i||_1``. Over ``d``: ``sum_k t_k - 2 sum_k max(0, t_k - a_k)``, computed in
+    place in ``vectors`` (overwritten).
     """
-    sign = torch.where(resultant >= 0, 1.0, -1.0).to(vectors.dtype)[:, None]
-    diff = resultant[:, None] - vectors
-    gain = torch.where(sign * diff >= 0, sign * vectors, resultant.abs()[:, None] - diff.abs())
-    return _row_normalised(gain.sum(-1).clamp_min(0))
+    sign = torch.where(resultant >= 0, 1.0, -1.0).to(vectors.dtype)
+    t = vectors.mul_(sign[:, None])
+    signed = t.sum(-1)
+    excess = t.sub_(resultant.abs()[:, None]).clamp_min_(0).sum(-1)
+    return _row_normalised((signed - 2 * excess).clamp_min(0))
 
 
 def _row_normalised(scores: torch.Tensor) -> torch.Tensor:
@@ -273,19 +297,25 @@ def rollout_attention_rows(probs: torch.Tensor, rows: torch.Tensor) -> torch.Ten
     return mixed
 
 
-def block_rows(tokens: int, hidden: int) -> int:
-    """Query rows per block so that the ``rows x S x d`` float32 vectors and ALTI's three temporaries of their size
-    stay within ``BLOCK_BYTES``."""
-    return max(1, BLOCK_BYTES // (4 * 4 * tokens * hidden))
+def block_rows(tokens: int, width: int) -> int:
+    """Query rows per block so that ``rows x S x width`` float32 numbers stay within ``BLOCK_BYTES``."""
+    return max(1, BLOCK_BYTES // (4 * tokens * width))
 
 
 class Layer:
-    """One layer's decomposition over a :class:`Trace`: contribution rows of method ``kind`` for any rows."""
+    """One layer's decomposition over a :class:`Trace`: contribution rows of method ``kind`` for any rows.
+
+    What does not depend on the query rows (``u^h_j``, GlobEnc's Gram matrices) is computed once here; a block of
+    rows holds ``width`` float32 numbers per (row, key): ALTI its ``(R, S, d)`` vectors and two temporaries of their
+    size, GlobEnc and rollout a few ``(H, R, S)`` tensors of probabilities."""
 
     def __init__(self, tr: Trace, parts: list[LayerParts], layer: int, kind: str):
         self.record, self.part, self.kind = tr.records[layer], parts[layer], kind
         self.residual = tr.inputs.get(layer)
         self.u = None if kind == "attention" else _heads_out(self.record, self.part)
+        self.gram = head_grams(self.part, self.u) if kind == "globenc" else None
+        heads, hidden = self.part.out_proj.shape[0], self.part.out_proj.shape[-1]
+        self.width = 3 * hidden if kind == "alti" else 4 * heads
 
     def vectors(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return transformed_vectors(self.record, self.part, self.residual, rows, self.u)
@@ -295,13 +325,13 @@ class Layer:
         if self.kind == "attention":
             return rollout_attention_rows(_probs(self.record, rows), rows)
         if self.kind == "globenc":
-            return _row_normalised(globenc_norms(self.record, self.part, self.residual, rows, self.u))
+            return _row_normalised(globenc_norms(self.record, self.part, self.residual, rows, self.u, self.gram))
         return alti_rows(*self.vectors(rows))
 
     def times(self, r: torch.Tensor) -> torch.Tensor:
         """``r C^l`` for ``r`` ``(T, S)``, ``C^l`` built a block of query rows at a time (never ``(S, S)``)."""
         tokens = r.shape[1]
-        step = block_rows(tokens, self.part.out_proj.shape[-1])
+        step = block_rows(tokens, self.width)
         out = torch.zeros_like(r)
         for start in range(0, tokens, step):
             rows = torch.arange(start, min(start + step, tokens), device=r.device)
@@ -384,11 +414,13 @@ def _layer_index(lm: LoadedModel, name: str, layer: int | None) -> int | None:
 
 def _record_bytes(lm: LoadedModel, tokens: int, rollout: bool) -> int:
     """Bytes a decomposition holds beside the forward: every recorded layer's q, k, v and block input (model
-    dtype), one layer's ``u^h_j`` ``(H, S, d)`` and one block of contribution vectors (float32)."""
+    dtype), one layer's ``u^h_j`` ``(H, S, d)`` and GlobEnc's Gram matrices ``(S, H, H)``, and one block of
+    contribution vectors (float32)."""
     s = Shapes.of(lm)
     layers = s.layers if rollout else 1
     per_layer = tokens * s.element * ((s.heads + 2 * s.kv_heads) * s.head_dim + s.hidden)
-    return layers * per_layer + 4 * s.heads * tokens * s.hidden + BLOCK_BYTES + 4 * tokens * s.hidden
+    one_layer = 4 * tokens * s.heads * (s.hidden + s.heads)
+    return layers * per_layer + one_layer + BLOCK_BYTES + 4 * tokens * s.hidden
 
 
 class _Decomposition(AttributionMethod):
