@@ -44,7 +44,7 @@ PI_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05, 0.10, ..., 0.
 ALPHA_TOL = 1e-4
 D0_MIN = 1e-6  # below this the zero baseline does not move the output: Soft-NC/NS are undefined
 MODES = ("paper", "reagent")
-METRICS = ("pi-soft-nc", "pi-soft-ns", "soft-nc", "soft-ns")
+OUTPUTS = ("pi-soft-nc", "pi-soft-ns", "soft-nc", "soft-ns")  # the pi-soft metric's parts, by family
 COUPLINGS = ("coupled", "independent")
 LOG_ALPHA_RANGE = (-30.0, 30.0)  # alpha in [1e-13, 1e13]: covers every pi in (0, 1) after clipping
 
@@ -234,9 +234,9 @@ class SoftResult:
 def families_of(metrics) -> tuple[str, ...]:
     """Which perturbation families ('ns', 'nc') the requested metric names need."""
     names = [metrics] if isinstance(metrics, str) else list(metrics)
-    unknown = [name for name in names if name not in METRICS]
+    unknown = [name for name in names if name not in OUTPUTS]
     if unknown or not names:
-        raise LlmattrError(f"unknown soft metric {unknown or names!r}; valid: {', '.join(METRICS)}")
+        raise LlmattrError(f"unknown soft metric {unknown or names!r}; valid: {', '.join(OUTPUTS)}")
     return tuple(f for f in ("ns", "nc") if any(name.endswith(f) for name in names))
 
 
@@ -393,10 +393,20 @@ def _rows(ctx: MetricContext, routing: str, curves: bool) -> list[Row]:
     return rows
 
 
+def _result(ctx: MetricContext, routing: str, outputs: tuple[str, ...]) -> SoftResult:
+    """``llmattr.evaluate``'s result for the soft metrics: one :func:`evaluate_explanation` of the asked families
+    (``outputs``, default both), the curves and Soft-NC/NS (alpha = 1) together."""
+    opt = ctx.options
+    return evaluate_explanation(ctx.explanation, ctx.lm, metrics=outputs or ("pi-soft-nc", "pi-soft-ns"),
+                                routing=routing, samples=opt.samples, seed=opt.seed, step_stride=opt.step_stride,
+                                coupling=opt.coupling, **ctx.keywords)
+
+
 AUC_ROWS = (MetricRow("pi_soft_ns_auc", "AUC π-Soft-NS", True), MetricRow("pi_soft_nc_auc", "AUC π-Soft-NC", True))
 register(Metric(
     "pi-soft", lambda ctx, routing: _rows(ctx, routing, curves=True),
-    options=("samples", "step_stride", "coupling"), routed=True,
+    options=("samples", "step_stride", "coupling"), routed=True, outputs=OUTPUTS, result=_result,
+    keywords=("pis", "mode", "scope", "batch_size"),
     summary="pi-Soft-NC/NS curves over pi = 0.05..0.95 and their AUC (paper 000 eq. 7; Tables 1, 8)",
     tables=(TableSpec("table1_pi_soft_auc", "Table 1: AUC of π-Soft-NC/NS curves (dynamic routing)",
                       "Mean over examples of the per-example AUC (trapezoid / span of the π grid). "
