@@ -174,7 +174,7 @@ def test_layer_sweep_figure(tmp_path):
             store.write(Unit("tiny", "sst2", "ex", "grad-ellm", params), explanation("grad-ellm", [0.1, 0.9, 0.2, 0.0]),
                         0.1, [MetricOutput("pi-soft", "dynamic", 0.1, [Row("pi_soft_ns_auc", value),
                                                                       Row("pi_soft_nc_auc", value)])])
-    figures = layer_sweep(Results([tmp_path / "r.sqlite"], catalog().method_defaults), "tiny", tmp_path)
+    figures = layer_sweep(Results([tmp_path / "r.sqlite"], catalog().method_defaults), "tiny", tmp_path, catalog())
     assert [f.path.name for f in figures] == ["fig5_layers_grad-ellm.png"]
     assert "mean over n = 1 examples, error bars = 95% bootstrap interval" in figures[0].caption
 

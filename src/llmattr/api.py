@@ -376,4 +376,5 @@ def evaluate(explanation: Explanation | list, model: str | LoadedModel = "defaul
 def catalog() -> Catalog:
     """What ``llmattr report`` needs from the registries: every registered metric's tables and each
     method's defaults (for method labels)."""
-    return Catalog(faithfulness.table_specs(), {name: cls.defaults for name, cls in methods.REGISTRY.items()})
+    return Catalog(faithfulness.table_specs(), {name: cls.defaults for name, cls in methods.REGISTRY.items()},
+                   {name: cls.layer_sweep for name, cls in methods.REGISTRY.items() if cls.layer_sweep})

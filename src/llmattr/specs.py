@@ -13,7 +13,6 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-LAYER_SWEEP = ("grad-ellm",)  # methods whose ``layers`` is the number of last layers aggregated (Fig. 5)
 LAYOUTS = ("datasets_by_methods", "metrics_by_methods", "methods_by_datasets", "layers_by_methods")
 
 
@@ -60,11 +59,13 @@ class TableSpec:
 
 @dataclass(frozen=True)
 class Catalog:
-    """What the report knows beyond the store: the tables of the registered metrics and each method's
-    default parameters (for labels). :func:`llmattr.api.catalog` builds it from the registries."""
+    """What the report knows beyond the store: the tables of the registered metrics, each method's default
+    parameters (for labels) and the parameter a method's layer sweep varies (``AttributionMethod.layer_sweep``).
+    :func:`llmattr.api.catalog` builds it from the registries."""
 
     tables: tuple[TableSpec, ...] = ()
     method_defaults: Mapping[str, Mapping] | None = None
+    layer_sweeps: Mapping[str, str] | None = None
 
     def label(self, name: str, params: dict | str) -> str:
         return method_label(name, params, (self.method_defaults or {}).get(name))

@@ -32,6 +32,9 @@ class AttributionMethod:
     ``layer_param``: the parameter that gives one layer's own reading (paper 003 sec. 5's per-layer
     attributions: NormXLogit and LogAt at layer l, value zeroing of layer l); per-layer alignment
     (:mod:`llmattr.faithfulness.alignment`) sweeps it over the layers of every method whose ``defaults`` hold it.
+
+    ``layer_sweep``: the parameter ``llmattr evaluate --layers`` sweeps (Grad-ELLM's ``layers``, the number of last
+    layers aggregated: paper 000 Fig. 5) and the report's layer-sweep figure plots along; ``None``: no sweep.
     """
 
     name: ClassVar[str]
@@ -44,6 +47,7 @@ class AttributionMethod:
     memory_kind: ClassVar[str] = "forward"  # forward | backward | deeplift: see llmattr.models.memory
     objective: ClassVar[str | None] = None
     layer_param: ClassVar[str] = "layer"
+    layer_sweep: ClassVar[str | None] = None
 
     def __init__(self, **params):
         scoring = {"target", "foil"} if self.objective else set()

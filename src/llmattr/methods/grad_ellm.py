@@ -77,6 +77,7 @@ class GradELLM(AttributionMethod):
     memory_kind = "backward"
     signed = False
     cost = "1 forward + 1 backward (all steps share them)"
+    layer_sweep = "layers"  # `evaluate --layers` sweeps the number of last layers aggregated (paper 000 Fig. 5)
     defaults = {"layers": "all", "attention": "loosened", "similarity": "dot", "relu": "per-layer"}
     objective = "logit"
 

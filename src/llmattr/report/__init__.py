@@ -13,11 +13,11 @@ Files written to the output folder (per model; a sub-folder per model when a sto
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import LlmattrError
-from ..specs import Catalog, TableSpec
+from ..specs import Catalog
 from ..stats import RESAMPLES
 from ..store import Results
 from . import figures, html, tables
@@ -41,13 +41,13 @@ def _slug(text: str) -> str:
 
 
 def write_model_report(results: Results, model: str, out: Path, formats: list[str],
-                       resamples: int = RESAMPLES, *, table_specs: Sequence[TableSpec]) -> list[Path]:
-    """Write one model's tables (``table_specs``), figures and HTML into ``out``; return the paths written."""
+                       resamples: int = RESAMPLES, *, catalog: Catalog) -> list[Path]:
+    """Write one model's tables (``catalog.tables``), figures and HTML into ``out``; return the paths written."""
     out.mkdir(parents=True, exist_ok=True)
-    all_tables = tables.paper_tables(results, model, resamples, tables=table_specs)
+    all_tables = tables.paper_tables(results, model, resamples, tables=catalog.tables)
     fixed = [t for t in all_tables if t.deterministic]
     timing = [t for t in all_tables if not t.deterministic]
-    figs = figures.all_figures(results, model, out, resamples, tables=table_specs)
+    figs = figures.all_figures(results, model, out, catalog, resamples)
     written = [f.path for f in figs]
     if "md" in formats:
         lines = [f"# llmattr report: {model}", "", "Run settings:", "",
@@ -88,7 +88,7 @@ def build_report(stores: Iterable[str | Path], out: str | Path, formats: Iterabl
     written = []
     for model in models:
         folder = out if len(models) == 1 else out / _slug(model)
-        written += write_model_report(results, model, folder, list(formats), resamples, table_specs=catalog.tables)
+        written += write_model_report(results, model, folder, list(formats), resamples, catalog=catalog)
     return results, written
 
 

@@ -22,7 +22,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .. import stats  # noqa: E402
 from ..plotting import method_colors, plot_pi_curves  # noqa: E402
-from ..specs import LAYER_SWEEP, TableSpec  # noqa: E402
+from ..specs import Catalog, TableSpec  # noqa: E402
 from ..store import Results  # noqa: E402
 from .tables import (  # noqa: E402
     curve_values,
@@ -103,22 +103,25 @@ def pi_curves(results: Results, model: str, routing: str, out: Path,
     return figures
 
 
-def layer_sweep(results: Results, model: str, out: Path, resamples: int = stats.RESAMPLES) -> list[Figure]:
-    """Fig. 5: AUC of π-Soft-NS/NC vs number of aggregated layers of Grad-ELLM (a ``--layers`` sweep),
-    error bars = 95% bootstrap intervals over examples.
+def layer_sweep(results: Results, model: str, out: Path, catalog: Catalog,
+                resamples: int = stats.RESAMPLES) -> list[Figure]:
+    """Fig. 5: AUC of π-Soft-NS/NC vs the number of aggregated layers of a method with a layer sweep (Grad-ELLM's
+    ``--layers`` sweep; ``catalog.layer_sweeps`` names each method's swept parameter), error bars = 95% bootstrap
+    intervals over examples.
 
     ``all`` is plotted at the model's number of layers (``n_layers`` in the run settings).
     """
     n_layers = results.settings(model).get("n_layers")
+    sweeps, defaults = catalog.layer_sweeps or {}, catalog.method_defaults or {}
     series: dict = defaultdict(dict)  # (method, other params, metric, dataset) -> {layers: Estimate}
     for metric, _ in AUCS:
         for (dataset, method, params), examples in _by_params(results, model, metric).items():
-            p = json.loads(params)
-            layers = str(p.get("layers", ""))
+            p, swept = json.loads(params), sweeps.get(method)
+            layers = str(p.get(swept, ""))
             k = n_layers if layers == "all" else int(layers) if layers.isdigit() else None
-            if method not in LAYER_SWEEP or k is None:
+            if swept is None or k is None:
                 continue
-            rest = results.label(method, {**p, "layers": "all"})
+            rest = results.label(method, {**p, swept: defaults.get(method, {}).get(swept, "all")})
             series[(rest, metric, dataset)][k] = stats.estimate({"": examples}, resamples)
     swept = sorted({rest for (rest, _, _), points in series.items() if len(points) > 1})
     figures = []
@@ -227,11 +230,12 @@ def layer_curves(results: Results, model: str, out: Path, tables: Sequence[Table
     return figures
 
 
-def all_figures(results: Results, model: str, out: Path, resamples: int = stats.RESAMPLES,
-                tables: Sequence[TableSpec] = ()) -> list[Figure]:
-    """Every figure the store has data for; ``tables`` (the registered metrics') give the per-layer ones."""
+def all_figures(results: Results, model: str, out: Path, catalog: Catalog,
+                resamples: int = stats.RESAMPLES) -> list[Figure]:
+    """Every figure the store has data for; ``catalog`` (the registries' facts) gives the per-layer ones and the
+    methods' layer sweeps."""
     figures = []
     for routing in ("dynamic", "fixed"):
         figures += pi_curves(results, model, routing, out, resamples)
-    return (figures + layer_sweep(results, model, out, resamples) + layer_curves(results, model, out, tables, resamples)
-            + score_distributions(results, model, out))
+    return (figures + layer_sweep(results, model, out, catalog, resamples)
+            + layer_curves(results, model, out, catalog.tables, resamples) + score_distributions(results, model, out))
