@@ -29,8 +29,8 @@ def evaluate(
                                             "method)."),
     seed: int = typer.Option(None, help="Seed of example sampling, attributions and perturbations "
                                         "(default 0)."),
-    layers: str = typer.Option(None, help="Sweep of the number of aggregated layers for methods with a "
-                                          "'layers' parameter (Grad-ELLM), e.g. 1,4,8,16,all."),
+    layers: str = typer.Option(None, help="Sweep of the parameter a method names as its layer sweep (Grad-ELLM: "
+                                          "the number of aggregated layers), e.g. 1,4,8,16,all."),
     step_stride: int = typer.Option(None, help="Open generation: evaluate every k-th step (default 5)."),
     max_new_tokens: int = typer.Option(None, help="Tokens to generate and explain (task default if unset)."),
     scope: str = typer.Option(None, help="What is attributed, perturbed and zeroed: span (default), prompt "
