@@ -20,7 +20,7 @@ from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
 from .specs import Catalog
 from .targets import SCOPES, TARGET_MODES, Target, label_target, make_target, with_scope, word_target
-from .tasks import Task, few_shot, get_task
+from .tasks import TASKS, Task, few_shot, get_task
 
 
 def progress_console() -> Console:
@@ -377,4 +377,6 @@ def catalog() -> Catalog:
     """What ``llmattr report`` needs from the registries: every registered metric's tables and each
     method's defaults (for method labels)."""
     return Catalog(faithfulness.table_specs(), {name: cls.defaults for name, cls in methods.REGISTRY.items()},
-                   {name: cls.layer_sweep for name, cls in methods.REGISTRY.items() if cls.layer_sweep})
+                   faithfulness.figure_specs(),
+                   {name: cls.layer_sweep for name, cls in methods.REGISTRY.items() if cls.layer_sweep},
+                   {name: (task.report_order, task.display or name) for name, task in TASKS.items()})

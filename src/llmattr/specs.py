@@ -58,14 +58,31 @@ class TableSpec:
 
 
 @dataclass(frozen=True)
+class FigureSpec:
+    """A report figure fed by a metric, drawn per model and dataset: each row's stored values against the stored
+    x (the ``pi`` column: a curve metric's grid, a fraction, K), a panel per row, a line per method (mean over
+    examples with its 95% bootstrap band), into ``<name>_<dataset>.png``."""
+
+    name: str
+    title: str
+    caption: str
+    rows: tuple[MetricRow, ...]
+    xlabel: str = "x"
+    routing: str = "none"
+
+
+@dataclass(frozen=True)
 class Catalog:
-    """What the report knows beyond the store: the tables of the registered metrics, each method's default
-    parameters (for labels) and the parameter a method's layer sweep varies (``AttributionMethod.layer_sweep``).
+    """What the report knows beyond the store: the tables and figures of the registered metrics, each method's default
+    parameters (for labels), the parameter a method's layer sweep varies (``AttributionMethod.layer_sweep``) and
+    each task's place and display name in the report (``Task.report_order``, ``Task.display``).
     :func:`llmattr.api.catalog` builds it from the registries."""
 
     tables: tuple[TableSpec, ...] = ()
     method_defaults: Mapping[str, Mapping] | None = None
+    figures: tuple[FigureSpec, ...] = ()
     layer_sweeps: Mapping[str, str] | None = None
+    datasets: Mapping[str, tuple[float, str]] | None = None  # task name -> (report_order, display name)
 
     def label(self, name: str, params: dict | str) -> str:
         return method_label(name, params, (self.method_defaults or {}).get(name))

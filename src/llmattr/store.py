@@ -45,6 +45,7 @@ from .errors import LlmattrError
 from .specs import method_label
 from .version import __version__
 
+DEFAULT_ORDER = 100  # a dataset's place in the report when its task gives none (``Task.report_order``)
 SCHEMA_VERSION = 2  # 2: results.mc_se
 NONE = -1  # sentinel for "no pi" / "no step" (primary-key columns cannot hold NULL duplicates)
 KEY = ("model", "dataset", "example", "method", "params")
@@ -276,12 +277,16 @@ class Results:
 
     Shards of one run (``results.rank*.sqlite``) are merged; a row present in two stores with two
     different values, or two stores with different settings for one model, is refused.
-    ``method_defaults`` (each method's default parameters) make the method labels (:meth:`label`).
+    ``method_defaults`` (each method's default parameters) make the method labels (:meth:`label`);
+    ``datasets`` (each task's ``(report_order, display name)``) the datasets' names and order
+    (:meth:`dataset_name`, :meth:`dataset_key`).
     """
 
-    def __init__(self, paths: Iterable[str | Path], method_defaults: Mapping[str, Mapping] | None = None):
+    def __init__(self, paths: Iterable[str | Path], method_defaults: Mapping[str, Mapping] | None = None,
+                 datasets: Mapping[str, tuple[float, str]] | None = None):
         self.paths = expand(paths)
         self.method_defaults = dict(method_defaults or {})
+        self.datasets = dict(datasets or {})
         if not self.paths:
             raise LlmattrError("no store given: pass results.sqlite (or several, or a glob)")
         self.conn = sqlite3.connect(":memory:")
@@ -318,6 +323,14 @@ class Results:
     def label(self, method: str, params: dict | str) -> str:
         """The method's name plus its parameters that differ from its defaults."""
         return method_label(method, params, self.method_defaults.get(method))
+
+    def dataset_name(self, name: str) -> str:
+        """The dataset's display name (its task's ``display``; the name itself when none)."""
+        return self.datasets.get(name, (None, name))[1]
+
+    def dataset_key(self, name: str) -> tuple[float, str]:
+        """Sort key of the report's datasets: the task's ``report_order``, then the name."""
+        return (self.datasets.get(name, (DEFAULT_ORDER, name))[0], name)
 
     def models(self) -> list[str]:
         rows = self.conn.execute("SELECT DISTINCT model FROM explanations ORDER BY model")

@@ -55,13 +55,19 @@ def typer_options(parameters: list[inspect.Parameter]) -> list:
 class PluginCommand(TyperCommand):
     """A typer command with further options from ``derive()`` (a list of ``inspect.Parameter`` with
     ``typer.Option`` defaults), built from the registries at parse or help time; an option of the command's own
-    name wins. Their values are in ``ctx.meta[DERIVED]`` (the command takes ``ctx: typer.Context``)."""
+    name wins. Their values are in ``ctx.meta[DERIVED]`` (the command takes ``ctx: typer.Context``). ``helps()``
+    gives the help of own options that list registered names (``{option name: help}``, e.g. ``--task``'s
+    tasks), written at the same time."""
 
     derive: Callable[[], list[inspect.Parameter]] = staticmethod(list)
+    helps: Callable[[], dict[str, str]] = staticmethod(dict)
 
     def derived(self, ctx) -> list:
         key = f"{DERIVED}.{self.name}"
         if key not in ctx.meta:
+            helps = type(self).helps()
+            for param in self.params:
+                param.help = helps.get(param.name, param.help)
             taken = {p.name for p in self.params}
             ctx.meta[key] = [p for p in typer_options(type(self).derive()) if p.name not in taken]
         return ctx.meta[key]
@@ -76,9 +82,11 @@ class PluginCommand(TyperCommand):
         return super().invoke(ctx)
 
 
-def plugin_command(derive: Callable[[], list[inspect.Parameter]]) -> type[PluginCommand]:
-    """The :class:`PluginCommand` class for ``app.command(cls=...)`` whose options ``derive()`` adds."""
-    return type("PluginCommand", (PluginCommand,), {"derive": staticmethod(derive)})
+def plugin_command(derive: Callable[[], list[inspect.Parameter]] = list,
+                   helps: Callable[[], dict[str, str]] = dict) -> type[PluginCommand]:
+    """The :class:`PluginCommand` class for ``app.command(cls=...)`` whose options ``derive()`` adds and whose
+    own options' help ``helps()`` writes."""
+    return type("PluginCommand", (PluginCommand,), {"derive": staticmethod(derive), "helps": staticmethod(helps)})
 
 
 def _version(value: bool) -> None:

@@ -99,7 +99,14 @@ def explanation_data(expl, result: dict | None) -> dict:
     return data
 
 
-@app.command(cls=plugin_command(method_options))
+def task_help() -> dict[str, str]:
+    """``--task``'s help, naming every registered task."""
+    from ..tasks import TASKS
+
+    return {"task": f"Prompt recipe (default sentiment): {', '.join(sorted(TASKS))}."}
+
+
+@app.command(cls=plugin_command(method_options, task_help))
 def explain(
     ctx: typer.Context,
     text: str = typer.Argument(None, help="The text to explain (the content span of the prompt); or --data FILE."),

@@ -57,10 +57,10 @@ class _Pending:
 def run_settings(cfg: EvalConfig, metrics: list[Metric], lm: LoadedModel, card: dict | None = None) -> dict:
     """The settings that change stored values (a store refuses a run whose settings differ), plus the
     model's number of layers (``layers=all`` in the Fig. 5 sweep) and a fine-tuned model's card facts."""
-    keys = sorted({"seed", "max_new_tokens", "target", "scope", *(k for m in metrics for k in m.options)})
+    keys = sorted({"seed", "max_new_tokens", "target", "scope", *(k for m in metrics for k in m.option_names)})
     text_config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
     n_layers = getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "n_layer", None)
-    return {"n_layers": n_layers, **{key: getattr(cfg, key) for key in keys},
+    return {"n_layers": n_layers, **{key: cfg.option(key) for key in keys},
             **({"model_card": card_facts(card)} if card else {})}
 
 

@@ -19,11 +19,15 @@ from ..store import Row
 from .engine import PerturbationEngine
 from .inputs import example_key, target_from_explanation
 from .registry import (
+    BUILT_IN,
     METRICS,
     OUTPUTS,
     Metric,
     MetricContext,
     MetricOptions,
+    Option,
+    declared_options,
+    figure_specs,
     get_metrics,
     register,
     select,
@@ -70,21 +74,25 @@ def evaluate(explanation: Explanation, lm: LoadedModel, metrics=("pi-soft-nc", "
     ``pi-soft``, ``soft``, ``deletion-insertion``, ``alignment``, ...) or their outputs' names (``pi-soft-nc``,
     ``pi-soft-ns``, ``soft-nc``, ``soft-ns``: parts of ``pi-soft``), mixed freely.
 
-    ``options``: the :class:`MetricOptions` (samples, seed, step_stride, coupling, removal) and the asked metrics'
-    ``keywords`` (the soft metrics': pis, mode, scope, batch_size; :func:`~.soft.evaluate_explanation`). One
-    metric with its own result object (the soft metrics': a :class:`SoftResult`) gives that object; otherwise a
-    :class:`MetricResult` holds every asked metric's rows or result."""
+    ``options``: the :class:`MetricOptions` (samples, seed, step_stride, coupling, removal), the options the asked
+    metrics declare (:class:`~.registry.Option`) and their ``keywords`` (the soft metrics': pis, mode, scope,
+    batch_size; :func:`~.soft.evaluate_explanation`). One metric with its own result object (the soft metrics':
+    a :class:`SoftResult`) gives that object; otherwise a :class:`MetricResult` holds every asked metric's rows
+    or result."""
     names = [metrics] if isinstance(metrics, str) else list(metrics)
     if not isinstance(explanation, Explanation):
         raise LlmattrError(f"evaluate() takes an Explanation (llmattr.explain's result), got "
                            f"{type(explanation).__name__}")
     chosen = select(names)
     keywords = {key for metric in chosen for key in metric.keywords}
-    valid = [*MetricOptions.__dataclass_fields__, *sorted(keywords)]
+    declared = {option.name: option for metric in chosen for option in metric.declares}
+    valid = [*BUILT_IN, *sorted(declared), *sorted(keywords)]
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise LlmattrError(f"unknown option {', '.join(unknown)}; valid: {', '.join(valid)}")
-    ctx = MetricContext(lm, explanation, MetricOptions(**{k: v for k, v in options.items() if k not in keywords}),
+    extra = {name: declared[name].check(value) for name, value in options.items() if name in declared}
+    ctx = MetricContext(lm, explanation, MetricOptions(**{k: v for k, v in options.items() if k in BUILT_IN},
+                                                       extra=extra),
                         keywords={k: v for k, v in options.items() if k in keywords})
     parts = {metric: metric.evaluate(ctx, routing, outputs) for metric, outputs in chosen.items()}
     if len(parts) == 1 and next(iter(parts)).result is not None:
@@ -93,6 +101,6 @@ def evaluate(explanation: Explanation, lm: LoadedModel, metrics=("pi-soft-nc", "
                         {m.name: part for m, part in parts.items() if m.result is not None})
 
 
-__all__ = ["METRICS", "OUTPUTS", "PI_GRID", "Metric", "MetricContext", "MetricOptions", "MetricResult",
-           "PerturbationEngine", "SoftResult", "evaluate", "example_key", "get_metrics", "register", "select",
-           "table_specs", "target_from_explanation", "unregister"]
+__all__ = ["BUILT_IN", "METRICS", "OUTPUTS", "PI_GRID", "Metric", "MetricContext", "MetricOptions", "MetricResult",
+           "Option", "PerturbationEngine", "SoftResult", "declared_options", "evaluate", "example_key", "figure_specs",
+           "get_metrics", "register", "select", "table_specs", "target_from_explanation", "unregister"]

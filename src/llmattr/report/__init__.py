@@ -79,7 +79,7 @@ def build_report(stores: Iterable[str | Path], out: str | Path, formats: Iterabl
     imports no model, method or metric code."""
     if resamples < 1:
         raise LlmattrError("--bootstrap must be at least 1 resample (default 2000)")
-    results = Results(stores, catalog.method_defaults)
+    results = Results(stores, catalog.method_defaults, catalog.datasets)
     models = results.models()
     if not models:
         names = ", ".join(map(str, results.paths))

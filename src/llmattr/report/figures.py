@@ -22,12 +22,10 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .. import stats  # noqa: E402
 from ..plotting import method_colors, plot_pi_curves  # noqa: E402
-from ..specs import Catalog, TableSpec  # noqa: E402
+from ..specs import Catalog, FigureSpec, TableSpec  # noqa: E402
 from ..store import Results  # noqa: E402
 from .tables import (  # noqa: E402
     curve_values,
-    dataset_key,
-    dataset_name,
     example_values,
     is_control,
     layer_values,
@@ -88,16 +86,16 @@ def pi_curves(results: Results, model: str, routing: str, out: Path,
     keys = sorted({key for c in curves.values() for key in c})
     colors = method_colors(label for _, label in keys)
     figures = []
-    for dataset in sorted({d for d, _ in keys}, key=dataset_key):
+    for dataset in sorted({d for d, _ in keys}, key=results.dataset_key):
         per_method = {label: {metric: {**curve_band(curves[metric][(d, label)], resamples),
                                        "auc": aucs[metric][(d, label)]}
                               for metric, _ in CURVES if (d, label) in curves[metric]}
                       for d, label in keys if d == dataset}
         n = n_text(len(next(iter(c[key].values()))) for c in curves.values() for key in c if key[0] == dataset)
         path = out / f"fig3_pi_curves_{dataset}_{routing}.png"
-        plot_pi_curves(per_method, path, title=f"{dataset_name(dataset)}, {model}, {routing} routing ({n})",
+        plot_pi_curves(per_method, path, title=f"{results.dataset_name(dataset)}, {model}, {routing} routing ({n})",
                        colors=colors)
-        figures.append(Figure(path, f"π-Soft-NS and π-Soft-NC vs π on {dataset_name(dataset)}, {routing} "
+        figures.append(Figure(path, f"π-Soft-NS and π-Soft-NC vs π on {results.dataset_name(dataset)}, {routing} "
                                     f"routing: mean over {n} examples per method, band = 95% bootstrap "
                                     "interval over examples at each π; legend: mean AUC."))
     return figures
@@ -129,14 +127,14 @@ def layer_sweep(results: Results, model: str, out: Path, catalog: Catalog,
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         for ax, (metric, title) in zip(axes, AUCS, strict=True):
             for (r, m, dataset), points in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1],
-                                                                                 dataset_key(kv[0][2]))):
+                                                                                 results.dataset_key(kv[0][2]))):
                 if r == rest and m == metric:
                     xs = sorted(points)
                     ests = [points[x] for x in xs]
                     err = [[e.mean - (e.mean if e.low is None else e.low) for e in ests],
                            [(e.mean if e.high is None else e.high) - e.mean for e in ests]]
                     ax.errorbar(xs, [e.mean for e in ests], yerr=err, marker="o", capsize=3,
-                                label=dataset_name(dataset))
+                                label=results.dataset_name(dataset))
             ax.set(xlabel="number of aggregated layers", ylabel=title, title=title)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
@@ -218,15 +216,46 @@ def layer_curves(results: Results, model: str, out: Path, tables: Sequence[Table
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         datasets = sorted({d for values in per_metric.values() for strata in values.values() for d in strata},
-                          key=dataset_key)
+                          key=results.dataset_key)
         n = n_text(counts)
-        fig.suptitle(f"{spec.title.split(' (')[0]}, {model} ({n}; {', '.join(map(dataset_name, datasets))})")
+        fig.suptitle(f"{spec.title.split(' (')[0]}, {model} ({n}; {', '.join(map(results.dataset_name, datasets))})")
         fig.tight_layout()
         path = _save(fig, out / f"fig_{spec.name.removeprefix('table_')}.png")
         figures.append(Figure(path, f"{spec.title}: {', '.join(m.title for m in spec.rows)} vs the layer, one line "
                                     f"per method: mean over {n} examples (the mean of the dataset means), band = "
                                     "95% bootstrap interval over examples within datasets; dashed: a method "
                                     "without layers (its one value)."))
+    return figures
+
+
+def metric_curves(results: Results, model: str, out: Path, spec: FigureSpec,
+                  resamples: int = stats.RESAMPLES) -> list[Figure]:
+    """A metric's declared figure (:class:`~llmattr.specs.FigureSpec`) per dataset: a panel per row, its values
+    against the stored x, a line per method (mean over examples, band = 95% bootstrap interval at each x)."""
+    curves = {m.metric: curve_values(results, model, m.metric, spec.routing) for m in spec.rows}
+    keys = {key for values in curves.values() for key in values}
+    colors = method_colors(label for _, label in keys)
+    figures = []
+    for dataset in sorted({d for d, _ in keys}, key=results.dataset_key):
+        labels = method_order(label for d, label in keys if d == dataset)
+        fig, axes = plt.subplots(1, len(spec.rows), figsize=(5.5 * len(spec.rows), 4.2), squeeze=False)
+        counts = []
+        for ax, m in zip(axes[0], spec.rows, strict=True):
+            for label in (lab for lab in labels if (dataset, lab) in curves[m.metric]):
+                points = curves[m.metric][(dataset, label)]
+                band = curve_band(points, resamples)
+                counts += [len(examples) for examples in points.values()]
+                ax.plot(band["pi"], band["values"], color=colors[label], label=label, marker="o", markersize=3)
+                ax.fill_between(band["pi"], band["low"], band["high"], color=colors[label], alpha=0.15, linewidth=0)
+            ax.set(xlabel=spec.xlabel, ylabel=m.title, title=f"{m.title} {'↑' if m.higher else '↓'}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        n = n_text(counts)
+        fit_title(fig, f"{spec.title}, {results.dataset_name(dataset)}, {model} ({n})")
+        fig.tight_layout()
+        path = _save(fig, out / f"{spec.name}_{dataset}.png")
+        figures.append(Figure(path, f"{spec.caption} {results.dataset_name(dataset)}: mean over {n} examples per "
+                                    "method, band = 95% bootstrap interval over examples at each point."))
     return figures
 
 
@@ -237,5 +266,6 @@ def all_figures(results: Results, model: str, out: Path, catalog: Catalog,
     figures = []
     for routing in ("dynamic", "fixed"):
         figures += pi_curves(results, model, routing, out, resamples)
-    return (figures + layer_sweep(results, model, out, catalog, resamples)
-            + layer_curves(results, model, out, catalog.tables, resamples) + score_distributions(results, model, out))
+    figures += layer_sweep(results, model, out, catalog, resamples)
+    figures += layer_curves(results, model, out, catalog.tables, resamples) + score_distributions(results, model, out)
+    return figures + [f for spec in catalog.figures for f in metric_curves(results, model, out, spec, resamples)]

@@ -18,7 +18,7 @@ from ..display import span_display
 from ..plotting import method_colors
 from ..store import Results
 from .figures import Figure
-from .tables import Table, dataset_key, dataset_name, settings_lines, to_html
+from .tables import Table, settings_lines, to_html
 
 TIMINGS_START, TIMINGS_END = "<!-- timings -->", "<!-- /timings -->"
 CSS = """
@@ -62,12 +62,12 @@ def qualitative(results: Results, model: str, per_dataset: int = 3, fraction: fl
     legend = "".join(f'<span><i style="background:{colors[label]}"></i>{html.escape(label)}</span>'
                      for label in labels)
     parts = [f'<p class="legend">{legend}</p>']
-    for dataset in sorted({d for d, _ in by_example}, key=dataset_key):
+    for dataset in sorted({d for d, _ in by_example}, key=results.dataset_key):
         complete = sorted(ex for (d, ex), methods in by_example.items()
                           if d == dataset and len(methods) == len(labels))
         for example in complete[:per_dataset]:
             expls = {label: json.loads(text) for label, text in by_example[(dataset, example)].items()}
-            parts.append(_example_html(dataset, example, expls, colors, fraction))
+            parts.append(_example_html(results.dataset_name(dataset), example, expls, colors, fraction))
     return "\n".join(parts)
 
 
@@ -84,7 +84,7 @@ def _example_html(dataset: str, example: str, expls: dict[str, dict], colors: di
                        for label in labels)
         tokens.append(f'<span class="tok"><span class="bars">{bars}</span><span>{html.escape(token)}</span></span>')
     gold = first.get("example", {}).get("label")
-    meta = (f"{html.escape(dataset_name(dataset))} · {html.escape(example)} · model answer "
+    meta = (f"{html.escape(dataset)} · {html.escape(example)} · model answer "
             f"<b>{html.escape(first.get('generated', ''))}</b>")
     if gold:
         meta += f" · gold <b>{html.escape(str(gold))}</b>"

@@ -29,19 +29,8 @@ from .. import stats
 from ..specs import MetricRow, TableSpec
 from ..store import NONE, Results
 
-DATASET_ORDER = ("imdb", "sst2", "boolq", "tellmewhy", "wikibio")
-DISPLAY = {"imdb": "IMDb", "sst2": "SST2", "boolq": "BoolQ", "tellmewhy": "TellMeWhy", "wikibio": "WikiBio",
-           "qnli": "QNLI", "stsb": "STS-B", "blimp": "BLiMP"}
 MARKS = {1: "¹", 2: "²", 3: "³"}
 CONTROL = "random"  # the method every other one is tested against; never ranked
-
-
-def dataset_name(name: str) -> str:
-    return DISPLAY.get(name, name)
-
-
-def dataset_key(name: str) -> tuple[int, str]:
-    return (DATASET_ORDER.index(name) if name in DATASET_ORDER else len(DATASET_ORDER), name)
 
 
 def mean(values: list[float]) -> float:
@@ -199,7 +188,7 @@ def group_cells(data: Mapping[str, stats.Strata | None], labels: list[str], fmt:
     return [cells.get(label, Cell(None, "–")) for label in labels], best
 
 
-Grid = tuple[dict, list[str], list[str]]  # per-metric values by (dataset, label); datasets; labels
+Grid = tuple[dict, list, list[str], dict]  # per-metric values by (dataset, label); datasets; labels; display names
 
 
 def metric_grid(results: Results, model: str, metrics: list[MetricRow], routing: str) -> Grid | None:
@@ -209,7 +198,8 @@ def metric_grid(results: Results, model: str, metrics: list[MetricRow], routing:
     keys = {key for values in data.values() for key in values}
     if not keys:
         return None
-    return data, sorted({d for d, _ in keys}, key=dataset_key), method_order(label for _, label in keys)
+    datasets = sorted({d for d, _ in keys}, key=results.dataset_key)
+    return data, datasets, method_order(label for _, label in keys), {d: results.dataset_name(d) for d in datasets}
 
 
 def layer_values(results: Results, model: str, metric: str, routing: str) -> tuple[dict[tuple, dict], list[int]]:
@@ -237,7 +227,7 @@ def layer_grid(results: Results, model: str, metrics: list[MetricRow], routing: 
     keys = {key for values in data.values() for key in values}
     if not layers:
         return None
-    return data, sorted(layers), method_order(label for _, label in keys)
+    return data, sorted(layers), method_order(label for _, label in keys), {}
 
 
 def mc_notes(results: Results, model: str, metrics: list[MetricRow], routing: str) -> list[str]:
@@ -284,13 +274,13 @@ def _tests_table(name: str, corner: str, columns: list[str], sections: list[Sect
 
 
 def dataset_groups(values: dict, m: MetricRow, datasets: list[str], labels: list[str], ranked: bool, cfg: Stats,
-                   best: dict, section: str) -> list[list[Cell]]:
+                   best: dict, section: str, names: dict[str, str]) -> list[list[Cell]]:
     """The cells of metric ``m`` for each dataset, one comparison group per dataset (its "best vs 2nd" text
     goes into ``best[(section, dataset)]``)."""
     out = []
     for d in datasets:
         group = {label: {d: values[(d, label)]} for label in labels if (d, label) in values}
-        cells, best[(section, dataset_name(d))] = group_cells(group, labels, m.fmt, m.higher, ranked, cfg)
+        cells, best[(section, names[d])] = group_cells(group, labels, m.fmt, m.higher, ranked, cfg)
         out.append(cells)
     return out
 
@@ -302,13 +292,14 @@ def datasets_by_methods(grid: Grid, metrics: list[MetricRow], cfg: Stats,
     ``mark_all_rows``: best/2nd/3rd on every row (Table 4), else on the Avg row only (Tables 1, 8). The
     Avg cell of a method (only when it has every dataset) resamples within datasets.
     """
-    data, datasets, labels = grid
+    data, datasets, labels, names = grid
     sections, best = [], {}
     for m in metrics:
         values = data[m.metric]
         section = f"{m.title} {'↑' if m.higher else '↓'}"
-        rows = list(zip(map(dataset_name, datasets),
-                        dataset_groups(values, m, datasets, labels, mark_all_rows, cfg, best, section), strict=True))
+        rows = list(zip(map(names.get, datasets),
+                        dataset_groups(values, m, datasets, labels, mark_all_rows, cfg, best, section, names),
+                        strict=True))
         avg = {label: {d: values[(d, label)] for d in datasets} for label in labels
                if all((d, label) in values for d in datasets)}
         cells, best[(section, "Avg")] = group_cells(avg, labels, m.fmt, m.higher, True, cfg)
@@ -320,20 +311,20 @@ def datasets_by_methods(grid: Grid, metrics: list[MetricRow], cfg: Stats,
 def methods_by_datasets(grid: Grid, metrics: list[MetricRow], cfg: Stats,
                         mark_all_rows: bool) -> tuple[str, list[str], list[Section], dict, bool]:
     """Paper 003 Tables 1, 4-6: rows = methods, columns = datasets, a section per metric, ranks per column."""
-    data, datasets, labels = grid
+    data, datasets, labels, names = grid
     sections, best = [], {}
     for m in metrics:
         section = f"{m.title} {'↑' if m.higher else '↓'}"
-        columns = dataset_groups(data[m.metric], m, datasets, labels, True, cfg, best, section)
+        columns = dataset_groups(data[m.metric], m, datasets, labels, True, cfg, best, section, names)
         sections.append(Section(section, [(label, [col[i] for col in columns]) for i, label in enumerate(labels)]))
-    return "Method", [dataset_name(d) for d in datasets], sections, best, False
+    return "Method", [names[d] for d in datasets], sections, best, False
 
 
 def layers_by_methods(grid: Grid, metrics: list[MetricRow], cfg: Stats,
                       mark_all_rows: bool) -> tuple[str, list[str], list[Section], dict, bool]:
     """Paper 003 Figs. 4-5 as a table: a section per metric, rows = layers, columns = methods; a cell pools the
     datasets (mean of the dataset means, bootstrap within datasets), ranks per row with ``mark_all_rows``."""
-    data, layers, labels = grid
+    data, layers, labels, _ = grid
     sections, best = [], {}
     for m in metrics:
         section = f"{m.title} {'↑' if m.higher else '↓'}"
@@ -351,17 +342,17 @@ def metrics_by_methods(grid: Grid, metrics: list[MetricRow], cfg: Stats,
                        mark_all_rows: bool) -> tuple[str, list[str], list[Section], dict, bool]:
     """Paper 000 Table 2: a section per dataset, rows = Soft-NS, Soft-NC, E[R], columns = methods (no
     marks, as in the paper; p-values vs the control and best vs 2nd for the ↑ metrics)."""
-    data, datasets, labels = grid
+    data, datasets, labels, names = grid
     sections, best = [], {}
     for d in datasets:
         rows = []
         for m in metrics:
             row = f"{m.title}{' ↑' if m.higher else ''}"
             group = {label: {d: data[m.metric][(d, label)]} for label in labels if (d, label) in data[m.metric]}
-            cells, best[(dataset_name(d), row)] = group_cells(group, labels, m.fmt, True if m.higher else None,
+            cells, best[(names[d], row)] = group_cells(group, labels, m.fmt, True if m.higher else None,
                                                               False, cfg)
             rows.append((row, cells))
-        sections.append(Section(dataset_name(d), rows))
+        sections.append(Section(names[d], rows))
     return "Metric", labels, sections, best, True
 
 
@@ -373,7 +364,7 @@ def timing_table(results: Results, model: str, cfg: Stats = Stats()) -> Table | 
         times[(dataset, results.label(method, params))][example] = seconds
     if not times:
         return None
-    datasets = sorted({d for d, _ in times}, key=dataset_key)
+    datasets = sorted({d for d, _ in times}, key=results.dataset_key)
     labels = method_order(label for _, label in times)
     rows = []
     for label in labels:
@@ -387,7 +378,7 @@ def timing_table(results: Results, model: str, cfg: Stats = Stats()) -> Table | 
                  "Wall time of the attribution method alone (no metric), averaged over the evaluated "
                  "examples. Varies run to run: excluded from report.md and the byte-compared output.",
                  "Method",
-                 [*map(dataset_name, datasets), "All"], [Section("Seconds per example ↓", rows)],
+                 [*map(results.dataset_name, datasets), "All"], [Section("Seconds per example ↓", rows)],
                  deterministic=False, control=tuple(filter(is_control, labels)))
 
 
@@ -402,14 +393,14 @@ def accuracy_table(results: Results, model: str, cfg: Stats = Stats()) -> Table 
             votes[dataset][example] = float(record["correct"])
     if not votes:
         return None
-    datasets = sorted(votes, key=dataset_key)
+    datasets = sorted(votes, key=results.dataset_key)
     estimates = [stats.estimate({d: votes[d]}, cfg.resamples, cfg.seed) for d in datasets]
     rows = [("Accuracy", [Cell(e.mean, cell_text(e, ".3f"), estimate=e) for e in estimates]),
             ("Examples", [Cell(e.n, str(e.n)) for e in estimates])]
     return Table("table_accuracy", "Task accuracy of the model",
                  "Share of examples whose predicted label word (argmax over the label words at the first "
                  "answer position) equals the gold label: whether the model does the task at all.",
-                 "", [*map(dataset_name, datasets)], [Section("Label-word prediction", rows)],
+                 "", [*map(results.dataset_name, datasets)], [Section("Label-word prediction", rows)],
                  notes=card_notes(results.settings(model).get("model_card")))
 
 
@@ -593,13 +584,14 @@ def settings_lines(results: Results, model: str, resamples: int = stats.RESAMPLE
     for dataset, _method, _params, example, text, _seconds in results.explanations(model):
         examples[dataset].add(example)
         steps[dataset].add(len(json.loads(text)["steps"]))
-    datasets = sorted(examples, key=dataset_key)
+    datasets = sorted(examples, key=results.dataset_key)
+    name = results.dataset_name
     effective = {"max_new_tokens": "task default (steps explained: " + ", ".join(
-        f"{dataset_name(d)} {'-'.join(map(str, sorted({min(steps[d]), max(steps[d])})))}" for d in datasets) + ")",
+        f"{name(d)} {'-'.join(map(str, sorted({min(steps[d]), max(steps[d])})))}" for d in datasets) + ")",
                  "n_layers": "unknown"}
     lines = [f"{k} = {json.dumps(v) if v is not None else effective.get(k, 'default')}"
              for k, v in sorted(results.settings(model).items())]
-    lines.append("examples (n) = " + ", ".join(f"{dataset_name(d)} {len(examples[d])}" for d in datasets))
+    lines.append("examples (n) = " + ", ".join(f"{results.dataset_name(d)} {len(examples[d])}" for d in datasets))
     lines.append(f"statistics = mean over examples, 95% BCa bootstrap interval ({resamples} resamples, seed "
                  f"{stats.SEED}; Avg rows resample within datasets); paired sign-flip permutation tests "
                  f"({stats.PERMUTATIONS} resamples, two-sided); ranks at Holm-adjusted p < {stats.ALPHA}")
