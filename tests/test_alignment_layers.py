@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from llmattr.api import attribute, prepare
 from llmattr.cli import app
 from llmattr.errors import LlmattrError
-from llmattr.evaluation.datasets import expand_datasets, load_dataset
+from llmattr.evaluation.run_datasets import expand_datasets, load_dataset
 from llmattr.explanation import Explanation
 from llmattr.faithfulness import METRICS, MetricContext
 from llmattr.faithfulness.alignment import evidence_vector, explanation_alignment, layer_scores

@@ -1,4 +1,6 @@
-"""What is explained: the predicted label word, the generated tokens (greedy) or a forced answer.
+"""The target: which output tokens are explained (the predicted label word, the generated tokens (greedy) or a
+forced answer) and the scope: which input tokens are attributed and perturbed (span, prompt, all). The scalar
+scored at each explained token is the objective (:mod:`llmattr.objectives`).
 
 For a task with label words the default target is the predicted label (paper 000 sec. 4.3: "the
 token-level faithfulness of the target label word"): the argmax of the next-token logits restricted to

@@ -13,7 +13,7 @@ from .app import DERIVED, app, plugin_command
 
 def registered_help() -> dict[str, str]:
     """``--datasets``' and ``--metrics``' help, naming every registered task with a sample file and every metric."""
-    from ..evaluation.datasets import GROUPS, dataset_names
+    from ..evaluation.run_datasets import GROUPS, dataset_names
     from ..faithfulness import METRICS
 
     return {"datasets": f"Comma-separated datasets (default sst2): {', '.join([*dataset_names(), *GROUPS])}.",

@@ -28,9 +28,9 @@ from ..models.loading import LoadedModel, load_model
 from ..stats import stable_seed
 from ..store import MetricOutput, Store, Unit
 from .config import EvalConfig
-from .datasets import Dataset, DatasetLoader, expand_datasets, file_dataset, load_dataset, trained_rows
+from .method_specs import MethodSpec, expand_methods
+from .run_datasets import Dataset, DatasetLoader, expand_datasets, file_dataset, load_dataset, trained_rows
 from .sharding import shard_device, shard_of, shard_path
-from .specs import MethodSpec, expand_methods
 
 
 @dataclass

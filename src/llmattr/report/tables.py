@@ -89,8 +89,8 @@ def curve_means(results: Results, model: str, metric: str, routing: str) -> dict
             for key, curve in curve_values(results, model, metric, routing).items()}
 
 
-def mc_errors(results: Results, model: str, metric: str, routing: str) -> dict[tuple, list[float]]:
-    """``{(dataset, label): [Monte-Carlo standard error of each example]}`` of a scalar metric (the
+def stored_mc_se(results: Results, model: str, metric: str, routing: str) -> dict[tuple, list[float]]:
+    """``{(dataset, label): [Monte-Carlo standard error of each example]}`` of a scalar metric as stored (the
     stored ``mc_se`` of its rows; metrics without one are absent)."""
     out: dict = defaultdict(list)
     for dataset, method, params, _example, pi, _step, _value, se in results.values(model, metric, routing):
@@ -235,7 +235,7 @@ def mc_notes(results: Results, model: str, metrics: list[MetricRow], routing: st
     standard deviation over examples, per metric (only metrics stored with an MC error)."""
     parts = []
     for m in metrics:
-        errors = [se for values in mc_errors(results, model, m.metric, routing).values() for se in values]
+        errors = [se for values in stored_mc_se(results, model, m.metric, routing).values() for se in values]
         if errors:
             spread = [math.sqrt(sum((v - mean(list(ex.values()))) ** 2 for v in ex.values()) / (len(ex) - 1))
                       for ex in example_values(results, model, m.metric, routing).values() if len(ex) > 1]
