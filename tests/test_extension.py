@@ -88,7 +88,7 @@ def toy_curve_rows(ctx, routing: str) -> list[Row]:
     """``mean(step 0's retain probabilities) * x ** power`` at x = 0.25, 0.5, 1 (hand-checkable)."""
     scores = ctx.explanation.steps[0].scores
     power = ctx.options.get("power")
-    return [Row("toy_curve", sum(scores) / len(scores) * x ** power, pi=x) for x in XS]
+    return [Row("toy_curve", sum(scores) / len(scores) * x ** power, x=x) for x in XS]
 
 
 XS = (0.25, 0.5, 1.0)
@@ -126,7 +126,7 @@ def test_a_metric_with_an_option_and_a_figure(toy_metric, tiny_llama, tmp_path, 
     assert run.exit_code == 0, run.output
     with sqlite3.connect(out) as conn:
         settings = json.loads(conn.execute("SELECT settings FROM settings").fetchone()[0])
-        rows = conn.execute("SELECT r.pi, r.value, e.explanation FROM results r JOIN explanations e USING "
+        rows = conn.execute("SELECT r.x, r.value, e.explanation FROM results r JOIN explanations e USING "
                             "(model, dataset, example, method, params) WHERE r.metric = 'toy_curve'").fetchall()
     assert settings["power"] == 2.0 and len(rows) == 2 * 2 * len(XS)
     for x, value, text in rows:  # the option reached the metric: value = mean score * x ** 2

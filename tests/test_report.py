@@ -51,7 +51,7 @@ def fill(path, seconds: float = 0.5) -> None:
         for (dataset, method), values in NS.items():
             for i, value in enumerate(values):
                 rows = [Row("pi_soft_ns_auc", value, se=0.01), Row("pi_soft_nc_auc", 1 - value, se=0.03),
-                        Row("pi_soft_ns", value / 2, pi=0.25), Row("pi_soft_ns", value, pi=0.75)]
+                        Row("pi_soft_ns", value / 2, x=0.25), Row("pi_soft_ns", value, x=0.75)]
                 scores = [0.1 * (i + 1), 0.9, 0.2, 0.0] if method != "random" else [0.5, 0.4, 0.6, 0.3]
                 store.write(Unit("tiny", dataset, f"{dataset}-{i}", method, canonical({})),
                             explanation(method, scores), seconds, [MetricOutput("pi-soft", "dynamic", 0.1, rows)])

@@ -53,13 +53,13 @@ class MetricResult:
         return self.results[metric] if metric in self.results else self.rows[metric]
 
     def to_dict(self) -> dict:
-        """``{metric: {value name: value or [(pi or step, value), ...]}}``; a metric's own result as its
+        """``{metric: {value name: value or [(x or step, value), ...]}}``; a metric's own result as its
         ``to_dict()``."""
         out: dict = {name: result.to_dict() for name, result in self.results.items()}
         for metric, rows in self.rows.items():
             values: dict = {}
             for row in rows:
-                x = row.pi if row.pi is not None else row.step
+                x = row.x if row.x is not None else row.step
                 if x is None:
                     values[row.metric] = row.value
                 else:

@@ -388,7 +388,7 @@ def _rows(ctx: MetricContext, routing: str, curves: bool) -> list[Row]:
     rows = []
     for name in ("pi_soft_ns", "pi_soft_nc"):
         curve = values[name]
-        rows += [Row(name, v, pi=p, se=e) for p, v, e in zip(curve["pi"], curve["values"], se[name], strict=True)]
+        rows += [Row(name, v, x=p, se=e) for p, v, e in zip(curve["pi"], curve["values"], se[name], strict=True)]
         rows.append(Row(f"{name}_auc", curve["auc"], se=se[f"{name}_auc"]))
     return rows
 
