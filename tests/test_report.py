@@ -176,7 +176,9 @@ def test_layer_sweep_figure(tmp_path):
             store.write(Unit("tiny", "sst2", "ex", "grad-ellm", params), explanation("grad-ellm", [0.1, 0.9, 0.2, 0.0]),
                         0.1, [MetricOutput("pi-soft", "dynamic", 0.1, [Row("pi_soft_ns_auc", value),
                                                                       Row("pi_soft_nc_auc", value)])])
-    figures = layer_sweep(Results([tmp_path / "r.sqlite"], catalog().method_defaults), "tiny", tmp_path, catalog())
+    known = catalog()
+    spec = next(f for f in known.figures if f.kind == "layer_sweep")
+    figures = layer_sweep(Results([tmp_path / "r.sqlite"], known.method_defaults), "tiny", tmp_path, known, spec)
     assert [f.path.name for f in figures] == ["fig5_layers_grad-ellm.png"]
     assert "mean over n = 1 examples, error bars = 95% bootstrap interval" in figures[0].caption
 

@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+FIGURE_KINDS = ("curves", "pi_curves", "layer_sweep")
 LAYOUTS = ("datasets_by_methods", "metrics_by_methods", "methods_by_datasets", "layers_by_methods")
 
 
@@ -59,9 +60,12 @@ class TableSpec:
 
 @dataclass(frozen=True)
 class FigureSpec:
-    """A report figure fed by a metric, drawn per model and dataset: each row's stored values against the stored
-    x (the ``pi`` column: a curve metric's grid, a fraction, K), a panel per row, a line per method (mean over
-    examples with its 95% bootstrap band), into ``<name>_<dataset>.png``."""
+    """A report figure fed by a metric, in one of the figure kinds (as a table has a layout). ``curves``: per
+    dataset, each row's stored values against the stored x (a curve metric's grid, a fraction, K), a panel per
+    row, a line per method (mean over examples with its 95% bootstrap band), into ``<name>_<dataset>.png``.
+    ``pi_curves``: paper 000 Fig. 3/9, the rows' curves (with their ``<row>_auc`` means in the legend) per dataset
+    and routing. ``layer_sweep``: paper 000 Fig. 5, the rows (AUCs) against a method's swept parameter
+    (:class:`Catalog`'s ``layer_sweeps``)."""
 
     name: str
     title: str
@@ -69,6 +73,11 @@ class FigureSpec:
     rows: tuple[MetricRow, ...]
     xlabel: str = "x"
     routing: str = "none"
+    kind: str = "curves"
+
+    def __post_init__(self):
+        if self.kind not in FIGURE_KINDS:
+            raise ValueError(f"unknown figure kind {self.kind!r}; valid: {', '.join(FIGURE_KINDS)}")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
 from ..scores import check_finite, clip_for_search
-from ..specs import MetricRow, TableSpec
+from ..specs import FigureSpec, MetricRow, TableSpec
 from ..stats import mc_standard_error, stable_seed
 from ..store import Row
 from ..targets import Target, visible
@@ -402,6 +402,7 @@ def _result(ctx: MetricContext, routing: str, outputs: tuple[str, ...]) -> SoftR
                                 coupling=opt.coupling, **ctx.keywords)
 
 
+CURVE_ROWS = (MetricRow("pi_soft_ns", "π-Soft-NS", True), MetricRow("pi_soft_nc", "π-Soft-NC", True))
 AUC_ROWS = (MetricRow("pi_soft_ns_auc", "AUC π-Soft-NS", True), MetricRow("pi_soft_nc_auc", "AUC π-Soft-NC", True))
 register(Metric(
     "pi-soft", lambda ctx, routing: _rows(ctx, routing, curves=True),
@@ -413,7 +414,12 @@ register(Metric(
                       "Ranks on the Avg row.", "datasets_by_methods", AUC_ROWS, "dynamic", order=10),
             TableSpec("table8_fixed_routing", "Table 8: AUC of π-Soft-NC/NS curves (fixed routing)",
                       "Attention probabilities cached from the clean input and replayed. Ranks on the Avg row.",
-                      "datasets_by_methods", AUC_ROWS, "fixed", order=30))))
+                      "datasets_by_methods", AUC_ROWS, "fixed", order=30)),
+    figures=(FigureSpec("fig3_pi_curves", "π-Soft-NC/NS curves", "Mean curves with 95% bands", CURVE_ROWS,
+                        "retaining probability pi", kind="pi_curves"),
+             FigureSpec("fig5_layers", "Layer aggregation", "AUC of π-Soft-NS/NC vs the number of aggregated layers",
+                        AUC_ROWS,
+                        "number of aggregated layers", "dynamic", kind="layer_sweep"))))
 register(Metric(
     "soft", lambda ctx, routing: _rows(ctx, routing, curves=False),
     options=("samples", "step_stride", "coupling"), routed=True,

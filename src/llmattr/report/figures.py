@@ -33,9 +33,6 @@ from .tables import (  # noqa: E402
     scalar_means,
 )
 
-CURVES = (("pi_soft_ns", "π-Soft-NS"), ("pi_soft_nc", "π-Soft-NC"))
-AUCS = (("pi_soft_ns_auc", "AUC π-Soft-NS"), ("pi_soft_nc_auc", "AUC π-Soft-NC"))
-
 
 @dataclass(frozen=True)
 class Figure:
@@ -75,44 +72,48 @@ def curve_band(values: dict[float, dict], resamples: int) -> dict:
             "high": [e.mean if e.high is None else e.high for e in ests]}
 
 
-def pi_curves(results: Results, model: str, routing: str, out: Path,
+def pi_curves(results: Results, model: str, routing: str, out: Path, spec: FigureSpec,
               resamples: int = stats.RESAMPLES) -> list[Figure]:
-    """Fig. 3 (Fig. 9 for fixed routing): π-Soft-NS and π-Soft-NC vs π per dataset, one line per method
-    (mean curve over examples with its 95% band, legend with the mean AUC), drawn by
-    :func:`llmattr.plotting.plot_pi_curves` with one colour per method across datasets, figures and the
-    HTML report."""
-    curves = {metric: curve_values(results, model, metric, routing) for metric, _ in CURVES}
-    aucs = {metric: scalar_means(results, model, f"{metric}_auc", routing) for metric, _ in CURVES}
+    """Fig. 3 (Fig. 9 for fixed routing): the curves of ``spec.rows`` (π-Soft-NS and π-Soft-NC) vs π per dataset,
+    one line per method (mean curve over examples with its 95% band, legend with the mean of the rows'
+    ``_auc`` values), drawn by :func:`llmattr.plotting.plot_pi_curves` with one colour per method across
+    datasets, figures and the HTML report."""
+    names = [m.metric for m in spec.rows]
+    curves = {metric: curve_values(results, model, metric, routing) for metric in names}
+    aucs = {metric: scalar_means(results, model, f"{metric}_auc", routing) for metric in names}
     keys = sorted({key for c in curves.values() for key in c})
     colors = method_colors(label for _, label in keys)
     figures = []
     for dataset in sorted({d for d, _ in keys}, key=results.dataset_key):
         per_method = {label: {metric: {**curve_band(curves[metric][(d, label)], resamples),
                                        "auc": aucs[metric][(d, label)]}
-                              for metric, _ in CURVES if (d, label) in curves[metric]}
+                              for metric in names if (d, label) in curves[metric]}
                       for d, label in keys if d == dataset}
         n = n_text(len(next(iter(c[key].values()))) for c in curves.values() for key in c if key[0] == dataset)
-        path = out / f"fig3_pi_curves_{dataset}_{routing}.png"
+        path = out / f"{spec.name}_{dataset}_{routing}.png"
         plot_pi_curves(per_method, path, title=f"{results.dataset_name(dataset)}, {model}, {routing} routing ({n})",
                        colors=colors)
-        figures.append(Figure(path, f"π-Soft-NS and π-Soft-NC vs π on {results.dataset_name(dataset)}, {routing} "
+        figures.append(Figure(path, f"{' and '.join(m.title for m in spec.rows)} vs π on "
+                                    f"{results.dataset_name(dataset)}, {routing} "
                                     f"routing: mean over {n} examples per method, band = 95% bootstrap "
                                     "interval over examples at each π; legend: mean AUC."))
     return figures
 
 
-def layer_sweep(results: Results, model: str, out: Path, catalog: Catalog,
+def layer_sweep(results: Results, model: str, out: Path, catalog: Catalog, spec: FigureSpec,
                 resamples: int = stats.RESAMPLES) -> list[Figure]:
-    """Fig. 5: AUC of π-Soft-NS/NC vs the number of aggregated layers of a method with a layer sweep (Grad-ELLM's
-    ``--layers`` sweep; ``catalog.layer_sweeps`` names each method's swept parameter), error bars = 95% bootstrap
-    intervals over examples.
+    """Fig. 5: the rows of ``spec`` (AUCs of π-Soft-NS/NC) vs the number of aggregated layers of a method with a
+    layer sweep (Grad-ELLM's ``--layers`` sweep; ``catalog.layer_sweeps`` names each method's swept parameter),
+    error bars = 95% bootstrap intervals over examples.
 
-    ``all`` is plotted at the model's number of layers (``n_layers`` in the run settings).
+    ``all`` is plotted at the model's number of layers (``n_layers`` in the run settings); a panel per row of
+    ``spec``.
     """
+    aucs = [(m.metric, m.title) for m in spec.rows]
     n_layers = results.settings(model).get("n_layers")
     sweeps, defaults = catalog.layer_sweeps or {}, catalog.method_defaults or {}
     series: dict = defaultdict(dict)  # (method, other params, metric, dataset) -> {layers: Estimate}
-    for metric, _ in AUCS:
+    for metric, _ in aucs:
         for (dataset, method, params), examples in _by_params(results, model, metric).items():
             p, swept = json.loads(params), sweeps.get(method)
             layers = str(p.get(swept, ""))
@@ -125,7 +126,7 @@ def layer_sweep(results: Results, model: str, out: Path, catalog: Catalog,
     figures = []
     for rest in swept:
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for ax, (metric, title) in zip(axes, AUCS, strict=True):
+        for ax, (metric, title) in zip(axes, aucs, strict=True):
             for (r, m, dataset), points in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1],
                                                                                  results.dataset_key(kv[0][2]))):
                 if r == rest and m == metric:
@@ -135,15 +136,15 @@ def layer_sweep(results: Results, model: str, out: Path, catalog: Catalog,
                            [(e.mean if e.high is None else e.high) - e.mean for e in ests]]
                     ax.errorbar(xs, [e.mean for e in ests], yerr=err, marker="o", capsize=3,
                                 label=results.dataset_name(dataset))
-            ax.set(xlabel="number of aggregated layers", ylabel=title, title=title)
+            ax.set(xlabel=spec.xlabel, ylabel=title, title=title)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         n = n_text(e.n for (r, _, _), points in series.items() if r == rest for e in points.values())
-        fig.suptitle(f"Layer aggregation: {rest}, {model} ({n})")
+        fig.suptitle(f"{spec.title}: {rest}, {model} ({n})")
         fig.tight_layout()
-        path = _save(fig, out / f"fig5_layers_{rest.replace(':', '_')}.png")
-        figures.append(Figure(path, f"AUC of π-Soft-NS/NC vs the number of aggregated layers of {rest} "
-                                    f"(dynamic routing): mean over {n} examples, error bars = 95% bootstrap "
+        path = _save(fig, out / f"{spec.name}_{rest.replace(':', '_')}.png")
+        figures.append(Figure(path, f"{spec.caption} of {rest} ({spec.routing} routing): mean over {n} examples, "
+                                    "error bars = 95% bootstrap "
                                     "interval over examples."))
     return figures
 
@@ -263,9 +264,9 @@ def all_figures(results: Results, model: str, out: Path, catalog: Catalog,
                 resamples: int = stats.RESAMPLES) -> list[Figure]:
     """Every figure the store has data for; ``catalog`` (the registries' facts) gives the per-layer ones and the
     methods' layer sweeps."""
-    figures = []
-    for routing in ("dynamic", "fixed"):
-        figures += pi_curves(results, model, routing, out, resamples)
-    figures += layer_sweep(results, model, out, catalog, resamples)
+    kinds = {kind: [s for s in catalog.figures if s.kind == kind] for kind in ("pi_curves", "layer_sweep", "curves")}
+    figures = [f for spec in kinds["pi_curves"] for routing in ("dynamic", "fixed")
+               for f in pi_curves(results, model, routing, out, spec, resamples)]
+    figures += [f for spec in kinds["layer_sweep"] for f in layer_sweep(results, model, out, catalog, spec, resamples)]
     figures += layer_curves(results, model, out, catalog.tables, resamples) + score_distributions(results, model, out)
-    return figures + [f for spec in catalog.figures for f in metric_curves(results, model, out, spec, resamples)]
+    return figures + [f for spec in kinds["curves"] for f in metric_curves(results, model, out, spec, resamples)]
