@@ -8,11 +8,12 @@ import statistics
 
 import pytest
 
+from conftest import strip_timings
 from llmattr.api import catalog
 from llmattr.errors import LlmattrError
 from llmattr.explanation import Explanation, Step
 from llmattr.report import build_report, parse_formats
-from llmattr.report.html import strip_timings, top_tokens
+from llmattr.report.html import top_tokens
 from llmattr.report.tables import paper_tables, to_csv, to_latex, to_markdown
 from llmattr.stats import estimate, paired_test
 from llmattr.store import MetricOutput, Results, Row, Store, Unit, canonical

@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import build_tiny
+from conftest import build_tiny, strip_timings
 from llmattr.api import catalog
 from llmattr.errors import LlmattrError
 from llmattr.evaluation import EvalConfig, expand_methods, parse_method, run, shard_of, shard_path
 from llmattr.faithfulness import METRICS, Metric, MetricContext, register
 from llmattr.report import build_report
-from llmattr.report.html import strip_timings
 from llmattr.store import Row
 
 SMALL = dict(datasets=["sst2"], methods=["grad-ellm", "random"], metrics=["pi-soft"], n=2, samples=2,

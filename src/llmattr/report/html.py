@@ -110,11 +110,3 @@ def page(results: Results, model: str, tables: list[Table], figures: list[Figure
              "<h2>Qualitative examples (top 10% tokens per method)</h2>", qualitative(results, model)]
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>llmattr report</title>"
             f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
-
-
-def strip_timings(text: str) -> str:
-    """The report without its timing section (for byte comparisons of two runs)."""
-    while TIMINGS_START in text:
-        head, rest = text.split(TIMINGS_START, 1)
-        text = head + rest.split(TIMINGS_END, 1)[1]
-    return text

@@ -83,12 +83,6 @@ def curve_values(results: Results, model: str, metric: str, routing: str) -> dic
     return out
 
 
-def curve_means(results: Results, model: str, metric: str, routing: str) -> dict[tuple, dict[float, float]]:
-    """``{(dataset, label): {pi: mean over examples}}`` for curve metrics (rows with pi != -1)."""
-    return {key: {pi: mean(list(values.values())) for pi, values in curve.items()}
-            for key, curve in curve_values(results, model, metric, routing).items()}
-
-
 def stored_mc_se(results: Results, model: str, metric: str, routing: str) -> dict[tuple, list[float]]:
     """``{(dataset, label): [Monte-Carlo standard error of each example]}`` of a scalar metric as stored (the
     stored ``mc_se`` of its rows; metrics without one are absent)."""
