@@ -32,8 +32,7 @@ class ToySweep(AttributionMethod):
     name = "toy-sweep"
     family = "toy"
     summary = "position x weight x depth (a test's own method)"
-    needs_gradients = False
-    signed = False
+    needs_gradients = signed = False
     cost = "no pass"
     defaults = {"depth": "all", "weight": 1.0}
     layer_sweep = "depth"

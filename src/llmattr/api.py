@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import track
 
 from . import faithfulness, methods, objectives
+from .checks import member
 from .display import span_display
 from .errors import LlmattrError
 from .explanation import Explanation, Explanations
@@ -58,10 +59,8 @@ def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int |
     """
     if isinstance(text, str) and not text.strip():
         raise LlmattrError("empty text: give the text to explain")
-    if target not in TARGET_MODES:
-        raise LlmattrError(f"target must be one of {', '.join(TARGET_MODES)}; got {target!r}")
-    if scope not in SCOPES:
-        raise LlmattrError(f"scope must be one of {', '.join(SCOPES)}; got {scope!r}")
+    member(target, TARGET_MODES, "target")
+    member(scope, SCOPES, "scope")
     example = task.example_from_text(text)
     task.check_model(lm)
     prompt: Prompt = build_prompt(lm.tokenizer, task, example, demonstrations)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .checks import member
 from .errors import LlmattrError
 from .models.loading import LoadedModel
 from .objectives import probability
@@ -174,8 +175,7 @@ def label_target(lm: LoadedModel, prompt: Prompt, task, max_new_tokens: int, mod
     ``mode``: ``"label"`` explains the predicted label word (argmax over the label words' logits),
     ``"generated"`` the free greedy answer, ``"gold"`` the gold label word (``gold`` must be one).
     """
-    if mode not in TARGET_MODES:
-        raise LlmattrError(f"target must be one of {', '.join(TARGET_MODES)}; got {mode!r}")
+    member(mode, TARGET_MODES, "target")
     if mode == "gold" and gold not in task.label_words:
         raise LlmattrError(f"target='gold' needs the gold label, one of {list(task.label_words)}; got {gold!r}")
     label_ids = task.label_ids(lm.tokenizer, first_token=False)
@@ -203,8 +203,7 @@ def with_scope(target: Target, scope: str) -> Target:
     ``"all"`` its scores on later generated tokens are what the method gives them (zero for gradients and
     attention) and the metrics perturb only the tokens it sees (:func:`visible`).
     """
-    if scope not in SCOPES:
-        raise LlmattrError(f"scope must be one of {', '.join(SCOPES)}; got {scope!r}")
+    member(scope, SCOPES, "scope")
     if scope == "span":
         return target
     end = target.prompt_len if scope == "prompt" else target.input_ids.shape[1]

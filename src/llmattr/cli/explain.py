@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..checks import FIGURE_SUFFIXES, one_of, positive_int, writable_file
+from ..checks import FIGURE_SUFFIXES, ROUTINGS, member, one_of, positive_int, writable_file
 from ..errors import LlmattrError
 from ..objectives import OBJECTIVES
 from ..targets import SCOPES, TARGET_MODES, check_gold_word
@@ -182,10 +182,8 @@ def explain(
         raise LlmattrError("empty text: give the text to explain")
     if data is None and (text_field is not None or n is not None):
         raise LlmattrError("--text-field and --n go with --data FILE")
-    if target not in TARGET_MODES:
-        raise LlmattrError(f"--target must be one of {', '.join(TARGET_MODES)}; got {target!r}")
-    if scope not in SCOPES:
-        raise LlmattrError(f"--scope must be one of {', '.join(SCOPES)}; got {scope!r}")
+    member(target, TARGET_MODES, "--target")
+    member(scope, SCOPES, "--scope")
     given = {key: value for key, value in ctx.meta.get(DERIVED, {}).items() if value is not None}
     params = methods.parse_params(param + [f"{key}={value}" for key, value in given.items()], "--param NAME=VALUE")
     if objective is not None:
@@ -204,7 +202,7 @@ def explain(
     if not evaluate and (eval_json or plot):
         raise LlmattrError("--eval-json and --plot need --evaluate")
     if evaluate:
-        one_of(routing, ("dynamic", "fixed"), "--routing")
+        one_of(routing, ROUTINGS, "--routing")
         positive_int(samples, "--samples")
     outputs = {"--html": html, "--json": json, "--eval-json": eval_json, "--plot": plot, "--figure": figure}
     for option, path in outputs.items():  # every output path is checked before the model loads

@@ -6,9 +6,8 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from ..checks import positive_int, writable_file
+from ..checks import ROUTINGS, member, one_of, positive_int, writable_file
 from ..errors import LlmattrError
-from ..faithfulness.engine import ROUTINGS
 from ..faithfulness.ranking import REMOVALS
 from ..faithfulness.registry import BUILT_IN, MetricOptions, declared_options
 from ..faithfulness.soft import COUPLINGS
@@ -88,10 +87,8 @@ class EvalConfig:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise LlmattrError(f"--seed must be a whole number, got {self.seed!r}")
         for key, valid in (("target", TARGET_MODES), ("scope", SCOPES), ("removal", REMOVALS)):
-            if getattr(self, key) not in valid:
-                raise LlmattrError(f"{key} must be one of {', '.join(valid)}; got {getattr(self, key)!r}")
-        if self.coupling not in COUPLINGS:
-            raise LlmattrError(f"unknown coupling {self.coupling!r}; valid: {', '.join(COUPLINGS)}")
+            member(getattr(self, key), valid, key)
+        one_of(self.coupling, COUPLINGS, "coupling")
         declared = declared_options()
         self.options = {name: declared[name].check(value) for name, value in self.options.items()}
         parse_max_memory(self.max_memory)

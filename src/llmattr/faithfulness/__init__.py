@@ -17,7 +17,7 @@ from ..explanation import Explanation
 from ..models.loading import LoadedModel
 from ..store import Row
 from .engine import PerturbationEngine
-from .inputs import example_key, target_from_explanation
+from .inputs import check_explanation, example_key, target_from_explanation
 from .registry import (
     BUILT_IN,
     METRICS,
@@ -80,9 +80,7 @@ def evaluate(explanation: Explanation, lm: LoadedModel, metrics=("pi-soft-nc", "
     a :class:`SoftResult`) gives that object; otherwise a :class:`MetricResult` holds every asked metric's rows
     or result."""
     names = [metrics] if isinstance(metrics, str) else list(metrics)
-    if not isinstance(explanation, Explanation):
-        raise LlmattrError(f"evaluate() takes an Explanation (llmattr.explain's result), got "
-                           f"{type(explanation).__name__}")
+    check_explanation(explanation)
     chosen = select(names)
     keywords = {key for metric in chosen for key in metric.keywords}
     declared = {option.name: option for metric in chosen for option in metric.declares}

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..checks import one_of, positive_int
+from ..checks import ROUTINGS, one_of, positive_int
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
@@ -37,7 +37,14 @@ from ..stats import mc_standard_error, stable_seed
 from ..store import Row
 from ..targets import Target, visible
 from .engine import PerturbationEngine
-from .inputs import check_scope, check_tokenizer, evaluated_steps, example_key, target_from_explanation
+from .inputs import (
+    check_explanation,
+    check_scope,
+    check_tokenizer,
+    evaluated_steps,
+    example_key,
+    target_from_explanation,
+)
 from .registry import Metric, MetricContext, register
 
 PI_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05, 0.10, ..., 0.95 (paper 000 sec. 4.3)
@@ -268,8 +275,7 @@ def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps
     """
     if mode not in MODES:
         raise LlmattrError(f"unknown mode {mode!r}; use 'paper' or 'reagent'")
-    if coupling not in COUPLINGS:
-        raise LlmattrError(f"unknown coupling {coupling!r}; use 'coupled' or 'independent'")
+    one_of(coupling, COUPLINGS, "coupling")
     if samples < 1:
         raise LlmattrError("samples must be at least 1")
     families = families_of(metrics)
@@ -353,12 +359,10 @@ def evaluate_explanation(explanation: Explanation, lm: LoadedModel,
             given, it must agree. Default: the explanation's scope, but ``"all"`` with ``mode="reagent"``
             (the ReAGent evaluator perturbs the prompt and the generated prefix).
     """
-    if not isinstance(explanation, Explanation):
-        raise LlmattrError(f"evaluate() takes an Explanation (llmattr.explain's result), got "
-                           f"{type(explanation).__name__}")
+    check_explanation(explanation)
     positive_int(samples, "samples")
     positive_int(step_stride, "step_stride")
-    one_of(routing, ("dynamic", "fixed"), "routing")
+    one_of(routing, ROUTINGS, "routing")
     check_scope(explanation, scope, mode)
     target = target_from_explanation(explanation)
     check_tokenizer(explanation, lm)
