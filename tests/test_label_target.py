@@ -132,7 +132,8 @@ def test_report_shows_the_task_accuracy_per_dataset(tmp_path):
     examples without a gold label do not count."""
     from llmattr.api import catalog
     from llmattr.explanation import Explanation, Step
-    from llmattr.report.tables import accuracy_table, to_markdown
+    from llmattr.report.layouts import accuracy_table
+    from llmattr.report.writers import to_markdown
     from llmattr.store import MetricOutput, Results, Row, Store, Unit, canonical
 
     def stored(correct):

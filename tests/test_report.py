@@ -14,7 +14,8 @@ from llmattr.errors import LlmattrError
 from llmattr.explanation import Explanation, Step
 from llmattr.report import build_report, parse_formats
 from llmattr.report.html import top_tokens
-from llmattr.report.tables import paper_tables, to_csv, to_latex, to_markdown
+from llmattr.report.layouts import paper_tables
+from llmattr.report.writers import to_csv, to_latex, to_markdown
 from llmattr.stats import estimate, paired_test
 from llmattr.store import MetricOutput, Results, Row, Store, Unit, canonical
 

@@ -20,7 +20,7 @@ from ..errors import LlmattrError
 from ..specs import Catalog
 from ..stats import RESAMPLES
 from ..store import Results
-from . import figures, html, tables
+from . import figures, html, layouts, writers
 
 FORMATS = ("md", "latex", "csv", "html")
 
@@ -44,23 +44,23 @@ def write_model_report(results: Results, model: str, out: Path, formats: list[st
                        resamples: int = RESAMPLES, *, catalog: Catalog) -> list[Path]:
     """Write one model's tables (``catalog.tables``), figures and HTML into ``out``; return the paths written."""
     out.mkdir(parents=True, exist_ok=True)
-    all_tables = tables.paper_tables(results, model, resamples, tables=catalog.tables)
+    all_tables = layouts.paper_tables(results, model, resamples, tables=catalog.tables)
     fixed = [t for t in all_tables if t.deterministic]
     timing = [t for t in all_tables if not t.deterministic]
     figs = figures.all_figures(results, model, out, catalog, resamples)
     written = [f.path for f in figs]
     if "md" in formats:
         lines = [f"# llmattr report: {model}", "", "Run settings:", "",
-                 *(f"- {line}" for line in tables.settings_lines(results, model, resamples)), ""]
-        lines += [tables.to_markdown(t) for t in fixed]
+                 *(f"- {line}" for line in writers.settings_lines(results, model, resamples)), ""]
+        lines += [writers.to_markdown(t) for t in fixed]
         lines += ["## Figures", "", *(f"![{f.path.stem}]({f.path.name})\n\n*{f.caption}*\n" for f in figs)]
         written.append(_write(out / "report.md", "\n".join(lines)))
-        written += [_write(out / f"{t.name}.md", tables.to_markdown(t)) for t in timing]
+        written += [_write(out / f"{t.name}.md", writers.to_markdown(t)) for t in timing]
     if "latex" in formats:
-        written.append(_write(out / "tables.tex", "\n".join(tables.to_latex(t) for t in fixed)))
-        written += [_write(out / f"{t.name}.tex", tables.to_latex(t)) for t in timing]
+        written.append(_write(out / "tables.tex", "\n".join(writers.to_latex(t) for t in fixed)))
+        written += [_write(out / f"{t.name}.tex", writers.to_latex(t)) for t in timing]
     if "csv" in formats:
-        written += [_write(out / f"{t.name}.csv", tables.to_csv(t)) for t in all_tables]
+        written += [_write(out / f"{t.name}.csv", writers.to_csv(t)) for t in all_tables]
     if "html" in formats:
         written.append(_write(out / "report.html", html.page(results, model, all_tables, figs, resamples)))
     return written

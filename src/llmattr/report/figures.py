@@ -24,14 +24,8 @@ from .. import stats  # noqa: E402
 from ..plotting import method_colors, plot_pi_curves  # noqa: E402
 from ..specs import Catalog, FigureSpec, TableSpec  # noqa: E402
 from ..store import Results  # noqa: E402
-from .tables import (  # noqa: E402
-    curve_values,
-    example_values,
-    is_control,
-    layer_values,
-    method_order,
-    scalar_means,
-)
+from .model import is_control, method_order  # noqa: E402
+from .queries import curve_values, example_values, layer_values, scalar_means  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from ..display import span_display
 from ..plotting import method_colors
 from ..store import Results
 from .figures import Figure
-from .tables import Table, settings_lines, to_html
+from .model import Table
+from .writers import settings_lines, to_html
 
 TIMINGS_START, TIMINGS_END = "<!-- timings -->", "<!-- /timings -->"
 CSS = """
