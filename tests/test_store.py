@@ -192,3 +192,9 @@ def test_a_schema_2_store_is_read_and_migrated_on_write(tmp_path):
     with pytest.raises(LlmattrError, match="schema 2, this llmattr reads schema 3"):
         Store(other)  # another version's old store is read, never written
     assert len(list(Results([other]).values("tiny", "pi_soft_ns", "dynamic"))) == 2
+
+
+def test_row_takes_the_old_spelling_pi():
+    assert Row("m", 0.5, pi=0.25) == Row("m", 0.5, x=0.25) and Row("m", 0.5, pi=0.25).x == 0.25
+    with pytest.raises(LlmattrError, match="not both"):
+        Row("m", 0.5, x=0.1, pi=0.2)

@@ -40,7 +40,7 @@ try:
 except ImportError:
     fcntl = None
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 from .errors import LlmattrError
@@ -81,13 +81,21 @@ def canonical(params: dict) -> str:
 @dataclass(frozen=True)
 class Row:
     """One metric value: ``x`` is the curve's x (pi, a fraction, K, a layer; None for scalars), ``step`` the
-    generation step, ``se`` its Monte-Carlo standard error (None when the metric is deterministic)."""
+    generation step, ``se`` its Monte-Carlo standard error (None when the metric is deterministic). ``pi=`` is
+    the old spelling of ``x=`` (a metric written before the rename keeps working)."""
 
     metric: str
     value: float
     x: float | None = None
     step: int | None = None
     se: float | None = None
+    pi: InitVar[float | None] = None
+
+    def __post_init__(self, pi: float | None) -> None:
+        if pi is not None:
+            if self.x is not None:
+                raise LlmattrError("Row takes x (or its old name pi), not both")
+            object.__setattr__(self, "x", pi)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ class AttributionMethod:
     one row per explained generation step.
 
     ``objective``: what a method that scores a model output explains by default (a name in
-    :mod:`llmattr.objectives`); its ``target`` parameter picks another, and ``foil`` (a single-token word or a
+    :mod:`llmattr.objectives`); its ``objective`` parameter (stored as ``target``, its first name, which
+    is still accepted) picks another, and ``foil`` (a single-token word or a
     token id) is the alternative a contrastive objective compares the target with. ``None``: the method reads
     no output score (attention weights, embedding norms, hidden-state distances) and takes neither.
 
@@ -50,6 +51,10 @@ class AttributionMethod:
     layer_sweep: ClassVar[str | None] = None
 
     def __init__(self, **params):
+        if "objective" in params:  # the concept's name; stored (and given before) as ``target``
+            if "target" in params:
+                raise LlmattrError(f"method {self.name}: give objective= or its stored name target=, not both")
+            params["target"] = params.pop("objective")
         scoring = {"target", "foil"} if self.objective else set()
         unknown = sorted(set(params) - set(self.defaults) - scoring)
         if unknown and self.objective is None and {"target", "foil"} & set(unknown):
