@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from llmattr.models.loading import LoadedModel, wrap_model
+from llmattr.report.html import TIMINGS_END, TIMINGS_START
 from llmattr.tasks.datasets import data_dir
 
 CHAT_TEMPLATE = (
@@ -156,3 +157,11 @@ def foreign_sqlite(path):
     conn.commit()
     conn.close()
     return path
+
+
+def strip_timings(text: str) -> str:
+    """An HTML report without its timing section (wall times differ between runs), for byte comparisons."""
+    while TIMINGS_START in text:
+        head, rest = text.split(TIMINGS_START, 1)
+        text = head + rest.split(TIMINGS_END, 1)[1]
+    return text

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from llmattr.api import attribute, prepare
 from llmattr.cli import app
 from llmattr.errors import LlmattrError
-from llmattr.evaluation.datasets import expand_datasets, load_dataset
+from llmattr.evaluation.run_datasets import expand_datasets, load_dataset
 from llmattr.explanation import Explanation
 from llmattr.faithfulness import METRICS, MetricContext
 from llmattr.faithfulness.alignment import evidence_vector, explanation_alignment, layer_scores
@@ -92,7 +92,7 @@ def test_per_layer_normxlogit_alignment_equals_hand_computation(tiny_llama):
     w = model.get_output_embeddings().weight[int(target.target_ids[0])]
     evidence = [int(v) for v in evidence_vector(expl, ROW["evidence_words"]).tolist()]  # the tokens of "sister"
     assert 0 < sum(evidence) < len(evidence)
-    stored = {(r.metric, r.pi): r.value for r in rows}
+    stored = {(r.metric, r.x): r.value for r in rows}
     assert {r.step for r in rows} == {0} and set(stored) == {(m, pi) for m in ("layer_dot_product",
                                                                                "layer_average_precision")
                                                              for pi in (1, 2)}
@@ -153,7 +153,7 @@ def test_a_new_method_with_a_layer_parameter_joins_with_no_change(tiny_llama, mo
     hit = [i for i, e in enumerate(evidence) if e]
     share = sum(hit) / sum(range(m))  # (l + 1) cancels in the sum-normalised dot product
     ap = hand_average_precision(list(range(m)), evidence)  # ranked from the last token down
-    assert sorted((r.metric, r.pi, r.value) for r in rows) == [
+    assert sorted((r.metric, r.x, r.value) for r in rows) == [
         ("layer_average_precision", 1, pytest.approx(ap)), ("layer_average_precision", 2, pytest.approx(ap)),
         ("layer_dot_product", 1, pytest.approx(share)), ("layer_dot_product", 2, pytest.approx(share))]
 
@@ -184,8 +184,8 @@ def test_blimp_layerwise_report_from_one_evaluate_command(tiny_llama, tmp_path, 
     assert "0 computed, 30 already in the store" in again.output
 
     with sqlite3.connect(out) as conn:
-        keys = conn.execute("SELECT dataset, method, pi, count(*) FROM results GROUP BY dataset, method, pi").fetchall()
-        dots = conn.execute("SELECT dataset, example, value FROM results WHERE method = 'normxlogit' AND pi = 2 "
+        keys = conn.execute("SELECT dataset, method, x, count(*) FROM results GROUP BY dataset, method, x").fetchall()
+        dots = conn.execute("SELECT dataset, example, value FROM results WHERE method = 'normxlogit' AND x = 2 "
                             "AND metric = 'layer_dot_product'").fetchall()
         texts = dict(((d, e), t) for d, e, t in conn.execute(
             "SELECT dataset, example, explanation FROM explanations WHERE method = 'normxlogit'"))

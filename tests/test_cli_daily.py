@@ -107,7 +107,7 @@ def test_two_evaluate_runs_on_one_store_and_ctrl_c(tmp_path):
 
     def rows(path):
         with sqlite3.connect(path) as conn:
-            return sorted(conn.execute("SELECT dataset, example, method, metric, routing, pi, step, value "
+            return sorted(conn.execute("SELECT dataset, example, method, metric, routing, x, step, value "
                                        "FROM results"))
 
     assert rows(shared) == rows(single) and len(rows(single)) > 0

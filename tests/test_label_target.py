@@ -130,8 +130,10 @@ def test_boolq_explains_true_or_false_on_the_embedded_model(smollm, shared_data,
 def test_report_shows_the_task_accuracy_per_dataset(tmp_path):
     """One vote per example (every method explains the same target): sst2 2 of 3 correct, boolq 0 of 1;
     examples without a gold label do not count."""
+    from llmattr.api import catalog
     from llmattr.explanation import Explanation, Step
-    from llmattr.report.tables import accuracy_table, to_markdown
+    from llmattr.report.layouts import accuracy_table
+    from llmattr.report.writers import to_markdown
     from llmattr.store import MetricOutput, Results, Row, Store, Unit, canonical
 
     def stored(correct):
@@ -149,7 +151,7 @@ def test_report_shows_the_task_accuracy_per_dataset(tmp_path):
             for method in ("random", "grad-ellm"):
                 store.write(Unit("tiny", dataset, example, method, canonical({})), stored(correct), 0.1,
                             [MetricOutput("soft", "dynamic", 0.1, [Row("soft_ns", 0.5)])])
-    table = accuracy_table(Results([tmp_path / "r.sqlite"]), "tiny")
+    table = accuracy_table(Results([tmp_path / "r.sqlite"], datasets=catalog().datasets), "tiny")  # display names
     assert table.columns == ["SST2", "BoolQ"]
     (_, accuracy), (_, counts) = table.sections[0].rows
     assert [c.value for c in accuracy] == pytest.approx([2 / 3, 0.0]) and [c.value for c in counts] == [3, 1]

@@ -77,3 +77,26 @@ def test_alignment_without_evidence_is_one_clear_error(tiny_llama):
     expl = llmattr.explain("a good film", model=tiny_llama, method="random", task="sentiment")
     with pytest.raises(llmattr.LlmattrError, match="no gold evidence"):
         llmattr.evaluate(expl, tiny_llama, metrics=["alignment"])
+
+
+def test_soft_outputs_and_registered_metrics_mix_in_one_call(tiny_llama):
+    """``pi-soft-nc`` is an output of the registered ``pi-soft`` metric, so it mixes with any other metric:
+    the mixed call's soft part equals the soft call alone, and its ranking rows equal the ranking call alone."""
+    from llmattr.faithfulness import OUTPUTS, SoftResult, select
+
+    expl = llmattr.explain("a good film", model=tiny_llama, method="random", task="sentiment")
+    both = llmattr.evaluate(expl, tiny_llama, metrics=["pi-soft-nc", "deletion-insertion"], samples=2, pis=(0.5,))
+    assert isinstance(both, MetricResult) and set(both.to_dict()) == {"pi-soft", "deletion-insertion"}
+    alone = llmattr.evaluate(expl, tiny_llama, metrics=["pi-soft-nc"], samples=2, pis=(0.5,))
+    assert isinstance(alone, SoftResult) and alone.pi_soft_ns is None
+    assert both["pi-soft"].to_dict() == alone.to_dict()
+    ranking = llmattr.evaluate(expl, tiny_llama, metrics=["deletion-insertion"])
+    assert both["deletion-insertion"] == ranking["deletion-insertion"]
+    assert [OUTPUTS[name] for name in ("pi-soft-nc", "pi-soft-ns", "soft-nc", "soft-ns")] == ["pi-soft"] * 4
+    assert [(m.name, asked) for m, asked in select(["soft-nc", "pi-soft-ns", "log-odds"]).items()] == [
+        ("pi-soft", ("soft-nc", "pi-soft-ns")), ("log-odds", ())]
+    with pytest.raises(llmattr.LlmattrError, match="unknown option pis"):  # pis is the soft metrics' keyword
+        llmattr.evaluate(expl, tiny_llama, metrics=["deletion-insertion"], pis=(0.5,))
+    with pytest.raises(llmattr.LlmattrError, match="'pi-soft-nc' are already registered"):
+        register(Metric("other", top_share, outputs=("pi-soft-nc",)))
+    assert "other" not in METRICS

@@ -170,3 +170,14 @@ def test_contrast_on_the_embedded_model(smollm, tmp_path):
                                       "contrast", "--foil", " Negative", "--device", "cpu", "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["params"] == {"target": "contrast", "foil": " Negative", "reduction": "sum"}
+
+
+def test_a_method_takes_objective_or_its_stored_name_target():
+    """``objective=`` names the concept; ``target=`` (the stored key, and the spelling of earlier versions) still
+    works and gives the same method."""
+    assert methods.get("saliency", objective="logit").params == methods.get("saliency", target="logit").params
+    assert methods.get("saliency", objective="logit").params["target"] == "logit"
+    with pytest.raises(LlmattrError, match="not both"):
+        methods.get("saliency", objective="logit", target="probability")
+    with pytest.raises(LlmattrError, match="takes no objective"):
+        methods.get("attention", objective="logit")

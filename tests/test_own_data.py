@@ -13,7 +13,8 @@ import pytest
 from conftest import build_tiny
 from llmattr.errors import LlmattrError
 from llmattr.models.card import CARD_NAME
-from llmattr.report.tables import accuracy_table, to_markdown
+from llmattr.report.layouts import accuracy_table
+from llmattr.report.writers import to_markdown
 from llmattr.store import Results
 from llmattr.tasks.files import parse_labels, read_file_examples
 from test_cli_checks import NO_MODEL, one_line_error, run_cli

@@ -8,12 +8,14 @@ import statistics
 
 import pytest
 
+from conftest import strip_timings
 from llmattr.api import catalog
 from llmattr.errors import LlmattrError
 from llmattr.explanation import Explanation, Step
 from llmattr.report import build_report, parse_formats
-from llmattr.report.html import strip_timings, top_tokens
-from llmattr.report.tables import paper_tables, to_csv, to_latex, to_markdown
+from llmattr.report.html import top_tokens
+from llmattr.report.layouts import paper_tables
+from llmattr.report.writers import to_csv, to_latex, to_markdown
 from llmattr.stats import estimate, paired_test
 from llmattr.store import MetricOutput, Results, Row, Store, Unit, canonical
 
@@ -51,7 +53,7 @@ def fill(path, seconds: float = 0.5) -> None:
         for (dataset, method), values in NS.items():
             for i, value in enumerate(values):
                 rows = [Row("pi_soft_ns_auc", value, se=0.01), Row("pi_soft_nc_auc", 1 - value, se=0.03),
-                        Row("pi_soft_ns", value / 2, pi=0.25), Row("pi_soft_ns", value, pi=0.75)]
+                        Row("pi_soft_ns", value / 2, x=0.25), Row("pi_soft_ns", value, x=0.75)]
                 scores = [0.1 * (i + 1), 0.9, 0.2, 0.0] if method != "random" else [0.5, 0.4, 0.6, 0.3]
                 store.write(Unit("tiny", dataset, f"{dataset}-{i}", method, canonical({})),
                             explanation(method, scores), seconds, [MetricOutput("pi-soft", "dynamic", 0.1, rows)])
@@ -63,7 +65,8 @@ def strata(method: str, *datasets: str) -> dict:
 
 def test_table1_means_intervals_tests_and_shared_ranks(tmp_path):
     fill(tmp_path / "r.sqlite")
-    table = paper_tables(Results([tmp_path / "r.sqlite"]), "tiny", tables=catalog().tables)[0]
+    known = catalog()
+    table = paper_tables(Results([tmp_path / "r.sqlite"], datasets=known.datasets), "tiny", tables=known.tables)[0]
     assert table.name == "table1_pi_soft_auc"
     assert table.columns == ["attention", "grad-ellm", "saliency", "random"] and table.control == ("random",)
     rows = dict(table.sections[0].rows)
@@ -114,7 +117,8 @@ def test_exact_ties_share_a_rank(tmp_path):
                 store.write(Unit("tiny", "sst2", f"e{i}", method, canonical({})), explanation(method, [0.5] * 4),
                             0.1, [MetricOutput("pi-soft", "dynamic", 0.1, [Row("pi_soft_ns_auc", 0.1 * i),
                                                                           Row("pi_soft_nc_auc", 0.1 * i)])])
-    table = paper_tables(Results([tmp_path / "r.sqlite"]), "tiny", tables=catalog().tables)[0]
+    known = catalog()
+    table = paper_tables(Results([tmp_path / "r.sqlite"], datasets=known.datasets), "tiny", tables=known.tables)[0]
     avg = dict(table.sections[0].rows)["Avg"]
     assert [c.rank for c in avg] == [1, 1] and avg[0].p_next == 1.0 and table.control == ()
 
@@ -174,7 +178,9 @@ def test_layer_sweep_figure(tmp_path):
             store.write(Unit("tiny", "sst2", "ex", "grad-ellm", params), explanation("grad-ellm", [0.1, 0.9, 0.2, 0.0]),
                         0.1, [MetricOutput("pi-soft", "dynamic", 0.1, [Row("pi_soft_ns_auc", value),
                                                                       Row("pi_soft_nc_auc", value)])])
-    figures = layer_sweep(Results([tmp_path / "r.sqlite"], catalog().method_defaults), "tiny", tmp_path)
+    known = catalog()
+    spec = next(f for f in known.figures if f.kind == "layer_sweep")
+    figures = layer_sweep(Results([tmp_path / "r.sqlite"], known.method_defaults), "tiny", tmp_path, known, spec)
     assert [f.path.name for f in figures] == ["fig5_layers_grad-ellm.png"]
     assert "mean over n = 1 examples, error bars = 95% bootstrap interval" in figures[0].caption
 

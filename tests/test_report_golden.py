@@ -3,7 +3,7 @@ refactor of issue 11): the md, LaTeX, CSV and HTML output must not change while 
 
 Compared byte for byte: report.md, tables.tex and every table CSV except the timing table (wall times).
 The HTML is compared after two normalisations, because it embeds non-deterministic or platform-dependent
-bytes: the timing section (:func:`llmattr.report.html.strip_timings`) and the base64 PNG data of the
+bytes: the timing section (``strip_timings`` in conftest.py) and the base64 PNG data of the
 figures (matplotlib's rasteriser may differ between versions), which is replaced by ``PNG``. The PNG
 files themselves are not compared. ``python tests/test_report_golden.py --update`` rewrites the expected
 files (only when a change of the report is intended).
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import strip_timings
 from llmattr.api import catalog
 from llmattr.report import build_report
-from llmattr.report.html import strip_timings
 
 DATA = Path(__file__).parent / "data"
 STORE = DATA / "report_store.sqlite"

@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import build_tiny
+from conftest import build_tiny, strip_timings
 from llmattr.api import catalog
 from llmattr.errors import LlmattrError
 from llmattr.evaluation import EvalConfig, expand_methods, parse_method, run, shard_of, shard_path
 from llmattr.faithfulness import METRICS, Metric, MetricContext, register
 from llmattr.report import build_report
-from llmattr.report.html import strip_timings
 from llmattr.store import Row
 
 SMALL = dict(datasets=["sst2"], methods=["grad-ellm", "random"], metrics=["pi-soft"], n=2, samples=2,
@@ -239,12 +238,12 @@ def test_ranking_adapters_rows(tiny_llama, monkeypatch):
     ref = ranking_metrics(expl, tiny_llama)
     di = METRICS["deletion-insertion"].compute(ctx, "none")
     assert len(di) == 2 * (21 + 2)
-    assert {r.metric: r.value for r in di if r.pi is None} == {
+    assert {r.metric: r.value for r in di if r.x is None} == {
         "deletion_auc": ref.deletion.auc, "insertion_auc": ref.insertion.auc,
         "deletion_change_auc": ref.deletion.change_auc, "insertion_change_auc": ref.insertion.change_auc}
     cs = METRICS["comp-suff"].compute(ctx, "none")
     acc = [r for r in cs if r.metric == "comprehensiveness_acc"]
     assert [r.value for r in acc] == [float(p == 1) for p in ref.comprehensiveness_pred]
-    assert [r.pi for r in acc] == list(ref.k_grid) and len(cs) == 4 * 9
+    assert [r.x for r in acc] == list(ref.k_grid) and len(cs) == 4 * 9
     lo = METRICS["log-odds"].compute(ctx, "none")
     assert [r.metric for r in lo] == ["log_odds", "comprehensiveness_top_k", "sufficiency_top_k"]

@@ -16,7 +16,7 @@ def unit(example: str = "ex-1", method: str = "grad-ellm") -> Unit:
 
 
 def outputs(value: float = 0.5) -> list[MetricOutput]:
-    rows = [Row("pi_soft_ns", value, pi=0.05, se=0.01), Row("pi_soft_ns", value + 0.1, pi=0.1),
+    rows = [Row("pi_soft_ns", value, x=0.05, se=0.01), Row("pi_soft_ns", value + 0.1, x=0.1),
             Row("pi_soft_ns_auc", value)]
     return [MetricOutput("pi-soft", "dynamic", 1.5, rows)]
 
@@ -41,7 +41,7 @@ def test_write_read_and_done(tmp_path):
 def test_unit_is_one_transaction(tmp_path):
     """A failure while writing a unit leaves none of its rows (as a SIGKILL mid-write would)."""
     store = Store(tmp_path / "r.sqlite")
-    broken = outputs() + outputs()  # the same (metric, routing, pi, step) twice: the primary key refuses
+    broken = outputs() + outputs()  # the same (metric, routing, x, step) twice: the primary key refuses
     with pytest.raises(sqlite3.IntegrityError):
         store.write(unit(), "{}", 0.1, broken)
     assert store.conn.execute("SELECT count(*) FROM results").fetchone()[0] == 0
@@ -130,3 +130,71 @@ def test_clean_close_leaves_everything_in_the_sqlite_file_alone(tmp_path):
     copy.parent.mkdir()
     copy.write_bytes(path.read_bytes())  # the .sqlite file only, as a user copying it would
     assert len(list(Results([copy]).values("tiny", "pi_soft_ns", "dynamic"))) == 2
+
+
+SCHEMA_2 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE settings (model TEXT PRIMARY KEY, settings TEXT NOT NULL);
+CREATE TABLE explanations (
+    model TEXT NOT NULL, dataset TEXT NOT NULL, example TEXT NOT NULL, method TEXT NOT NULL,
+    params TEXT NOT NULL, explanation TEXT NOT NULL, attribution_s REAL NOT NULL,
+    PRIMARY KEY (model, dataset, example, method, params));
+CREATE TABLE done (
+    model TEXT NOT NULL, dataset TEXT NOT NULL, example TEXT NOT NULL, method TEXT NOT NULL,
+    params TEXT NOT NULL, metric TEXT NOT NULL, routing TEXT NOT NULL, seconds REAL NOT NULL,
+    PRIMARY KEY (model, dataset, example, method, params, metric, routing));
+CREATE TABLE results (
+    model TEXT NOT NULL, dataset TEXT NOT NULL, example TEXT NOT NULL, method TEXT NOT NULL,
+    params TEXT NOT NULL, metric TEXT NOT NULL, routing TEXT NOT NULL, pi REAL NOT NULL,
+    step INTEGER NOT NULL, value REAL NOT NULL, mc_se REAL,
+    PRIMARY KEY (model, dataset, example, method, params, metric, routing, pi, step)) WITHOUT ROWID;
+"""  # the schema the store had before its x column was renamed from pi
+
+
+def schema_2_store(path, version: str):
+    """A store as llmattr wrote it with schema 2: its curve rows' x in a column named ``pi``."""
+    with sqlite3.connect(path) as conn:
+        conn.executescript(SCHEMA_2)
+        conn.executemany("INSERT INTO meta VALUES (?, ?)", [("schema", "2"), ("llmattr_version", version)])
+        conn.execute("INSERT INTO settings VALUES ('tiny', '{\"samples\": 2}')")
+        conn.execute("INSERT INTO explanations VALUES (?, ?, ?, ?, ?, '{}', 0.5)", unit().as_tuple())
+        conn.execute("INSERT INTO done VALUES (?, ?, ?, ?, ?, 'pi-soft', 'dynamic', 1.0)", unit().as_tuple())
+        conn.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, 'dynamic', ?, -1, ?, NULL)",
+                         [(*unit().as_tuple(), "pi_soft_ns", 0.05, 0.5), (*unit().as_tuple(), "pi_soft_ns", 0.1, 0.6)])
+    conn.close()
+
+
+def test_a_schema_2_store_is_read_and_migrated_on_write(tmp_path):
+    """Old stores keep reading: a schema 2 store (x column named pi) merges with a new one, and a run of the same
+    llmattr version writing to it renames the column in place (schema 3) and resumes."""
+    from llmattr.version import __version__
+
+    old, new = tmp_path / "r.rank0.sqlite", tmp_path / "r.rank1.sqlite"
+    schema_2_store(old, __version__)
+    with Store(new) as store:
+        store.check_settings("tiny", {"samples": 2})
+        store.write(unit("ex-2"), "{}", 0.1, outputs())
+    rows = list(Results([old, new]).values("tiny", "pi_soft_ns", "dynamic"))
+    assert [(r[3], r[4], r[6]) for r in rows] == [("ex-1", 0.05, 0.5), ("ex-1", 0.1, 0.6), ("ex-2", 0.05, 0.5),
+                                                  ("ex-2", 0.1, 0.6)]
+    with sqlite3.connect(old) as conn:  # reading changed nothing
+        assert "pi" in [c[1] for c in conn.execute("PRAGMA table_info(results)")]
+    conn.close()
+    with Store(old) as store:
+        assert store.done(unit()) == {("pi-soft", "dynamic")}
+        store.write(unit("ex-3"), "{}", 0.1, outputs())
+        columns = [c[1] for c in store.conn.execute("PRAGMA table_info(results)")]
+        schema = store.conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
+    assert "x" in columns and "pi" not in columns and schema == "3"
+    assert len(list(Results([old]).values("tiny", "pi_soft_ns", "dynamic"))) == 4
+    other = tmp_path / "other.sqlite"
+    schema_2_store(other, "0.0.1")
+    with pytest.raises(LlmattrError, match="schema 2, this llmattr reads schema 3"):
+        Store(other)  # another version's old store is read, never written
+    assert len(list(Results([other]).values("tiny", "pi_soft_ns", "dynamic"))) == 2
+
+
+def test_row_takes_the_old_spelling_pi():
+    assert Row("m", 0.5, pi=0.25) == Row("m", 0.5, x=0.25) and Row("m", 0.5, pi=0.25).x == 0.25
+    with pytest.raises(LlmattrError, match="not both"):
+        Row("m", 0.5, x=0.1, pi=0.2)

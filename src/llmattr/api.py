@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import track
 
 from . import faithfulness, methods, objectives
+from .checks import member
 from .display import span_display
 from .errors import LlmattrError
 from .explanation import Explanation, Explanations
@@ -20,7 +21,7 @@ from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
 from .specs import Catalog
 from .targets import SCOPES, TARGET_MODES, Target, label_target, make_target, with_scope, word_target
-from .tasks import Task, few_shot, get_task
+from .tasks import TASKS, Task, few_shot, get_task
 
 
 def progress_console() -> Console:
@@ -58,10 +59,8 @@ def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int |
     """
     if isinstance(text, str) and not text.strip():
         raise LlmattrError("empty text: give the text to explain")
-    if target not in TARGET_MODES:
-        raise LlmattrError(f"target must be one of {', '.join(TARGET_MODES)}; got {target!r}")
-    if scope not in SCOPES:
-        raise LlmattrError(f"scope must be one of {', '.join(SCOPES)}; got {scope!r}")
+    member(target, TARGET_MODES, "target")
+    member(scope, SCOPES, "scope")
     example = task.example_from_text(text)
     task.check_model(lm)
     prompt: Prompt = build_prompt(lm.tokenizer, task, example, demonstrations)
@@ -288,44 +287,6 @@ def check_text(text: object) -> None:
         raise LlmattrError(problem)
 
 
-class GivenScores(methods.AttributionMethod):
-    """Scores computed elsewhere, returned as given: the bridge that lets any attribution be evaluated."""
-
-    family = "external"
-    summary = "scores computed outside llmattr (bring your own)"
-    needs_gradients = False
-    cost = "none (given)"
-
-    def __init__(self, scores: torch.Tensor, name: str = "external", signed: bool = False, params: dict | None = None,
-                 columns: list | None = None):
-        self.scores, self.name, self.signed, self.params = scores, name, signed, dict(params or {})
-        self.columns = columns
-
-    def _span_columns(self, lm: LoadedModel, target: Target) -> torch.Tensor:
-        """The columns of the content span, found in ``columns`` (token ids, or token strings as the
-        tokenizer's ``convert_ids_to_tokens`` writes them) when the scores cover a longer token sequence."""
-        a, b = target.span
-        ids = target.prompt.input_ids[0, a:b].tolist()
-        span = ids if isinstance(self.columns[0], int) else lm.tokenizer.convert_ids_to_tokens(ids)
-        starts = [k for k in range(len(self.columns) - len(span) + 1) if list(self.columns[k: k + len(span)]) == span]
-        if not starts:
-            raise LlmattrError(f"the content span's tokens {span} are not among the scores' tokens; attribute the "
-                               "same prompt text (Explanation.text) with the same tokenizer")
-        return self.scores[:, starts[-1]: starts[-1] + len(span)]
-
-    def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
-        a, b = target.span
-        if self.columns is not None:
-            self.scores, self.columns = self._span_columns(lm, target), None
-        if self.scores.shape != (target.n_steps, b - a):
-            tokens = [lm.tokenizer.decode([i]) for i in target.prompt.input_ids[0, a:b].tolist()]
-            raise LlmattrError(
-                f"scores have shape {tuple(self.scores.shape)} but this text gives {target.n_steps} explained "
-                f"step(s) x {b - a} content tokens {tokens}; give one row per step (pass answer= to fix the "
-                "steps) and one column per content token")
-        return self.scores
-
-
 def from_scores(text: str | dict, scores, model: str | LoadedModel = "default", task: str | Task = "sentiment",
                 answer: str | None = None, method: str = "external", signed: bool = False,
                 params: dict | None = None, device: str = "auto", columns: list | None = None,
@@ -347,7 +308,7 @@ def from_scores(text: str | dict, scores, model: str | LoadedModel = "default", 
     raw = raw[None] if raw.dim() == 1 else raw
     if raw.dim() != 2 or raw.numel() == 0:
         raise LlmattrError(f"scores must be (steps, content tokens) or one vector, got shape {tuple(raw.shape)}")
-    given = GivenScores(raw, method, signed, params, columns)
+    given = methods.GivenScores(raw, method, signed, params, columns)
     return explain(text, model, given, task, max_new_tokens=raw.shape[0], answer=answer, device=device,
                    **explain_args)
 
@@ -376,4 +337,7 @@ def evaluate(explanation: Explanation | list, model: str | LoadedModel = "defaul
 def catalog() -> Catalog:
     """What ``llmattr report`` needs from the registries: every registered metric's tables and each
     method's defaults (for method labels)."""
-    return Catalog(faithfulness.table_specs(), {name: cls.defaults for name, cls in methods.REGISTRY.items()})
+    return Catalog(faithfulness.table_specs(), {name: cls.defaults for name, cls in methods.REGISTRY.items()},
+                   faithfulness.figure_specs(),
+                   {name: cls.layer_sweep for name, cls in methods.REGISTRY.items() if cls.layer_sweep},
+                   {name: (task.report_order, task.display or name) for name, task in TASKS.items()})

@@ -15,6 +15,7 @@ from pathlib import Path
 from .errors import LlmattrError
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")  # what the figures are written as (matplotlib's Agg, SVG, PDF)
+ROUTINGS = ("dynamic", "fixed")  # the perturbation metrics' routing protocols (paper 000 appendix K)
 
 
 def positive_int(value: object, name: str) -> int:
@@ -31,6 +32,15 @@ def one_of(value: object, valid: Iterable[str], name: str) -> str:
     valid = tuple(valid)
     if value not in valid:
         raise LlmattrError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
+    return value
+
+
+def member(value: object, valid: Iterable[str], name: str) -> str:
+    """``value`` if it is one of ``valid``, else one line ``NAME must be one of ...; got VALUE`` (the choices of
+    what is explained and perturbed: target, scope, removal)."""
+    valid = tuple(valid)
+    if value not in valid:
+        raise LlmattrError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
     return value
 
 

@@ -1,4 +1,6 @@
-"""What is explained: the scalar ``F_t`` each attribution method scores at step ``t`` (Inseq's step functions).
+"""The objective: the scalar ``F_t`` of the model's output each attribution method scores at step ``t`` (Inseq's
+step functions). Which tokens ``y_t`` are explained is the target (:mod:`llmattr.targets`); which input tokens
+are attributed and perturbed is the scope; where a path starts is the baseline (the gradient family).
 
 An objective maps the logits at the explained positions ``(..., V)``, the target token ids and (contrastive
 objectives) the foil token ids, both broadcast over the logits' leading dims, to one value per row ``(...)``;

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-LAYER_SWEEP = ("grad-ellm",)  # methods whose ``layers`` is the number of last layers aggregated (Fig. 5)
+FIGURE_KINDS = ("curves", "pi_curves", "layer_sweep")
 LAYOUTS = ("datasets_by_methods", "metrics_by_methods", "methods_by_datasets", "layers_by_methods")
 
 
@@ -59,12 +59,39 @@ class TableSpec:
 
 
 @dataclass(frozen=True)
+class FigureSpec:
+    """A report figure fed by a metric, in one of the figure kinds (as a table has a layout). ``curves``: per
+    dataset, each row's stored values against the stored x (a curve metric's grid, a fraction, K), a panel per
+    row, a line per method (mean over examples with its 95% bootstrap band), into ``<name>_<dataset>.png``.
+    ``pi_curves``: paper 000 Fig. 3/9, the rows' curves (with their ``<row>_auc`` means in the legend) per dataset
+    and routing. ``layer_sweep``: paper 000 Fig. 5, the rows (AUCs) against a method's swept parameter
+    (:class:`Catalog`'s ``layer_sweeps``)."""
+
+    name: str
+    title: str
+    caption: str
+    rows: tuple[MetricRow, ...]
+    xlabel: str = "x"
+    routing: str = "none"
+    kind: str = "curves"
+
+    def __post_init__(self):
+        if self.kind not in FIGURE_KINDS:
+            raise ValueError(f"unknown figure kind {self.kind!r}; valid: {', '.join(FIGURE_KINDS)}")
+
+
+@dataclass(frozen=True)
 class Catalog:
-    """What the report knows beyond the store: the tables of the registered metrics and each method's
-    default parameters (for labels). :func:`llmattr.api.catalog` builds it from the registries."""
+    """What the report knows beyond the store: the tables and figures of the registered metrics, each method's default
+    parameters (for labels), the parameter a method's layer sweep varies (``AttributionMethod.layer_sweep``) and
+    each task's place and display name in the report (``Task.report_order``, ``Task.display``).
+    :func:`llmattr.api.catalog` builds it from the registries."""
 
     tables: tuple[TableSpec, ...] = ()
     method_defaults: Mapping[str, Mapping] | None = None
+    figures: tuple[FigureSpec, ...] = ()
+    layer_sweeps: Mapping[str, str] | None = None
+    datasets: Mapping[str, tuple[float, str]] | None = None  # task name -> (report_order, display name)
 
     def label(self, name: str, params: dict | str) -> str:
         return method_label(name, params, (self.method_defaults or {}).get(name))

@@ -9,9 +9,11 @@ Tables (docs/evaluate.md):
   params).
 - ``done``: one row per finished (model, dataset, example, method, params, metric, routing) with the
   metric's wall time; what a rerun skips.
-- ``results``: one value per (model, dataset, example, method, params, metric, routing, pi, step).
-  ``pi`` is the x-axis of a curve (retaining probability, fraction of tokens for ranking metrics, layer)
-  and ``step`` the generation step; ``-1`` in either means "scalar" / "averaged over steps".
+- ``results``: one value per (model, dataset, example, method, params, metric, routing, x, step).
+  ``x`` is the x-axis of a curve (the soft metrics' pi, the ranking metrics' fraction of tokens or K, the
+  per-layer metrics' layer) and ``step`` the generation step; ``-1`` in either means "scalar" / "averaged over
+  steps". Schema 2 stores, whose ``x`` column was named ``pi``, are read as they are and renamed in place when a
+  run writes to them again (:data:`LEGACY`).
   ``mc_se`` is the value's Monte-Carlo standard error over samples (NULL for deterministic metrics).
 
 Every finished (example, method) is written in one transaction, so a process killed at any moment
@@ -38,15 +40,17 @@ try:
 except ImportError:
     fcntl = None
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 from .errors import LlmattrError
 from .specs import method_label
 from .version import __version__
 
-SCHEMA_VERSION = 2  # 2: results.mc_se
-NONE = -1  # sentinel for "no pi" / "no step" (primary-key columns cannot hold NULL duplicates)
+DEFAULT_ORDER = 100  # a dataset's place in the report when its task gives none (``Task.report_order``)
+SCHEMA_VERSION = 3  # 2: results.mc_se; 3: results.pi renamed x (it holds every metric's x axis)
+LEGACY = {"2": "pi"}  # an older schema still read, and the name its x column had
+NONE = -1  # sentinel for "no x" / "no step" (primary-key columns cannot hold NULL duplicates)
 KEY = ("model", "dataset", "example", "method", "params")
 
 SCHEMA = """
@@ -62,11 +66,11 @@ CREATE TABLE IF NOT EXISTS done (
     PRIMARY KEY (model, dataset, example, method, params, metric, routing));
 CREATE TABLE IF NOT EXISTS results (
     model TEXT NOT NULL, dataset TEXT NOT NULL, example TEXT NOT NULL, method TEXT NOT NULL,
-    params TEXT NOT NULL, metric TEXT NOT NULL, routing TEXT NOT NULL, pi REAL NOT NULL,
+    params TEXT NOT NULL, metric TEXT NOT NULL, routing TEXT NOT NULL, x REAL NOT NULL,
     step INTEGER NOT NULL, value REAL NOT NULL, mc_se REAL,
-    PRIMARY KEY (model, dataset, example, method, params, metric, routing, pi, step)) WITHOUT ROWID;
+    PRIMARY KEY (model, dataset, example, method, params, metric, routing, x, step)) WITHOUT ROWID;
 """
-RESULT_KEY = "model, dataset, example, method, params, metric, routing, pi, step"
+RESULT_KEY = ("model", "dataset", "example", "method", "params", "metric", "routing", "x", "step")
 
 
 def canonical(params: dict) -> str:
@@ -76,14 +80,22 @@ def canonical(params: dict) -> str:
 
 @dataclass(frozen=True)
 class Row:
-    """One metric value: ``pi`` is the curve's x (None for scalars), ``step`` the generation step,
-    ``se`` its Monte-Carlo standard error (None when the metric is deterministic)."""
+    """One metric value: ``x`` is the curve's x (pi, a fraction, K, a layer; None for scalars), ``step`` the
+    generation step, ``se`` its Monte-Carlo standard error (None when the metric is deterministic). ``pi=`` is
+    the old spelling of ``x=`` (a metric written before the rename keeps working)."""
 
     metric: str
     value: float
-    pi: float | None = None
+    x: float | None = None
     step: int | None = None
     se: float | None = None
+    pi: InitVar[float | None] = None
+
+    def __post_init__(self, pi: float | None) -> None:
+        if pi is not None:
+            if self.x is not None:
+                raise LlmattrError("Row takes x (or its old name pi), not both")
+            object.__setattr__(self, "x", pi)
 
 
 @dataclass(frozen=True)
@@ -159,15 +171,23 @@ def _connect(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
-def _check_meta(conn: sqlite3.Connection, path: str | Path, write: bool) -> None:
-    """Refuse a store of another schema; a writer also records schema/version in a new store and refuses a
-    store written by another llmattr version."""
+def _check_meta(conn: sqlite3.Connection, path: str | Path, write: bool) -> str:
+    """Refuse a store of another schema (a :data:`LEGACY` one is read); a writer also records schema/version in a
+    new store, refuses a store written by another llmattr version and renames a legacy store's x column. Returns
+    the name of the store's x column."""
     meta = dict(conn.execute("SELECT key, value FROM meta"))
     if write and not meta:
         with conn:
             conn.executemany("INSERT INTO meta VALUES (?, ?)",
                              [("schema", str(SCHEMA_VERSION)), ("llmattr_version", __version__)])
-        return
+        return "x"
+    if meta.get("schema") in LEGACY and (not write or meta.get("llmattr_version") == __version__):
+        if not write:
+            return LEGACY[meta["schema"]]
+        with conn:  # the one change from schema 2 to 3: the column's name
+            conn.execute(f"ALTER TABLE results RENAME COLUMN {LEGACY[meta['schema']]} TO x")
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
+        return "x"
     if meta.get("schema") != str(SCHEMA_VERSION):
         advice = ": use another --out file or the llmattr version that wrote it" if write else ""
         raise LlmattrError(f"{path} has store schema {meta.get('schema')}, this llmattr reads schema "
@@ -175,6 +195,7 @@ def _check_meta(conn: sqlite3.Connection, path: str | Path, write: bool) -> None
     if write and meta.get("llmattr_version") != __version__:
         raise LlmattrError(f"{path} was written by llmattr {meta.get('llmattr_version')}, this is "
                            f"{__version__}: write to another --out file rather than mixing versions")
+    return "x"
 
 
 class Store:
@@ -249,7 +270,7 @@ class Store:
             for out in outputs:
                 self.conn.executemany(
                     "INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(*key, r.metric, out.routing, NONE if r.pi is None else round(float(r.pi), 9),
+                    [(*key, r.metric, out.routing, NONE if r.x is None else round(float(r.x), 9),
                       NONE if r.step is None else int(r.step), float(r.value),
                       None if r.se is None else float(r.se)) for r in out.rows])
                 self.conn.execute("INSERT INTO done VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -276,12 +297,16 @@ class Results:
 
     Shards of one run (``results.rank*.sqlite``) are merged; a row present in two stores with two
     different values, or two stores with different settings for one model, is refused.
-    ``method_defaults`` (each method's default parameters) make the method labels (:meth:`label`).
+    ``method_defaults`` (each method's default parameters) make the method labels (:meth:`label`);
+    ``datasets`` (each task's ``(report_order, display name)``) the datasets' names and order
+    (:meth:`dataset_name`, :meth:`dataset_key`).
     """
 
-    def __init__(self, paths: Iterable[str | Path], method_defaults: Mapping[str, Mapping] | None = None):
+    def __init__(self, paths: Iterable[str | Path], method_defaults: Mapping[str, Mapping] | None = None,
+                 datasets: Mapping[str, tuple[float, str]] | None = None):
         self.paths = expand(paths)
         self.method_defaults = dict(method_defaults or {})
+        self.datasets = dict(datasets or {})
         if not self.paths:
             raise LlmattrError("no store given: pass results.sqlite (or several, or a glob)")
         self.conn = sqlite3.connect(":memory:")
@@ -293,7 +318,7 @@ class Results:
     def _merge(self, path: Path) -> None:
         try:
             src = sqlite3.connect(str(path))
-            _check_meta(src, path, write=False)
+            x = _check_meta(src, path, write=False)
         except sqlite3.DatabaseError as err:
             raise LlmattrError(f"{path} is not an llmattr results store ({err})") from err
         for model, text in src.execute("SELECT model, settings FROM settings"):
@@ -304,9 +329,10 @@ class Results:
         src.close()
         self.conn.execute("ATTACH DATABASE ? AS src", (str(path),))
         with self.conn:
+            same = " AND ".join(f"s.{x if c == 'x' else c} = m.{c}" for c in RESULT_KEY)  # a legacy x: its name
             clash = self.conn.execute(
                 f"SELECT s.model, s.dataset, s.example, s.method, s.metric FROM src.results s JOIN results m "
-                f"USING ({RESULT_KEY}) WHERE s.value != m.value LIMIT 1").fetchone()
+                f"ON {same} WHERE s.value != m.value LIMIT 1").fetchone()
             if clash:
                 raise LlmattrError(f"{path} disagrees with another store on {clash}; these stores are not "
                                    "shards of one run")
@@ -319,6 +345,14 @@ class Results:
         """The method's name plus its parameters that differ from its defaults."""
         return method_label(method, params, self.method_defaults.get(method))
 
+    def dataset_name(self, name: str) -> str:
+        """The dataset's display name (its task's ``display``; the name itself when none)."""
+        return self.datasets.get(name, (None, name))[1]
+
+    def dataset_key(self, name: str) -> tuple[float, str]:
+        """Sort key of the report's datasets: the task's ``report_order``, then the name."""
+        return (self.datasets.get(name, (DEFAULT_ORDER, name))[0], name)
+
     def models(self) -> list[str]:
         rows = self.conn.execute("SELECT DISTINCT model FROM explanations ORDER BY model")
         return [r[0] for r in rows]
@@ -327,11 +361,11 @@ class Results:
         return self._settings.get(model, {})
 
     def values(self, model: str, metric: str, routing: str) -> Iterator[tuple]:
-        """(dataset, method, params, example, pi, step, value, mc_se) rows, in key order."""
+        """(dataset, method, params, example, x, step, value, mc_se) rows, in key order."""
         return self.conn.execute(
-            "SELECT dataset, method, params, example, pi, step, value, mc_se FROM results "
+            "SELECT dataset, method, params, example, x, step, value, mc_se FROM results "
             "WHERE model = ? AND metric = ? AND routing = ? "
-            "ORDER BY dataset, method, params, example, pi, step",
+            "ORDER BY dataset, method, params, example, x, step",
             (model, metric, routing))
 
     def explanations(self, model: str) -> Iterator[tuple]:

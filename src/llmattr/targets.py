@@ -1,4 +1,6 @@
-"""What is explained: the predicted label word, the generated tokens (greedy) or a forced answer.
+"""The target: which output tokens are explained (the predicted label word, the generated tokens (greedy) or a
+forced answer) and the scope: which input tokens are attributed and perturbed (span, prompt, all). The scalar
+scored at each explained token is the objective (:mod:`llmattr.objectives`).
 
 For a task with label words the default target is the predicted label (paper 000 sec. 4.3: "the
 token-level faithfulness of the target label word"): the argmax of the next-token logits restricted to
@@ -13,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .checks import member
 from .errors import LlmattrError
 from .models.loading import LoadedModel
 from .objectives import probability
@@ -172,8 +175,7 @@ def label_target(lm: LoadedModel, prompt: Prompt, task, max_new_tokens: int, mod
     ``mode``: ``"label"`` explains the predicted label word (argmax over the label words' logits),
     ``"generated"`` the free greedy answer, ``"gold"`` the gold label word (``gold`` must be one).
     """
-    if mode not in TARGET_MODES:
-        raise LlmattrError(f"target must be one of {', '.join(TARGET_MODES)}; got {mode!r}")
+    member(mode, TARGET_MODES, "target")
     if mode == "gold" and gold not in task.label_words:
         raise LlmattrError(f"target='gold' needs the gold label, one of {list(task.label_words)}; got {gold!r}")
     label_ids = task.label_ids(lm.tokenizer, first_token=False)
@@ -201,8 +203,7 @@ def with_scope(target: Target, scope: str) -> Target:
     ``"all"`` its scores on later generated tokens are what the method gives them (zero for gradients and
     attention) and the metrics perturb only the tokens it sees (:func:`visible`).
     """
-    if scope not in SCOPES:
-        raise LlmattrError(f"scope must be one of {', '.join(SCOPES)}; got {scope!r}")
+    member(scope, SCOPES, "scope")
     if scope == "span":
         return target
     end = target.prompt_len if scope == "prompt" else target.input_ids.shape[1]

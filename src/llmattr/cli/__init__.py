@@ -13,7 +13,7 @@ import sys
 from rich.console import Console
 
 from ..errors import LlmattrError
-from .app import app
+from .app import app, load_plugins
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in ("app",) and not _module.name.startswith("_"):
@@ -22,6 +22,7 @@ for _module in pkgutil.iter_modules(__path__):
 
 def main() -> None:
     try:
+        load_plugins()  # before the commands are built: a plugin's methods, metrics and tasks get their options
         app()
     except LlmattrError as err:
         Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)

@@ -2,16 +2,40 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
-from .app import app
+from .app import DERIVED, app, plugin_command
 
 
-@app.command()
+def registered_help() -> dict[str, str]:
+    """``--datasets``' and ``--metrics``' help, naming every registered task with a sample file and every metric."""
+    from ..evaluation.run_datasets import GROUPS, dataset_names
+    from ..faithfulness import METRICS
+
+    return {"datasets": f"Comma-separated datasets (default sst2): {', '.join([*dataset_names(), *GROUPS])}.",
+            "metrics": f"Comma-separated metrics (default pi-soft): {', '.join(sorted(METRICS))}."}
+
+
+def metric_options() -> list[inspect.Parameter]:
+    """An option ``--NAME`` per option a registered metric declares (``Metric.declares``), typed by its default."""
+    from ..faithfulness import declared_options
+
+    return [inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY,
+        annotation=type(option.default) if isinstance(option.default, int | float | str) else str,
+        default=typer.Option(None, f"--{name.replace('_', '-')}", rich_help_panel="Metric options",
+                             help=f"{option.help} (default {option.default}"
+                                  + (f"; one of {', '.join(map(str, option.valid))})" if option.valid else ")")))
+        for name, option in sorted(declared_options().items())]
+
+
+@app.command(cls=plugin_command(metric_options, registered_help))
 def evaluate(
+    ctx: typer.Context,
     model: str = typer.Option(None, help="'default' (SmolLM2-135M-Instruct), 'gemma-3-270m', a hub id, "
                                                  "a folder or a .gguf."),
     datasets: str = typer.Option(None, help="Comma-separated datasets, e.g. sst2,imdb,boolq, or blimp (its five "
@@ -29,8 +53,8 @@ def evaluate(
                                             "method)."),
     seed: int = typer.Option(None, help="Seed of example sampling, attributions and perturbations "
                                         "(default 0)."),
-    layers: str = typer.Option(None, help="Sweep of the number of aggregated layers for methods with a "
-                                          "'layers' parameter (Grad-ELLM), e.g. 1,4,8,16,all."),
+    layers: str = typer.Option(None, help="Sweep of the parameter a method names as its layer sweep (Grad-ELLM: "
+                                          "the number of aggregated layers), e.g. 1,4,8,16,all."),
     step_stride: int = typer.Option(None, help="Open generation: evaluate every k-th step (default 5)."),
     max_new_tokens: int = typer.Option(None, help="Tokens to generate and explain (task default if unset)."),
     scope: str = typer.Option(None, help="What is attributed, perturbed and zeroed: span (default), prompt "
@@ -70,7 +94,7 @@ def evaluate(
            "removal": removal, "out": None if out is None else str(out), "shard": shard,
            "device": device, "dtype": dtype, "device_map": device_map, "max_memory": max_memory,
            "load_in_4bit": load_in_4bit, "data": None if data is None else str(data), "task": task,
-           "text_field": text_field, "label_field": label_field, "labels": labels}
+           "text_field": text_field, "label_field": label_field, "labels": labels, **ctx.meta.get(DERIVED, {})}
     base = EvalConfig.from_toml(config) if config is not None else None
     cfg = EvalConfig.from_mapping(cli, base)
     console = Console(stderr=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..checks import one_of, positive_int, writable_file
+from ..checks import ROUTINGS, one_of, positive_int, writable_file
 from ..errors import LlmattrError
 from .app import app
 
@@ -65,7 +65,7 @@ def evaluate_scores(
                                                        "'record' index; a record that failed: its 'error') here."),
 ) -> None:
     """pi-Soft-NC/NS AUCs (and Soft-NC/NS, E[R]) of attribution scores computed outside llmattr."""
-    one_of(routing, ("dynamic", "fixed"), "--routing")
+    one_of(routing, ROUTINGS, "--routing")
     positive_int(samples, "--samples")
     if json_out is not None:
         writable_file(json_out, "--json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from contextlib import nullcontext
 from json import dumps
 from pathlib import Path
@@ -9,13 +10,30 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..checks import FIGURE_SUFFIXES, one_of, positive_int, writable_file
+from ..checks import FIGURE_SUFFIXES, ROUTINGS, member, one_of, positive_int, writable_file
 from ..errors import LlmattrError
 from ..objectives import OBJECTIVES
 from ..targets import SCOPES, TARGET_MODES, check_gold_word
-from .app import app
+from .app import DERIVED, app, plugin_command
 
 FORMATS = ("text", "json")
+METHOD_PANEL = "Method parameters"
+
+
+def method_options() -> list[inspect.Parameter]:
+    """An option ``--NAME`` per parameter of the registered methods (their ``defaults``), its help naming the
+    methods that take it and their defaults; ``target`` and ``foil`` are ``--objective`` and ``--foil``, and a
+    name that is one of explain's own options (``--seed``, ``--method``) is given as ``--param NAME=VALUE``."""
+    from .. import methods
+
+    takers: dict[str, list[str]] = {}
+    for name in methods.available():
+        for key, value in methods.REGISTRY[name].defaults.items():
+            takers.setdefault(key, []).append(f"{name} {value}")
+    return [inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, annotation=str, default=typer.Option(
+        None, f"--{key.replace('_', '-')}", rich_help_panel=METHOD_PANEL,
+        help=f"Method parameter {key} (default: {', '.join(names)}).")) for key, names in sorted(takers.items())
+        if key != "target"]
 
 
 def parse_fields(text: str, fields: list[str], valid: tuple[str, ...] = ()) -> str | dict:
@@ -81,8 +99,16 @@ def explanation_data(expl, result: dict | None) -> dict:
     return data
 
 
-@app.command()
+def task_help() -> dict[str, str]:
+    """``--task``'s help, naming every registered task."""
+    from ..tasks import TASKS
+
+    return {"task": f"Prompt recipe (default sentiment): {', '.join(sorted(TASKS))}."}
+
+
+@app.command(cls=plugin_command(method_options, task_help))
 def explain(
+    ctx: typer.Context,
     text: str = typer.Argument(None, help="The text to explain (the content span of the prompt); or --data FILE."),
     model: str = typer.Option("default", help="'default' (SmolLM2-135M-Instruct), 'gemma-3-270m', a hub id, "
                                                  "a folder or a .gguf."),
@@ -108,8 +134,6 @@ def explain(
                                              "method's own; see docs/methods-gradient.md)."),
     foil: str = typer.Option(None, help="--objective contrast/contrast-prob: the alternative answer, one token "
                                         "as written (e.g. Negative: 'why Positive rather than Negative')."),
-    attention: str = typer.Option(None, help="Grad-ELLM token weights: loosened (default) or softmax."),
-    layers: str = typer.Option(None, help="Grad-ELLM: number of last layers to aggregate, or 'all'."),
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
     dtype: str = typer.Option(None, help="float32, bfloat16, float16 or auto (float32 on a CPU, bfloat16 on a "
                                          "GPU; bfloat16 pays on CPUs with bf16 matrix units, docs/scale.md)."),
@@ -139,7 +163,7 @@ def explain(
     n: int = typer.Option(None, help="--data: explain the first N rows only."),
 ) -> None:
     """Explain the model's answer to TEXT (or to every row of --data FILE): answer, token heatmap, optional HTML
-    and JSON."""
+    and JSON. Every registered method's parameters are options (the Method parameters panel)."""
     from .. import methods
     from ..api import check_texts
     from ..api import explain as run_explain
@@ -158,13 +182,10 @@ def explain(
         raise LlmattrError("empty text: give the text to explain")
     if data is None and (text_field is not None or n is not None):
         raise LlmattrError("--text-field and --n go with --data FILE")
-    if target not in TARGET_MODES:
-        raise LlmattrError(f"--target must be one of {', '.join(TARGET_MODES)}; got {target!r}")
-    if scope not in SCOPES:
-        raise LlmattrError(f"--scope must be one of {', '.join(SCOPES)}; got {scope!r}")
-    params = methods.parse_params(param + ([f"layers={layers}"] if layers is not None else []), "--param NAME=VALUE")
-    if attention is not None:
-        params["attention"] = attention
+    member(target, TARGET_MODES, "--target")
+    member(scope, SCOPES, "--scope")
+    given = {key: value for key, value in ctx.meta.get(DERIVED, {}).items() if value is not None}
+    params = methods.parse_params(param + [f"{key}={value}" for key, value in given.items()], "--param NAME=VALUE")
     if objective is not None:
         params["target"] = one_of(objective, OBJECTIVES, "--objective")
     if foil is not None:
@@ -181,7 +202,7 @@ def explain(
     if not evaluate and (eval_json or plot):
         raise LlmattrError("--eval-json and --plot need --evaluate")
     if evaluate:
-        one_of(routing, ("dynamic", "fixed"), "--routing")
+        one_of(routing, ROUTINGS, "--routing")
         positive_int(samples, "--samples")
     outputs = {"--html": html, "--json": json, "--eval-json": eval_json, "--plot": plot, "--figure": figure}
     for option, path in outputs.items():  # every output path is checked before the model loads

@@ -23,7 +23,8 @@ def report(
     """Write the paper-shaped tables, figures and HTML report; print the task accuracy and Table 1."""
     from ..api import catalog
     from ..report import build_report, parse_formats
-    from ..report.tables import paper_tables, to_markdown
+    from ..report.layouts import paper_tables
+    from ..report.writers import to_markdown
 
     formats = parse_formats(format)
     known = catalog()

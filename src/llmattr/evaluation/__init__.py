@@ -1,10 +1,10 @@
 """``llmattr evaluate``: config, method specs, sharding, datasets and the loop (docs/evaluate.md)."""
 
 from .config import EvalConfig, split_list
-from .datasets import Dataset, DatasetLoader, dataset_names, load_dataset
 from .loop import Summary, run, run_settings
+from .method_specs import MethodSpec, expand_methods, parse_method
+from .run_datasets import Dataset, DatasetLoader, dataset_names, load_dataset
 from .sharding import shard_device, shard_of, shard_path
-from .specs import MethodSpec, expand_methods, parse_method
 
 __all__ = ["Dataset", "DatasetLoader", "EvalConfig", "MethodSpec", "Summary", "dataset_names", "expand_methods",
            "load_dataset", "parse_method", "run", "run_settings", "shard_device", "shard_of", "shard_path",

@@ -6,11 +6,10 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from ..checks import positive_int, writable_file
+from ..checks import ROUTINGS, member, one_of, positive_int, writable_file
 from ..errors import LlmattrError
-from ..faithfulness.engine import ROUTINGS
 from ..faithfulness.ranking import REMOVALS
-from ..faithfulness.registry import MetricOptions
+from ..faithfulness.registry import BUILT_IN, MetricOptions, declared_options
 from ..faithfulness.soft import COUPLINGS
 from ..models.loading import parse_max_memory, resolve_dtype
 from ..targets import SCOPES, TARGET_MODES
@@ -18,7 +17,9 @@ from ..targets import SCOPES, TARGET_MODES
 
 @dataclass
 class EvalConfig:
-    """Everything ``llmattr evaluate`` needs; the CLI options and the TOML config file hold the same keys."""
+    """Everything ``llmattr evaluate`` needs; the CLI options and the TOML config file hold the same keys. An
+    option a registered metric declares (:class:`~llmattr.faithfulness.registry.Option`) is a key too, kept in
+    ``options``."""
 
     model: str = "default"
     datasets: list[str] = field(default_factory=lambda: ["sst2"])
@@ -47,16 +48,21 @@ class EvalConfig:
     text_field: str | None = None
     label_field: str | None = None
     labels: str | None = None
+    options: dict = field(default_factory=dict)  # values of the options the metrics declare (registry.Option)
 
     @classmethod
     def from_mapping(cls, data: dict, base: EvalConfig | None = None) -> EvalConfig:
         """A config from a dict (TOML file or CLI values); ``None`` values keep ``base``'s."""
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - {"options"}
+        declared = declared_options()
         data = {k.replace("-", "_"): v for k, v in data.items() if v is not None}
+        given = {k: data.pop(k) for k in list(data) if k in declared and k not in names}
         unknown = sorted(set(data) - names)
         if unknown:
-            valid = ", ".join(sorted(names))
+            valid = ", ".join(sorted([*names, *declared]))
             raise LlmattrError(f"unknown config key(s) {', '.join(unknown)}; valid: {valid}")
+        if given:
+            data["options"] = {**(base.options if base else {}), **given}
         for key in ("datasets", "methods", "metrics", "layers"):
             if isinstance(data.get(key), str | int):
                 data[key] = split_list(str(data[key]))
@@ -81,10 +87,10 @@ class EvalConfig:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise LlmattrError(f"--seed must be a whole number, got {self.seed!r}")
         for key, valid in (("target", TARGET_MODES), ("scope", SCOPES), ("removal", REMOVALS)):
-            if getattr(self, key) not in valid:
-                raise LlmattrError(f"{key} must be one of {', '.join(valid)}; got {getattr(self, key)!r}")
-        if self.coupling not in COUPLINGS:
-            raise LlmattrError(f"unknown coupling {self.coupling!r}; valid: {', '.join(COUPLINGS)}")
+            member(getattr(self, key), valid, key)
+        one_of(self.coupling, COUPLINGS, "coupling")
+        declared = declared_options()
+        self.options = {name: declared[name].check(value) for name, value in self.options.items()}
         parse_max_memory(self.max_memory)
         resolve_dtype(self.dtype, "cpu")
         writable_file(self.out, "--out")
@@ -99,7 +105,13 @@ class EvalConfig:
 
     def metric_options(self) -> MetricOptions:
         """The options the metrics read (:class:`~llmattr.faithfulness.registry.MetricOptions`)."""
-        return MetricOptions(**{f.name: getattr(self, f.name) for f in fields(MetricOptions)})
+        return MetricOptions(**{name: getattr(self, name) for name in BUILT_IN}, extra=dict(self.options))
+
+    def option(self, name: str) -> object:
+        """A setting by name: a field, or a metric's declared option (its default where not given)."""
+        if name in self.options:
+            return self.options[name]
+        return getattr(self, name) if hasattr(self, name) else declared_options()[name].default
 
 
 def split_list(text: str) -> list[str]:

@@ -28,9 +28,9 @@ from ..models.loading import LoadedModel, load_model
 from ..stats import stable_seed
 from ..store import MetricOutput, Store, Unit
 from .config import EvalConfig
-from .datasets import Dataset, DatasetLoader, expand_datasets, file_dataset, load_dataset, trained_rows
+from .method_specs import MethodSpec, expand_methods
+from .run_datasets import Dataset, DatasetLoader, expand_datasets, file_dataset, load_dataset, trained_rows
 from .sharding import shard_device, shard_of, shard_path
-from .specs import MethodSpec, expand_methods
 
 
 @dataclass
@@ -57,10 +57,10 @@ class _Pending:
 def run_settings(cfg: EvalConfig, metrics: list[Metric], lm: LoadedModel, card: dict | None = None) -> dict:
     """The settings that change stored values (a store refuses a run whose settings differ), plus the
     model's number of layers (``layers=all`` in the Fig. 5 sweep) and a fine-tuned model's card facts."""
-    keys = sorted({"seed", "max_new_tokens", "target", "scope", *(k for m in metrics for k in m.options)})
+    keys = sorted({"seed", "max_new_tokens", "target", "scope", *(k for m in metrics for k in m.option_names)})
     text_config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
     n_layers = getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "n_layer", None)
-    return {"n_layers": n_layers, **{key: getattr(cfg, key) for key in keys},
+    return {"n_layers": n_layers, **{key: cfg.option(key) for key in keys},
             **({"model_card": card_facts(card)} if card else {})}
 
 

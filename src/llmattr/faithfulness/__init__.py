@@ -1,7 +1,7 @@
 """Faithfulness metrics on any Explanation; every module here registers its metrics (:mod:`.registry`).
 
 ``llmattr.evaluate(explanation)`` scores an Explanation's retain probabilities with the soft metrics
-(pi-Soft-NC/NS, Soft-NC/NS of paper 000) or with any registered metric by name;
+(pi-Soft-NC/NS, Soft-NC/NS of paper 000) or with any registered metric by its name or its outputs' names;
 :func:`target_from_explanation` rebuilds the model input from the Explanation's JSON fields, so scores
 computed anywhere can be scored once they are put in an Explanation.
 """
@@ -16,10 +16,24 @@ from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
 from ..store import Row
-from . import soft
 from .engine import PerturbationEngine
-from .inputs import example_key, target_from_explanation
-from .registry import METRICS, Metric, MetricContext, MetricOptions, get_metrics, register, table_specs
+from .inputs import check_explanation, example_key, target_from_explanation
+from .registry import (
+    BUILT_IN,
+    METRICS,
+    OUTPUTS,
+    Metric,
+    MetricContext,
+    MetricOptions,
+    Option,
+    declared_options,
+    figure_specs,
+    get_metrics,
+    register,
+    select,
+    table_specs,
+    unregister,
+)
 from .soft import PI_GRID, SoftResult
 
 for _module in pkgutil.iter_modules(__path__):  # every metric module registers itself
@@ -29,17 +43,23 @@ for _module in pkgutil.iter_modules(__path__):  # every metric module registers 
 
 @dataclass
 class MetricResult:
-    """The rows of registered metrics for one Explanation (``{metric: [Row, ...]}``)."""
+    """What ``llmattr.evaluate`` gives for several metrics: the store rows of each (``{metric: [Row, ...]}``)
+    and the own result object of those that have one (``{metric: SoftResult}``)."""
 
     rows: dict[str, list[Row]] = field(default_factory=dict)
+    results: dict[str, object] = field(default_factory=dict)
+
+    def __getitem__(self, metric: str):
+        return self.results[metric] if metric in self.results else self.rows[metric]
 
     def to_dict(self) -> dict:
-        """``{metric: {value name: value or [(pi or step, value), ...]}}``."""
-        out: dict = {}
+        """``{metric: {value name: value or [(x or step, value), ...]}}``; a metric's own result as its
+        ``to_dict()``."""
+        out: dict = {name: result.to_dict() for name, result in self.results.items()}
         for metric, rows in self.rows.items():
             values: dict = {}
             for row in rows:
-                x = row.pi if row.pi is not None else row.step
+                x = row.x if row.x is not None else row.step
                 if x is None:
                     values[row.metric] = row.value
                 else:
@@ -50,25 +70,35 @@ class MetricResult:
 
 def evaluate(explanation: Explanation, lm: LoadedModel, metrics=("pi-soft-nc", "pi-soft-ns"),
              routing: str = "dynamic", **options) -> SoftResult | MetricResult:
-    """Score an Explanation: the soft metric names (``pi-soft-nc``, ``pi-soft-ns``, ``soft-nc``,
-    ``soft-ns``) give a :class:`SoftResult` (:func:`llmattr.faithfulness.soft.evaluate_explanation`
-    documents the options); registered metric names (``llmattr methods``-style list in
-    ``llmattr.faithfulness.METRICS``, e.g. ``deletion-insertion``, ``alignment``) give a
-    :class:`MetricResult` with their store rows, computed with :class:`MetricOptions` ``options``."""
+    """Score an Explanation with the registered metrics ``metrics``: metric names (``llmattr.faithfulness.METRICS``:
+    ``pi-soft``, ``soft``, ``deletion-insertion``, ``alignment``, ...) or their outputs' names (``pi-soft-nc``,
+    ``pi-soft-ns``, ``soft-nc``, ``soft-ns``: parts of ``pi-soft``), mixed freely.
+
+    ``options``: the :class:`MetricOptions` (samples, seed, step_stride, coupling, removal), the options the asked
+    metrics declare (:class:`~.registry.Option`) and their ``keywords`` (the soft metrics': pis, mode, scope,
+    batch_size; :func:`~.soft.evaluate_explanation`). One metric with its own result object (the soft metrics':
+    a :class:`SoftResult`) gives that object; otherwise a :class:`MetricResult` holds every asked metric's rows
+    or result."""
     names = [metrics] if isinstance(metrics, str) else list(metrics)
-    if all(name in soft.METRICS for name in names):
-        return soft.evaluate_explanation(explanation, lm, metrics=names, routing=routing, **options)
-    if not isinstance(explanation, Explanation):
-        raise LlmattrError(f"evaluate() takes an Explanation (llmattr.explain's result), got "
-                           f"{type(explanation).__name__}")
-    unknown = sorted(set(options) - set(MetricOptions.__dataclass_fields__))
+    check_explanation(explanation)
+    chosen = select(names)
+    keywords = {key for metric in chosen for key in metric.keywords}
+    declared = {option.name: option for metric in chosen for option in metric.declares}
+    valid = [*BUILT_IN, *sorted(declared), *sorted(keywords)]
+    unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise LlmattrError(f"unknown option {', '.join(unknown)}; valid: "
-                           f"{', '.join(MetricOptions.__dataclass_fields__)}")
-    ctx = MetricContext(lm, explanation, MetricOptions(**options))
-    return MetricResult({m.name: m.compute(ctx, routing if m.routed else "none") for m in get_metrics(names)})
+        raise LlmattrError(f"unknown option {', '.join(unknown)}; valid: {', '.join(valid)}")
+    extra = {name: declared[name].check(value) for name, value in options.items() if name in declared}
+    ctx = MetricContext(lm, explanation, MetricOptions(**{k: v for k, v in options.items() if k in BUILT_IN},
+                                                       extra=extra),
+                        keywords={k: v for k, v in options.items() if k in keywords})
+    parts = {metric: metric.evaluate(ctx, routing, outputs) for metric, outputs in chosen.items()}
+    if len(parts) == 1 and next(iter(parts)).result is not None:
+        return next(iter(parts.values()))
+    return MetricResult({m.name: part for m, part in parts.items() if m.result is None},
+                        {m.name: part for m, part in parts.items() if m.result is not None})
 
 
-__all__ = ["METRICS", "PI_GRID", "Metric", "MetricContext", "MetricOptions", "MetricResult", "PerturbationEngine",
-           "SoftResult", "evaluate", "example_key", "get_metrics", "register", "table_specs",
-           "target_from_explanation"]
+__all__ = ["BUILT_IN", "METRICS", "OUTPUTS", "PI_GRID", "Metric", "MetricContext", "MetricOptions", "MetricResult",
+           "Option", "PerturbationEngine", "SoftResult", "declared_options", "evaluate", "example_key", "figure_specs",
+           "get_metrics", "register", "select", "table_specs", "target_from_explanation", "unregister"]

@@ -188,7 +188,7 @@ def _layer_alignment_rows(ctx: MetricContext, routing: str) -> list[Row]:
     rows = []
     for layer, scores in zip(numbers, per_layer, strict=True):
         result = alignment(scores, evidence).to_dict()
-        rows += [Row(name, v, pi=layer, step=t) for name, key in LAYER_METRICS for t, v in enumerate(result[key])]
+        rows += [Row(name, v, x=layer, step=t) for name, key in LAYER_METRICS for t, v in enumerate(result[key])]
     return rows
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import ROUTINGS, one_of
 from ..errors import LlmattrError
 from ..models.forward import logits_and_prefix
 from ..models.loading import LoadedModel
@@ -27,7 +28,6 @@ from ..models.memory import Shapes, activation_bytes, is_oom, memory_limit
 from ..models.probe import Probe
 from ..targets import Target, visible
 
-ROUTINGS = ("dynamic", "fixed")
 TOKEN_BUDGET = 8192  # perturbed suffix tokens per forward pass when no batch size is given
 
 
@@ -55,8 +55,7 @@ class PerturbationEngine:
 
     def __init__(self, lm: LoadedModel, target: Target, step: int = 0, routing: str = "dynamic",
                  batch_size: int | None = None):
-        if routing not in ROUTINGS:
-            raise LlmattrError(f"unknown routing {routing!r}; use 'dynamic' or 'fixed'")
+        one_of(routing, ROUTINGS, "routing")
         if not 0 <= step < target.n_steps:
             raise LlmattrError(f"step {step} is outside the {target.n_steps} explained step(s)")
         self.lm, self.target, self.step, self.routing = lm, target, step, routing

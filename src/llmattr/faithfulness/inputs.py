@@ -7,6 +7,7 @@ import json
 
 import torch
 
+from ..checks import member
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
@@ -29,12 +30,19 @@ def target_from_explanation(expl: Explanation) -> Target:
                   scope=expl.scope)
 
 
+def check_explanation(explanation: object) -> Explanation:
+    """``explanation`` if it is an Explanation, else one line naming what was given (the metrics' first check)."""
+    if not isinstance(explanation, Explanation):
+        raise LlmattrError(f"evaluate() takes an Explanation (llmattr.explain's result), got "
+                           f"{type(explanation).__name__}")
+    return explanation
+
+
 def check_scope(expl: Explanation, scope: str | None, mode: str = "paper") -> None:
     """Refuse metrics under a scope the explanation does not attribute (``prompt`` and ``all`` are the same
     tokens for a one-step explanation)."""
     wanted = scope or ("all" if mode == "reagent" else expl.scope)
-    if wanted not in SCOPES:
-        raise LlmattrError(f"scope must be one of {', '.join(SCOPES)}; got {wanted!r}")
+    member(wanted, SCOPES, "scope")
     if wanted != expl.scope and not (len(expl.steps) == 1 and {wanted, expl.scope} == {"prompt", "all"}):
         why = " (mode='reagent' perturbs what the ReAGent evaluator code does)" if scope is None else ""
         raise LlmattrError(f"the metrics perturb what was attributed: the explanation has scope "

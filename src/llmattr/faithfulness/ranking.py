@@ -316,7 +316,7 @@ def _deletion_insertion_rows(ctx: MetricContext, routing: str) -> list[Row]:
     r = _shared(ctx)
     rows = []
     for name, curve in (("deletion", r.deletion), ("insertion", r.insertion)):
-        rows += [Row(name, v, pi=f) for f, v in zip(curve.fractions, curve.flip, strict=True)]
+        rows += [Row(name, v, x=f) for f, v in zip(curve.fractions, curve.flip, strict=True)]
         rows += [Row(f"{name}_auc", curve.auc), Row(f"{name}_change_auc", curve.change_auc)]
     return rows
 
@@ -329,9 +329,9 @@ def _comp_suff_rows(ctx: MetricContext, routing: str) -> list[Row]:
     rows = []
     for name, drops, preds in (("comprehensiveness", r.comprehensiveness, r.comprehensiveness_pred),
                                ("sufficiency", r.sufficiency, r.sufficiency_pred)):
-        rows += [Row(name, v, pi=k) for k, v in zip(r.k_grid, drops, strict=True)]
+        rows += [Row(name, v, x=k) for k, v in zip(r.k_grid, drops, strict=True)]
         if gold is not None:
-            rows += [Row(f"{name}_acc", float(p == gold), pi=k) for k, p in zip(r.k_grid, preds, strict=True)]
+            rows += [Row(f"{name}_acc", float(p == gold), x=k) for k, p in zip(r.k_grid, preds, strict=True)]
     return rows
 
 

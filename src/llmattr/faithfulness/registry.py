@@ -3,11 +3,15 @@
 A :class:`Metric` turns one Explanation into store rows (:class:`~llmattr.store.Row`): ``compute(ctx,
 routing)`` with a :class:`MetricContext` (the model, the explanation, the user's options and a memo shared
 by the metrics of one explanation). ``options`` names the :class:`MetricOptions` fields that change its
-numbers (recorded in a store's settings), ``routed`` whether it is computed once per routing (dynamic /
-fixed) or once in all (routing ``none``), and ``tables`` the report tables it feeds
-(:class:`~llmattr.specs.TableSpec`). ``llmattr evaluate --metrics``, ``llmattr.evaluate(expl,
-metrics=[...])`` and ``llmattr report`` all read this registry, so a new metric is one module that calls
-:func:`register`.
+numbers (recorded in a store's settings), ``declares`` the options of its own (:class:`Option`: ``llmattr
+evaluate --NAME``, a config key, recorded too), ``routed`` whether it is computed once per routing (dynamic /
+fixed) or once in all (routing ``none``), ``tables`` the report tables it feeds (:class:`~llmattr.specs.TableSpec`)
+and ``figures`` the report figures it draws (:class:`~llmattr.specs.FigureSpec`). ``outputs`` are further names
+the Python API accepts for parts of the metric (``pi-soft-nc`` asks the ``pi-soft`` metric for its NC curve) and
+``result`` gives the Python API's own result object (a :class:`~llmattr.faithfulness.soft.SoftResult`) instead of
+the rows, taking the ``keywords`` options beyond :class:`MetricOptions`. ``llmattr evaluate --metrics``,
+``llmattr.evaluate(expl, metrics=[...])`` and ``llmattr report`` all read this registry (:func:`select`), so a
+new metric is one module that calls :func:`register`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..checks import register_once
 from ..errors import LlmattrError
-from ..specs import TableSpec
+from ..specs import FigureSpec, TableSpec
 from ..store import Row
 
 if TYPE_CHECKING:  # annotations only: the registry itself loads no model code
@@ -29,14 +33,49 @@ NO_ROUTING = "none"
 
 
 @dataclass(frozen=True)
+class Option:
+    """An option a metric declares beside :class:`MetricOptions`: ``llmattr evaluate --NAME`` (a "Metric
+    options" option derived from this declaration), a key of the TOML config and of :class:`EvalConfig`, and a
+    keyword of ``llmattr.evaluate``; ``valid`` lists the values it takes (empty: any value of the default's
+    type). A metric reads it as ``ctx.options.get(name)``."""
+
+    name: str
+    default: object
+    help: str
+    valid: tuple = ()
+
+    def check(self, value: object) -> object:
+        """``value`` if valid (a text of a number default converted), else one line naming the option."""
+        if isinstance(self.default, int | float) and not isinstance(self.default, bool) and isinstance(value, str):
+            try:
+                value = type(self.default)(value)
+            except ValueError:
+                raise LlmattrError(f"--{self.name} must be a number, got {value!r}") from None
+        if self.valid and value not in self.valid:
+            raise LlmattrError(f"--{self.name} must be one of {', '.join(map(str, self.valid))}; got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
 class MetricOptions:
-    """The user's settings a metric may read (``llmattr evaluate``'s options of the same names)."""
+    """The user's settings a metric may read (``llmattr evaluate``'s options of the same names); ``extra`` holds
+    the values given for options the metrics declare (:class:`Option`), read with :meth:`get`."""
 
     samples: int = 15
     seed: int = 0
     step_stride: int = 5
     coupling: str = "coupled"
     removal: str = "zero"
+    extra: dict = field(default_factory=dict)
+
+    def get(self, name: str) -> object:
+        """The value of a built-in option or of a declared one (its default where not given)."""
+        if name in BUILT_IN:
+            return getattr(self, name)
+        return self.extra[name] if name in self.extra else declared_options()[name].default
+
+
+BUILT_IN = ("samples", "seed", "step_stride", "coupling", "removal")  # MetricOptions' own fields
 
 
 @dataclass
@@ -48,6 +87,7 @@ class MetricContext:
     explanation: Explanation
     options: MetricOptions = field(default_factory=MetricOptions)
     memo: dict = field(default_factory=dict)
+    keywords: dict = field(default_factory=dict)  # the Python API's further options (``Metric.keywords``)
 
     def shared(self, key: tuple, make: Callable[[], object]):
         """``make()`` once per explanation and ``key``."""
@@ -66,6 +106,22 @@ class Metric:
     routed: bool = False
     summary: str = ""
     tables: tuple[TableSpec, ...] = ()
+    declares: tuple[Option, ...] = ()
+    figures: tuple[FigureSpec, ...] = ()
+    outputs: tuple[str, ...] = ()
+    result: Callable[[MetricContext, str, tuple[str, ...]], object] | None = None
+    keywords: tuple[str, ...] = ()
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        """Every option that changes its numbers: the built-in ones it names and the ones it declares."""
+        return (*self.options, *(option.name for option in self.declares))
+
+    def evaluate(self, ctx: MetricContext, routing: str, outputs: tuple[str, ...] = ()) -> object:
+        """What ``llmattr.evaluate`` gives for this metric: ``result(ctx, routing, outputs)`` where the metric
+        has one, else its store rows; computed once per routing if ``routed``, once in all otherwise."""
+        routing = routing if self.routed else NO_ROUTING
+        return self.compute(ctx, routing) if self.result is None else self.result(ctx, routing, outputs)
 
     def routings(self, wanted: tuple[str, ...]) -> tuple[str, ...]:
         """The routings it is computed under for a run asking for ``wanted``."""
@@ -75,18 +131,60 @@ class Metric:
 METRICS: dict[str, Metric] = {}
 
 
+OUTPUTS: dict[str, str] = {}  # a part's name (``pi-soft-nc``) -> the metric that computes it (``pi-soft``)
+
+
 def register(metric: Metric) -> Metric:
-    """Make ``metric`` available by its name (a name already taken by another metric is refused)."""
-    return register_once(METRICS, metric.name, metric, "metric")
+    """Make ``metric`` available by its name and its outputs' names (a name already taken by another metric or
+    output is refused)."""
+    taken = [name for name in (metric.name, *metric.outputs)
+             if OUTPUTS.get(name, metric.name) != metric.name or (name in METRICS and name != metric.name)]
+    declared = declared_options()
+    taken += [option.name for option in metric.declares if option.name in BUILT_IN
+              or declared.get(option.name, option) != option]
+    if taken:
+        raise LlmattrError(f"metric {metric.name!r}: the name(s) {', '.join(map(repr, taken))} are already "
+                           f"registered (as metrics, outputs or options); register it under other names")
+    register_once(METRICS, metric.name, metric, "metric")
+    OUTPUTS.update(dict.fromkeys(metric.outputs, metric.name))
+    return metric
+
+
+def declared_options() -> dict[str, Option]:
+    """Every option the registered metrics declare, by name (one declaration per name)."""
+    return {option.name: option for metric in METRICS.values() for option in metric.declares}
+
+
+def unregister(name: str) -> None:
+    """Remove a metric and its outputs' names (a test's or a notebook's own metric)."""
+    METRICS.pop(name)
+    for output in [key for key, owner in OUTPUTS.items() if owner == name]:
+        del OUTPUTS[output]
+
+
+def select(names: list[str]) -> dict[Metric, tuple[str, ...]]:
+    """The registered metrics that ``names`` (metric or output names) ask for, in order, each with the outputs
+    asked of it (``()``: all of it); unknown names list the valid ones."""
+    unknown = [name for name in names if name not in METRICS and name not in OUTPUTS]
+    if unknown or not names:
+        what = f"unknown metric {', '.join(map(repr, unknown))}" if unknown else "no metric given"
+        raise LlmattrError(f"{what}; valid: {', '.join(sorted([*METRICS, *OUTPUTS]))}")
+    chosen: dict[Metric, tuple[str, ...]] = {}
+    for name in names:
+        metric = METRICS[OUTPUTS.get(name, name)]
+        asked = chosen.get(metric, ())
+        chosen[metric] = () if name == metric.name or (metric in chosen and not asked) else (*asked, name)
+    return chosen
 
 
 def get_metrics(names: list[str]) -> list[Metric]:
-    """The registered metrics of ``names`` (each once, in order); unknown names list the valid ones."""
-    unknown = [name for name in names if name not in METRICS]
-    if unknown or not names:
-        what = f"unknown metric {', '.join(map(repr, unknown))}" if unknown else "no metric given"
-        raise LlmattrError(f"{what}; valid: {', '.join(sorted(METRICS))}")
-    return [METRICS[name] for name in dict.fromkeys(names)]
+    """The registered metrics of ``names`` (each once, in order): :func:`select` without the outputs."""
+    return list(select(names))
+
+
+def figure_specs() -> tuple[FigureSpec, ...]:
+    """Every registered metric's report figures."""
+    return tuple(f for m in METRICS.values() for f in m.figures)
 
 
 def table_specs() -> tuple[TableSpec, ...]:

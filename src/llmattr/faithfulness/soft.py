@@ -27,24 +27,31 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..checks import one_of, positive_int
+from ..checks import ROUTINGS, one_of, positive_int
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
 from ..scores import check_finite, clip_for_search
-from ..specs import MetricRow, TableSpec
+from ..specs import FigureSpec, MetricRow, TableSpec
 from ..stats import mc_standard_error, stable_seed
 from ..store import Row
 from ..targets import Target, visible
 from .engine import PerturbationEngine
-from .inputs import check_scope, check_tokenizer, evaluated_steps, example_key, target_from_explanation
+from .inputs import (
+    check_explanation,
+    check_scope,
+    check_tokenizer,
+    evaluated_steps,
+    example_key,
+    target_from_explanation,
+)
 from .registry import Metric, MetricContext, register
 
 PI_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05, 0.10, ..., 0.95 (paper 000 sec. 4.3)
 ALPHA_TOL = 1e-4
 D0_MIN = 1e-6  # below this the zero baseline does not move the output: Soft-NC/NS are undefined
 MODES = ("paper", "reagent")
-METRICS = ("pi-soft-nc", "pi-soft-ns", "soft-nc", "soft-ns")
+OUTPUTS = ("pi-soft-nc", "pi-soft-ns", "soft-nc", "soft-ns")  # the pi-soft metric's parts, by family
 COUPLINGS = ("coupled", "independent")
 LOG_ALPHA_RANGE = (-30.0, 30.0)  # alpha in [1e-13, 1e13]: covers every pi in (0, 1) after clipping
 
@@ -234,9 +241,9 @@ class SoftResult:
 def families_of(metrics) -> tuple[str, ...]:
     """Which perturbation families ('ns', 'nc') the requested metric names need."""
     names = [metrics] if isinstance(metrics, str) else list(metrics)
-    unknown = [name for name in names if name not in METRICS]
+    unknown = [name for name in names if name not in OUTPUTS]
     if unknown or not names:
-        raise LlmattrError(f"unknown soft metric {unknown or names!r}; valid: {', '.join(METRICS)}")
+        raise LlmattrError(f"unknown soft metric {unknown or names!r}; valid: {', '.join(OUTPUTS)}")
     return tuple(f for f in ("ns", "nc") if any(name.endswith(f) for name in names))
 
 
@@ -268,8 +275,7 @@ def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps
     """
     if mode not in MODES:
         raise LlmattrError(f"unknown mode {mode!r}; use 'paper' or 'reagent'")
-    if coupling not in COUPLINGS:
-        raise LlmattrError(f"unknown coupling {coupling!r}; use 'coupled' or 'independent'")
+    one_of(coupling, COUPLINGS, "coupling")
     if samples < 1:
         raise LlmattrError("samples must be at least 1")
     families = families_of(metrics)
@@ -353,12 +359,10 @@ def evaluate_explanation(explanation: Explanation, lm: LoadedModel,
             given, it must agree. Default: the explanation's scope, but ``"all"`` with ``mode="reagent"``
             (the ReAGent evaluator perturbs the prompt and the generated prefix).
     """
-    if not isinstance(explanation, Explanation):
-        raise LlmattrError(f"evaluate() takes an Explanation (llmattr.explain's result), got "
-                           f"{type(explanation).__name__}")
+    check_explanation(explanation)
     positive_int(samples, "samples")
     positive_int(step_stride, "step_stride")
-    one_of(routing, ("dynamic", "fixed"), "routing")
+    one_of(routing, ROUTINGS, "routing")
     check_scope(explanation, scope, mode)
     target = target_from_explanation(explanation)
     check_tokenizer(explanation, lm)
@@ -388,22 +392,38 @@ def _rows(ctx: MetricContext, routing: str, curves: bool) -> list[Row]:
     rows = []
     for name in ("pi_soft_ns", "pi_soft_nc"):
         curve = values[name]
-        rows += [Row(name, v, pi=p, se=e) for p, v, e in zip(curve["pi"], curve["values"], se[name], strict=True)]
+        rows += [Row(name, v, x=p, se=e) for p, v, e in zip(curve["pi"], curve["values"], se[name], strict=True)]
         rows.append(Row(f"{name}_auc", curve["auc"], se=se[f"{name}_auc"]))
     return rows
 
 
+def _result(ctx: MetricContext, routing: str, outputs: tuple[str, ...]) -> SoftResult:
+    """``llmattr.evaluate``'s result for the soft metrics: one :func:`evaluate_explanation` of the asked families
+    (``outputs``, default both), the curves and Soft-NC/NS (alpha = 1) together."""
+    opt = ctx.options
+    return evaluate_explanation(ctx.explanation, ctx.lm, metrics=outputs or ("pi-soft-nc", "pi-soft-ns"),
+                                routing=routing, samples=opt.samples, seed=opt.seed, step_stride=opt.step_stride,
+                                coupling=opt.coupling, **ctx.keywords)
+
+
+CURVE_ROWS = (MetricRow("pi_soft_ns", "π-Soft-NS", True), MetricRow("pi_soft_nc", "π-Soft-NC", True))
 AUC_ROWS = (MetricRow("pi_soft_ns_auc", "AUC π-Soft-NS", True), MetricRow("pi_soft_nc_auc", "AUC π-Soft-NC", True))
 register(Metric(
     "pi-soft", lambda ctx, routing: _rows(ctx, routing, curves=True),
-    options=("samples", "step_stride", "coupling"), routed=True,
+    options=("samples", "step_stride", "coupling"), routed=True, outputs=OUTPUTS, result=_result,
+    keywords=("pis", "mode", "scope", "batch_size"),
     summary="pi-Soft-NC/NS curves over pi = 0.05..0.95 and their AUC (paper 000 eq. 7; Tables 1, 8)",
     tables=(TableSpec("table1_pi_soft_auc", "Table 1: AUC of π-Soft-NC/NS curves (dynamic routing)",
                       "Mean over examples of the per-example AUC (trapezoid / span of the π grid). "
                       "Ranks on the Avg row.", "datasets_by_methods", AUC_ROWS, "dynamic", order=10),
             TableSpec("table8_fixed_routing", "Table 8: AUC of π-Soft-NC/NS curves (fixed routing)",
                       "Attention probabilities cached from the clean input and replayed. Ranks on the Avg row.",
-                      "datasets_by_methods", AUC_ROWS, "fixed", order=30))))
+                      "datasets_by_methods", AUC_ROWS, "fixed", order=30)),
+    figures=(FigureSpec("fig3_pi_curves", "π-Soft-NC/NS curves", "Mean curves with 95% bands", CURVE_ROWS,
+                        "retaining probability pi", kind="pi_curves"),
+             FigureSpec("fig5_layers", "Layer aggregation", "AUC of π-Soft-NS/NC vs the number of aggregated layers",
+                        AUC_ROWS,
+                        "number of aggregated layers", "dynamic", kind="layer_sweep"))))
 register(Metric(
     "soft", lambda ctx, routing: _rows(ctx, routing, curves=False),
     options=("samples", "step_stride", "coupling"), routed=True,

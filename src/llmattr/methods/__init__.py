@@ -7,6 +7,7 @@ import pkgutil
 
 from ..errors import LlmattrError
 from .base import NOT_DEFINED, REGISTRY, AttributionMethod, layer_parameter, parse_params, register
+from .given import GivenScores
 
 for _module in pkgutil.iter_modules(__path__):
     if not _module.name.startswith("_") and _module.name != "base":
@@ -26,4 +27,5 @@ def get(name: str, **params) -> AttributionMethod:
     return REGISTRY[name](**params)
 
 
-__all__ = ["AttributionMethod", "REGISTRY", "available", "get", "layer_parameter", "parse_params", "register"]
+__all__ = ["AttributionMethod", "GivenScores", "REGISTRY", "available", "get", "layer_parameter", "parse_params",
+           "register"]

@@ -25,13 +25,17 @@ class AttributionMethod:
     one row per explained generation step.
 
     ``objective``: what a method that scores a model output explains by default (a name in
-    :mod:`llmattr.objectives`); its ``target`` parameter picks another, and ``foil`` (a single-token word or a
+    :mod:`llmattr.objectives`); its ``objective`` parameter (stored as ``target``, its first name, which
+    is still accepted) picks another, and ``foil`` (a single-token word or a
     token id) is the alternative a contrastive objective compares the target with. ``None``: the method reads
     no output score (attention weights, embedding norms, hidden-state distances) and takes neither.
 
     ``layer_param``: the parameter that gives one layer's own reading (paper 003 sec. 5's per-layer
     attributions: NormXLogit and LogAt at layer l, value zeroing of layer l); per-layer alignment
     (:mod:`llmattr.faithfulness.alignment`) sweeps it over the layers of every method whose ``defaults`` hold it.
+
+    ``layer_sweep``: the parameter ``llmattr evaluate --layers`` sweeps (Grad-ELLM's ``layers``, the number of last
+    layers aggregated: paper 000 Fig. 5) and the report's layer-sweep figure plots along; ``None``: no sweep.
     """
 
     name: ClassVar[str]
@@ -44,8 +48,13 @@ class AttributionMethod:
     memory_kind: ClassVar[str] = "forward"  # forward | backward | deeplift: see llmattr.models.memory
     objective: ClassVar[str | None] = None
     layer_param: ClassVar[str] = "layer"
+    layer_sweep: ClassVar[str | None] = None
 
     def __init__(self, **params):
+        if "objective" in params:  # the concept's name; stored (and given before) as ``target``
+            if "target" in params:
+                raise LlmattrError(f"method {self.name}: give objective= or its stored name target=, not both")
+            params["target"] = params.pop("objective")
         scoring = {"target", "foil"} if self.objective else set()
         unknown = sorted(set(params) - set(self.defaults) - scoring)
         if unknown and self.objective is None and {"target", "foil"} & set(unknown):

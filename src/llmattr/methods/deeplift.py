@@ -39,8 +39,8 @@ from ..models.loading import LoadedModel
 from ..models.memory import ATTENTION_BLOCK
 from ..models.probe import repeat_heads
 from ..targets import Target
+from .backprop import step_gradients
 from .base import register
-from .grad_ellm import step_gradients
 from .gradient import EmbeddingGradientMethod, ScoreFn, baseline_embeds, convergence, span_scores
 
 T = torch.Tensor

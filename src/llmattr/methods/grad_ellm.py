@@ -15,20 +15,8 @@ from ..models.loading import LoadedModel
 from ..models.probe import LayerRecord, Probe
 from ..scores import minmax
 from ..targets import Target
+from .backprop import step_gradients
 from .base import AttributionMethod, register
-
-
-def step_gradients(outputs: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Gradients of each of the T scalars in ``outputs`` w.r.t. ``inputs``: a ``(T, *input.shape)`` each.
-
-    One backward pass: T > 1 uses batched vector-Jacobian products (``is_grads_batched``), so one
-    forward is shared by all generation steps.
-    """
-    flat = outputs.reshape(-1)
-    if flat.numel() == 1:
-        return [g[None] for g in torch.autograd.grad(flat[0], inputs)]
-    eye = torch.eye(flat.numel(), dtype=flat.dtype, device=flat.device)
-    return list(torch.autograd.grad(flat, inputs, grad_outputs=eye, is_grads_batched=True))
 
 
 def token_weights(record: LayerRecord, attention: str, similarity: str) -> torch.Tensor:
@@ -77,6 +65,7 @@ class GradELLM(AttributionMethod):
     memory_kind = "backward"
     signed = False
     cost = "1 forward + 1 backward (all steps share them)"
+    layer_sweep = "layers"  # `evaluate --layers` sweeps the number of last layers aggregated (paper 000 Fig. 5)
     defaults = {"layers": "all", "attention": "loosened", "similarity": "dot", "relu": "per-layer"}
     objective = "logit"
 

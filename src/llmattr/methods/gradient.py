@@ -8,7 +8,7 @@ Every method of the gradient family (this module, ``integrated.py``, ``deeplift.
   Grad-ELLM's quantity; ``log-prob``; ``contrast`` with a ``foil``: ``logit(y_t) - logit(foil)``);
 * w.r.t. the input embeddings ``lm.embed(target.input_ids)`` as fed to the first layer;
 * with one causal forward for all steps and one backward of batched vector-Jacobian products
-  (:func:`llmattr.methods.grad_ellm.step_gradients`); logits only at the explained positions.
+  (:func:`llmattr.methods.backprop.step_gradients`); logits only at the explained positions.
 
 Embedding-level attributions ``(..., D)`` are reduced to one score per token by :func:`reduce_tokens`.
 """
@@ -26,11 +26,11 @@ from ..models.forward import logits_at, prefix_cache
 from ..models.loading import LoadedModel
 from ..models.memory import prefix_cache_pays
 from ..targets import Target
+from .backprop import step_gradients
 from .base import AttributionMethod, register
-from .grad_ellm import step_gradients
 
 REDUCTIONS = ("l2", "sum", "l1")
-SCOPES = ("all", "span", "unk")
+BASELINES = ("all", "span", "unk")  # what the path baseline replaces (not the perturbation scope)
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # embeddings (B, S, D) -> F (B, T)
 
@@ -171,7 +171,7 @@ class EmbeddingGradientMethod(AttributionMethod):
 
     def __init__(self, **params):
         super().__init__(**params)
-        for key, valid in (("reduction", REDUCTIONS), ("baseline", SCOPES)):
+        for key, valid in (("reduction", REDUCTIONS), ("baseline", BASELINES)):
             if key in self.params:
                 check_choice(self.name, key, self.params[key], valid)
 

@@ -13,14 +13,14 @@ Files written to the output folder (per model; a sub-folder per model when a sto
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import LlmattrError
-from ..specs import Catalog, TableSpec
+from ..specs import Catalog
 from ..stats import RESAMPLES
 from ..store import Results
-from . import figures, html, tables
+from . import figures, html, layouts, writers
 
 FORMATS = ("md", "latex", "csv", "html")
 
@@ -41,26 +41,26 @@ def _slug(text: str) -> str:
 
 
 def write_model_report(results: Results, model: str, out: Path, formats: list[str],
-                       resamples: int = RESAMPLES, *, table_specs: Sequence[TableSpec]) -> list[Path]:
-    """Write one model's tables (``table_specs``), figures and HTML into ``out``; return the paths written."""
+                       resamples: int = RESAMPLES, *, catalog: Catalog) -> list[Path]:
+    """Write one model's tables (``catalog.tables``), figures and HTML into ``out``; return the paths written."""
     out.mkdir(parents=True, exist_ok=True)
-    all_tables = tables.paper_tables(results, model, resamples, tables=table_specs)
+    all_tables = layouts.paper_tables(results, model, resamples, tables=catalog.tables)
     fixed = [t for t in all_tables if t.deterministic]
     timing = [t for t in all_tables if not t.deterministic]
-    figs = figures.all_figures(results, model, out, resamples, tables=table_specs)
+    figs = figures.all_figures(results, model, out, catalog, resamples)
     written = [f.path for f in figs]
     if "md" in formats:
         lines = [f"# llmattr report: {model}", "", "Run settings:", "",
-                 *(f"- {line}" for line in tables.settings_lines(results, model, resamples)), ""]
-        lines += [tables.to_markdown(t) for t in fixed]
+                 *(f"- {line}" for line in writers.settings_lines(results, model, resamples)), ""]
+        lines += [writers.to_markdown(t) for t in fixed]
         lines += ["## Figures", "", *(f"![{f.path.stem}]({f.path.name})\n\n*{f.caption}*\n" for f in figs)]
         written.append(_write(out / "report.md", "\n".join(lines)))
-        written += [_write(out / f"{t.name}.md", tables.to_markdown(t)) for t in timing]
+        written += [_write(out / f"{t.name}.md", writers.to_markdown(t)) for t in timing]
     if "latex" in formats:
-        written.append(_write(out / "tables.tex", "\n".join(tables.to_latex(t) for t in fixed)))
-        written += [_write(out / f"{t.name}.tex", tables.to_latex(t)) for t in timing]
+        written.append(_write(out / "tables.tex", "\n".join(writers.to_latex(t) for t in fixed)))
+        written += [_write(out / f"{t.name}.tex", writers.to_latex(t)) for t in timing]
     if "csv" in formats:
-        written += [_write(out / f"{t.name}.csv", tables.to_csv(t)) for t in all_tables]
+        written += [_write(out / f"{t.name}.csv", writers.to_csv(t)) for t in all_tables]
     if "html" in formats:
         written.append(_write(out / "report.html", html.page(results, model, all_tables, figs, resamples)))
     return written
@@ -79,7 +79,7 @@ def build_report(stores: Iterable[str | Path], out: str | Path, formats: Iterabl
     imports no model, method or metric code."""
     if resamples < 1:
         raise LlmattrError("--bootstrap must be at least 1 resample (default 2000)")
-    results = Results(stores, catalog.method_defaults)
+    results = Results(stores, catalog.method_defaults, catalog.datasets)
     models = results.models()
     if not models:
         names = ", ".join(map(str, results.paths))
@@ -88,7 +88,7 @@ def build_report(stores: Iterable[str | Path], out: str | Path, formats: Iterabl
     written = []
     for model in models:
         folder = out if len(models) == 1 else out / _slug(model)
-        written += write_model_report(results, model, folder, list(formats), resamples, table_specs=catalog.tables)
+        written += write_model_report(results, model, folder, list(formats), resamples, catalog=catalog)
     return results, written
 
 

@@ -22,21 +22,10 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .. import stats  # noqa: E402
 from ..plotting import method_colors, plot_pi_curves  # noqa: E402
-from ..specs import LAYER_SWEEP, TableSpec  # noqa: E402
+from ..specs import Catalog, FigureSpec, TableSpec  # noqa: E402
 from ..store import Results  # noqa: E402
-from .tables import (  # noqa: E402
-    curve_values,
-    dataset_key,
-    dataset_name,
-    example_values,
-    is_control,
-    layer_values,
-    method_order,
-    scalar_means,
-)
-
-CURVES = (("pi_soft_ns", "π-Soft-NS"), ("pi_soft_nc", "π-Soft-NC"))
-AUCS = (("pi_soft_ns_auc", "AUC π-Soft-NS"), ("pi_soft_nc_auc", "AUC π-Soft-NC"))
+from .model import is_control, method_order  # noqa: E402
+from .queries import curve_values, example_values, layer_values, scalar_means  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -77,72 +66,79 @@ def curve_band(values: dict[float, dict], resamples: int) -> dict:
             "high": [e.mean if e.high is None else e.high for e in ests]}
 
 
-def pi_curves(results: Results, model: str, routing: str, out: Path,
+def pi_curves(results: Results, model: str, routing: str, out: Path, spec: FigureSpec,
               resamples: int = stats.RESAMPLES) -> list[Figure]:
-    """Fig. 3 (Fig. 9 for fixed routing): π-Soft-NS and π-Soft-NC vs π per dataset, one line per method
-    (mean curve over examples with its 95% band, legend with the mean AUC), drawn by
-    :func:`llmattr.plotting.plot_pi_curves` with one colour per method across datasets, figures and the
-    HTML report."""
-    curves = {metric: curve_values(results, model, metric, routing) for metric, _ in CURVES}
-    aucs = {metric: scalar_means(results, model, f"{metric}_auc", routing) for metric, _ in CURVES}
+    """Fig. 3 (Fig. 9 for fixed routing): the curves of ``spec.rows`` (π-Soft-NS and π-Soft-NC) vs π per dataset,
+    one line per method (mean curve over examples with its 95% band, legend with the mean of the rows'
+    ``_auc`` values), drawn by :func:`llmattr.plotting.plot_pi_curves` with one colour per method across
+    datasets, figures and the HTML report."""
+    names = [m.metric for m in spec.rows]
+    curves = {metric: curve_values(results, model, metric, routing) for metric in names}
+    aucs = {metric: scalar_means(results, model, f"{metric}_auc", routing) for metric in names}
     keys = sorted({key for c in curves.values() for key in c})
     colors = method_colors(label for _, label in keys)
     figures = []
-    for dataset in sorted({d for d, _ in keys}, key=dataset_key):
+    for dataset in sorted({d for d, _ in keys}, key=results.dataset_key):
         per_method = {label: {metric: {**curve_band(curves[metric][(d, label)], resamples),
                                        "auc": aucs[metric][(d, label)]}
-                              for metric, _ in CURVES if (d, label) in curves[metric]}
+                              for metric in names if (d, label) in curves[metric]}
                       for d, label in keys if d == dataset}
         n = n_text(len(next(iter(c[key].values()))) for c in curves.values() for key in c if key[0] == dataset)
-        path = out / f"fig3_pi_curves_{dataset}_{routing}.png"
-        plot_pi_curves(per_method, path, title=f"{dataset_name(dataset)}, {model}, {routing} routing ({n})",
+        path = out / f"{spec.name}_{dataset}_{routing}.png"
+        plot_pi_curves(per_method, path, title=f"{results.dataset_name(dataset)}, {model}, {routing} routing ({n})",
                        colors=colors)
-        figures.append(Figure(path, f"π-Soft-NS and π-Soft-NC vs π on {dataset_name(dataset)}, {routing} "
+        figures.append(Figure(path, f"{' and '.join(m.title for m in spec.rows)} vs π on "
+                                    f"{results.dataset_name(dataset)}, {routing} "
                                     f"routing: mean over {n} examples per method, band = 95% bootstrap "
                                     "interval over examples at each π; legend: mean AUC."))
     return figures
 
 
-def layer_sweep(results: Results, model: str, out: Path, resamples: int = stats.RESAMPLES) -> list[Figure]:
-    """Fig. 5: AUC of π-Soft-NS/NC vs number of aggregated layers of Grad-ELLM (a ``--layers`` sweep),
+def layer_sweep(results: Results, model: str, out: Path, catalog: Catalog, spec: FigureSpec,
+                resamples: int = stats.RESAMPLES) -> list[Figure]:
+    """Fig. 5: the rows of ``spec`` (AUCs of π-Soft-NS/NC) vs the number of aggregated layers of a method with a
+    layer sweep (Grad-ELLM's ``--layers`` sweep; ``catalog.layer_sweeps`` names each method's swept parameter),
     error bars = 95% bootstrap intervals over examples.
 
-    ``all`` is plotted at the model's number of layers (``n_layers`` in the run settings).
+    ``all`` is plotted at the model's number of layers (``n_layers`` in the run settings); a panel per row of
+    ``spec``.
     """
+    aucs = [(m.metric, m.title) for m in spec.rows]
     n_layers = results.settings(model).get("n_layers")
+    sweeps, defaults = catalog.layer_sweeps or {}, catalog.method_defaults or {}
     series: dict = defaultdict(dict)  # (method, other params, metric, dataset) -> {layers: Estimate}
-    for metric, _ in AUCS:
+    for metric, _ in aucs:
         for (dataset, method, params), examples in _by_params(results, model, metric).items():
-            p = json.loads(params)
-            layers = str(p.get("layers", ""))
+            p, swept = json.loads(params), sweeps.get(method)
+            layers = str(p.get(swept, ""))
             k = n_layers if layers == "all" else int(layers) if layers.isdigit() else None
-            if method not in LAYER_SWEEP or k is None:
+            if swept is None or k is None:
                 continue
-            rest = results.label(method, {**p, "layers": "all"})
+            rest = results.label(method, {**p, swept: defaults.get(method, {}).get(swept, "all")})
             series[(rest, metric, dataset)][k] = stats.estimate({"": examples}, resamples)
     swept = sorted({rest for (rest, _, _), points in series.items() if len(points) > 1})
     figures = []
     for rest in swept:
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for ax, (metric, title) in zip(axes, AUCS, strict=True):
+        for ax, (metric, title) in zip(axes, aucs, strict=True):
             for (r, m, dataset), points in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1],
-                                                                                 dataset_key(kv[0][2]))):
+                                                                                 results.dataset_key(kv[0][2]))):
                 if r == rest and m == metric:
                     xs = sorted(points)
                     ests = [points[x] for x in xs]
                     err = [[e.mean - (e.mean if e.low is None else e.low) for e in ests],
                            [(e.mean if e.high is None else e.high) - e.mean for e in ests]]
                     ax.errorbar(xs, [e.mean for e in ests], yerr=err, marker="o", capsize=3,
-                                label=dataset_name(dataset))
-            ax.set(xlabel="number of aggregated layers", ylabel=title, title=title)
+                                label=results.dataset_name(dataset))
+            ax.set(xlabel=spec.xlabel, ylabel=title, title=title)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         n = n_text(e.n for (r, _, _), points in series.items() if r == rest for e in points.values())
-        fig.suptitle(f"Layer aggregation: {rest}, {model} ({n})")
+        fig.suptitle(f"{spec.title}: {rest}, {model} ({n})")
         fig.tight_layout()
-        path = _save(fig, out / f"fig5_layers_{rest.replace(':', '_')}.png")
-        figures.append(Figure(path, f"AUC of π-Soft-NS/NC vs the number of aggregated layers of {rest} "
-                                    f"(dynamic routing): mean over {n} examples, error bars = 95% bootstrap "
+        path = _save(fig, out / f"{spec.name}_{rest.replace(':', '_')}.png")
+        figures.append(Figure(path, f"{spec.caption} of {rest} ({spec.routing} routing): mean over {n} examples, "
+                                    "error bars = 95% bootstrap "
                                     "interval over examples."))
     return figures
 
@@ -215,9 +211,9 @@ def layer_curves(results: Results, model: str, out: Path, tables: Sequence[Table
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         datasets = sorted({d for values in per_metric.values() for strata in values.values() for d in strata},
-                          key=dataset_key)
+                          key=results.dataset_key)
         n = n_text(counts)
-        fig.suptitle(f"{spec.title.split(' (')[0]}, {model} ({n}; {', '.join(map(dataset_name, datasets))})")
+        fig.suptitle(f"{spec.title.split(' (')[0]}, {model} ({n}; {', '.join(map(results.dataset_name, datasets))})")
         fig.tight_layout()
         path = _save(fig, out / f"fig_{spec.name.removeprefix('table_')}.png")
         figures.append(Figure(path, f"{spec.title}: {', '.join(m.title for m in spec.rows)} vs the layer, one line "
@@ -227,11 +223,44 @@ def layer_curves(results: Results, model: str, out: Path, tables: Sequence[Table
     return figures
 
 
-def all_figures(results: Results, model: str, out: Path, resamples: int = stats.RESAMPLES,
-                tables: Sequence[TableSpec] = ()) -> list[Figure]:
-    """Every figure the store has data for; ``tables`` (the registered metrics') give the per-layer ones."""
+def metric_curves(results: Results, model: str, out: Path, spec: FigureSpec,
+                  resamples: int = stats.RESAMPLES) -> list[Figure]:
+    """A metric's declared figure (:class:`~llmattr.specs.FigureSpec`) per dataset: a panel per row, its values
+    against the stored x, a line per method (mean over examples, band = 95% bootstrap interval at each x)."""
+    curves = {m.metric: curve_values(results, model, m.metric, spec.routing) for m in spec.rows}
+    keys = {key for values in curves.values() for key in values}
+    colors = method_colors(label for _, label in keys)
     figures = []
-    for routing in ("dynamic", "fixed"):
-        figures += pi_curves(results, model, routing, out, resamples)
-    return (figures + layer_sweep(results, model, out, resamples) + layer_curves(results, model, out, tables, resamples)
-            + score_distributions(results, model, out))
+    for dataset in sorted({d for d, _ in keys}, key=results.dataset_key):
+        labels = method_order(label for d, label in keys if d == dataset)
+        fig, axes = plt.subplots(1, len(spec.rows), figsize=(5.5 * len(spec.rows), 4.2), squeeze=False)
+        counts = []
+        for ax, m in zip(axes[0], spec.rows, strict=True):
+            for label in (lab for lab in labels if (dataset, lab) in curves[m.metric]):
+                points = curves[m.metric][(dataset, label)]
+                band = curve_band(points, resamples)
+                counts += [len(examples) for examples in points.values()]
+                ax.plot(band["pi"], band["values"], color=colors[label], label=label, marker="o", markersize=3)
+                ax.fill_between(band["pi"], band["low"], band["high"], color=colors[label], alpha=0.15, linewidth=0)
+            ax.set(xlabel=spec.xlabel, ylabel=m.title, title=f"{m.title} {'↑' if m.higher else '↓'}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        n = n_text(counts)
+        fit_title(fig, f"{spec.title}, {results.dataset_name(dataset)}, {model} ({n})")
+        fig.tight_layout()
+        path = _save(fig, out / f"{spec.name}_{dataset}.png")
+        figures.append(Figure(path, f"{spec.caption} {results.dataset_name(dataset)}: mean over {n} examples per "
+                                    "method, band = 95% bootstrap interval over examples at each point."))
+    return figures
+
+
+def all_figures(results: Results, model: str, out: Path, catalog: Catalog,
+                resamples: int = stats.RESAMPLES) -> list[Figure]:
+    """Every figure the store has data for; ``catalog`` (the registries' facts) gives the per-layer ones and the
+    methods' layer sweeps."""
+    kinds = {kind: [s for s in catalog.figures if s.kind == kind] for kind in ("pi_curves", "layer_sweep", "curves")}
+    figures = [f for spec in kinds["pi_curves"] for routing in ("dynamic", "fixed")
+               for f in pi_curves(results, model, routing, out, spec, resamples)]
+    figures += [f for spec in kinds["layer_sweep"] for f in layer_sweep(results, model, out, catalog, spec, resamples)]
+    figures += layer_curves(results, model, out, catalog.tables, resamples) + score_distributions(results, model, out)
+    return figures + [f for spec in kinds["curves"] for f in metric_curves(results, model, out, spec, resamples)]

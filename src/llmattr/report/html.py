@@ -18,7 +18,8 @@ from ..display import span_display
 from ..plotting import method_colors
 from ..store import Results
 from .figures import Figure
-from .tables import Table, dataset_key, dataset_name, settings_lines, to_html
+from .model import Table
+from .writers import settings_lines, to_html
 
 TIMINGS_START, TIMINGS_END = "<!-- timings -->", "<!-- /timings -->"
 CSS = """
@@ -62,12 +63,12 @@ def qualitative(results: Results, model: str, per_dataset: int = 3, fraction: fl
     legend = "".join(f'<span><i style="background:{colors[label]}"></i>{html.escape(label)}</span>'
                      for label in labels)
     parts = [f'<p class="legend">{legend}</p>']
-    for dataset in sorted({d for d, _ in by_example}, key=dataset_key):
+    for dataset in sorted({d for d, _ in by_example}, key=results.dataset_key):
         complete = sorted(ex for (d, ex), methods in by_example.items()
                           if d == dataset and len(methods) == len(labels))
         for example in complete[:per_dataset]:
             expls = {label: json.loads(text) for label, text in by_example[(dataset, example)].items()}
-            parts.append(_example_html(dataset, example, expls, colors, fraction))
+            parts.append(_example_html(results.dataset_name(dataset), example, expls, colors, fraction))
     return "\n".join(parts)
 
 
@@ -84,7 +85,7 @@ def _example_html(dataset: str, example: str, expls: dict[str, dict], colors: di
                        for label in labels)
         tokens.append(f'<span class="tok"><span class="bars">{bars}</span><span>{html.escape(token)}</span></span>')
     gold = first.get("example", {}).get("label")
-    meta = (f"{html.escape(dataset_name(dataset))} · {html.escape(example)} · model answer "
+    meta = (f"{html.escape(dataset)} · {html.escape(example)} · model answer "
             f"<b>{html.escape(first.get('generated', ''))}</b>")
     if gold:
         meta += f" · gold <b>{html.escape(str(gold))}</b>"
@@ -110,11 +111,3 @@ def page(results: Results, model: str, tables: list[Table], figures: list[Figure
              "<h2>Qualitative examples (top 10% tokens per method)</h2>", qualitative(results, model)]
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>llmattr report</title>"
             f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
-
-
-def strip_timings(text: str) -> str:
-    """The report without its timing section (for byte comparisons of two runs)."""
-    while TIMINGS_START in text:
-        head, rest = text.split(TIMINGS_START, 1)
-        text = head + rest.split(TIMINGS_END, 1)[1]
-    return text

@@ -27,6 +27,9 @@ class Task:
     renders the raw text without the chat template (language-modelling tasks such as BLiMP).
     ``first_token=True`` scores multi-token label words by their first token; otherwise every label
     word must be one token. ``head`` is the output head the task needs (``"lm"`` for a causal LM).
+
+    Report side: ``display`` is the dataset's name in the report's tables and figures (default: ``name``) and
+    ``report_order`` its place among the datasets (then by name; paper 000's order for its five).
     """
 
     name: str
@@ -48,6 +51,8 @@ class Task:
     first_token: bool = False
     head: str = "lm"
     description: str = ""
+    display: str = ""
+    report_order: float = 100
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -168,7 +173,7 @@ SENTIMENT = Task(
 BOOLQ = Task(
     name="boolq", user_template="Passage: {passage}\n\nQuestion: {question}", fields=("passage", "question"),
     system=BOOLQ_SYSTEM, kind="classification", label_words=("true", "false"), max_new_tokens=1,
-    data="boolq", label_field="label",
+    data="boolq", label_field="label", display="BoolQ", report_order=2,
     hf={"path": "google/boolq", "split": "validation", "label": "answer",
         "labels": {True: "true", False: "false"}},
     description="BoolQ (ERASER) yes/no question over a passage (paper 000 appendix D prompt)",

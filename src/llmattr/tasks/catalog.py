@@ -18,21 +18,25 @@ from .blimp import PARADIGMS
 GLUE = "nyu-mll/glue"
 
 IMDB = replace(
-    SENTIMENT, name="imdb", data="imdb", description="IMDb review sentiment (paper 000 appendix D prompt)",
+    SENTIMENT, name="imdb",
+    display="IMDb", report_order=0, data="imdb", description="IMDb review sentiment (paper 000 appendix D prompt)",
     hf={"path": "stanfordnlp/imdb", "split": "test", "labels": {0: "negative", 1: "positive"}},
 )
 SST2 = replace(
-    SENTIMENT, name="sst2", data="sst2", description="SST-2 sentence sentiment (paper 000 appendix D prompt)",
+    SENTIMENT, name="sst2",
+    display="SST2", report_order=1, data="sst2", description="SST-2 sentence sentiment (paper 000 appendix D prompt)",
     hf={"path": GLUE, "name": "sst2", "split": "validation", "columns": {"text": "sentence"},
         "labels": {0: "negative", 1: "positive"}},
 )
 TELLMEWHY = replace(
-    GENERATE, name="tellmewhy", max_new_tokens=20, data="tellmewhy", columns={"text": "prompt"},
+    GENERATE, name="tellmewhy",
+    display="TellMeWhy", report_order=3, max_new_tokens=20, data="tellmewhy", columns={"text": "prompt"},
     label_field="answer", description="TellMeWhy story + why-question, open generation (paper 000)",
     hf={"path": "StonyBrookNLP/tellmewhy", "split": "test", "columns": {"text": "{narrative} {question}"}},
 )
 WIKIBIO = replace(
-    GENERATE, name="wikibio", max_new_tokens=20, data="wikibio", columns={"text": "prompt"},
+    GENERATE, name="wikibio",
+    display="WikiBio", report_order=4, max_new_tokens=20, data="wikibio", columns={"text": "prompt"},
     description="WikiBio: first two sentences of a biography, open generation (paper 000)",
 )
 
@@ -49,7 +53,7 @@ MNLI = Task(
     description="MultiNLI premise/hypothesis entailment (paper 003), prompted with yes/maybe/no",
 )
 QNLI = Task(
-    name="qnli", user_template="Question: {question}\n\nSentence: {sentence}",
+    name="qnli", display="QNLI", user_template="Question: {question}\n\nSentence: {sentence}",
     fields=("question", "sentence"),
     system=("You are a question answering system. Determine whether the sentence contains the answer to "
             "the question. Respond ONLY with the single word yes or no, in lowercase, without any "
@@ -61,7 +65,7 @@ QNLI = Task(
     description="QNLI question/sentence answer entailment (paper 003), prompted with yes/no",
 )
 STSB = Task(
-    name="stsb", user_template="Sentence 1: {sentence1}\n\nSentence 2: {sentence2}",
+    name="stsb", display="STS-B", user_template="Sentence 1: {sentence1}\n\nSentence 2: {sentence2}",
     fields=("sentence1", "sentence2"),
     system=("You are a semantic similarity rater. Rate how similar in meaning the two sentences are, from "
             "0 (unrelated) to 5 (same meaning). Respond ONLY with a single digit from 0 to 5, without any "
@@ -71,7 +75,7 @@ STSB = Task(
     description="STS-B similarity 0-5 (paper 003) as a prompted score: sum_d d * p(d) over the digits",
 )
 STSB_REGRESSION = replace(
-    STSB, name="stsb-regression", head="regression", extra={"num_labels": 1, "lm_alternative": "stsb"},
+    STSB, name="stsb-regression", display="", head="regression", extra={"num_labels": 1, "lm_alternative": "stsb"},
     description="STS-B with a sequence-regression head (paper 003); not available on causal LMs",
 )
 

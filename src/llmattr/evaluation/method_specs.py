@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .. import methods as method_registry
 from ..errors import LlmattrError
-from ..specs import LAYER_SWEEP, method_label
+from ..specs import method_label
 from ..store import canonical
 
 
@@ -42,13 +42,15 @@ def parse_method(text: str) -> MethodSpec:
 
 
 def expand_methods(texts: list[str], layers: list[str] | None = None) -> list[MethodSpec]:
-    """Method specs in the given order; ``layers`` sweeps the number of aggregated layers of Grad-ELLM."""
+    """Method specs in the given order; ``layers`` sweeps the parameter each method names as its ``layer_sweep``
+    (Grad-ELLM's number of aggregated layers) where the text does not set it."""
     specs: list[MethodSpec] = []
     for text in texts:
         spec = parse_method(text)
         variants = [spec]
-        if layers and spec.name in LAYER_SWEEP and ":layers=" not in text:
-            variants = [parse_method(f"{text}:layers={k}") for k in layers]
+        swept = method_registry.REGISTRY[spec.name].layer_sweep
+        if layers and swept and swept not in method_registry.parse_params(text.split(":")[1:], f"in {text!r}"):
+            variants = [parse_method(f"{text}:{swept}={k}") for k in layers]
         specs.extend(v for v in variants if v not in specs)
     if not specs:
         raise LlmattrError(f"no method given; valid: {', '.join(method_registry.available())}")
