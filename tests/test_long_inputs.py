@@ -239,10 +239,10 @@ def test_out_of_memory_halves_the_path_chunk(tiny_llama, monkeypatch):
     want = ig.attribute(tiny_llama, target)
     inner = integrated.embedding_gradients
 
-    def limited(f, x):
+    def limited(f, x, *scale):
         if x.shape[0] > 2:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return inner(f, x)
+        return inner(f, x, *scale)
 
     monkeypatch.setattr(integrated, "embedding_gradients", limited)
     got = methods.get("integrated-gradients", n_steps=8, internal_batch_size=8).attribute(tiny_llama, target)
