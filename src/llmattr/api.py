@@ -69,9 +69,9 @@ def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int |
     if method is not None and tokens < lm.max_length:  # longer than the context: make_target says so
         memory.plan(lm, method, tokens, checkpointing)
     gold = example.get("label") if gold is None else gold
-    if answer is None and task.label_words and task.head == "lm" and task.kind != "lm":
+    if answer is None and task.explains_label_word:
         return with_scope(label_target(lm, prompt, task, n_new, target, gold), scope)
-    if answer is None and task.kind == "lm" and target == "gold":
+    if answer is None and task.next_word and target == "gold":
         return with_scope(word_target(lm, prompt, task, gold), scope)
     return with_scope(make_target(lm, prompt, n_new, answer), scope)
 

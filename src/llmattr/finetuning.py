@@ -77,7 +77,7 @@ class FinetuneConfig:
         task = get_task(self.task)
         if self.objective not in OBJECTIVES:
             raise LlmattrError(f"unknown --objective {self.objective!r}; valid: {', '.join(OBJECTIVES)}")
-        if self.objective == "label" and task.kind != "classification":
+        if self.objective == "label" and not task.classifies:
             raise LlmattrError(
                 f"finetune --objective label needs a classification task with label words; {task.name} is a "
                 f"{task.kind} task (STS-B's regression head is not supported: paper 003 trains a sequence-"

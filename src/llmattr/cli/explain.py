@@ -190,14 +190,14 @@ def explain(
         params["target"] = one_of(objective, OBJECTIVES, "--objective")
     if foil is not None:
         params["foil"] = foil
-    gold_field = ("label",) if task_obj.label_words or task_obj.kind == "lm" else ()  # --target gold's word
+    gold_field = ("label",) if task_obj.has_gold_word else ()  # --target gold's word
     if data is not None:
         content = file_texts(read_file_texts(task_obj, data, text_field), n, field, target, check_texts)
     else:
         content = parse_fields(text, field, task_obj.fields + gold_field)
     if isinstance(content, dict):
         content = {task_obj.fields[0]: content.pop("__text__"), **content}
-    if target == "gold" and task_obj.kind == "lm" and answer is None:
+    if target == "gold" and task_obj.next_word and answer is None:
         check_gold_word(task_obj, content.get("label") if isinstance(content, dict) else None)
     if not evaluate and (eval_json or plot):
         raise LlmattrError("--eval-json and --plot need --evaluate")

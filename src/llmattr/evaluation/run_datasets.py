@@ -48,8 +48,7 @@ def draw(name: str, task: Task, examples: list[dict], n: int, seed: int, source:
          exclude: Exclude | None) -> Dataset:
     """``n`` examples balanced per class, drawn with ``seed`` from those the model was not trained on."""
     kept = [ex for ex in examples if not exclude(task, ex, source)]
-    classes = task.label_words if task.kind == "classification" else ()
-    return Dataset(name, task, sample(kept, n, seed, True, classes), excluded=len(examples) - len(kept))
+    return Dataset(name, task, sample(kept, n, seed, True, task.classes), excluded=len(examples) - len(kept))
 
 
 def dataset_names() -> list[str]:

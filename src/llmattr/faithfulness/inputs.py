@@ -55,7 +55,7 @@ def evaluated_steps(expl: Explanation, step_stride: int) -> list[int]:
     if step_stride < 1:
         raise LlmattrError("step_stride must be at least 1")
     task = TASKS.get(expl.task) if expl.task else None
-    if task is not None and task.kind == "classification":
+    if task is not None and task.classifies:
         return [0]
     return list(range(0, len(expl.steps), step_stride))
 

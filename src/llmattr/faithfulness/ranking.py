@@ -227,7 +227,7 @@ def default_labels(lm: LoadedModel, task_name: str | None, example: dict | None 
     task = get_task(task_name)
     if task.label_words:
         return task.label_ids(lm.tokenizer)
-    if task.kind == "lm" and example and example.get("foil"):
+    if task.next_word and example and example.get("foil"):
         return task.word_ids(lm.tokenizer, [example["label"], example["foil"]])
     return None
 

@@ -8,7 +8,29 @@ import torch
 
 from ..errors import LlmattrError
 
-KINDS = ("classification", "generation", "regression", "lm")
+
+@dataclass(frozen=True)
+class Kind:
+    """What a task kind means to the rest of llmattr: the only place a kind's behaviour is written.
+
+    ``classifies``: the answer is one of the task's label words (its ``classes``): examples must hold one,
+    are drawn balanced per class, only the label-word step is evaluated, ``--labels`` and ``finetune
+    --objective label`` apply. ``next_word``: the answer is the text's own next word, told apart from the
+    example's foil (BLiMP): it is never a label-word target, ``--target gold`` forces the example's word.
+    ``numeric``: the gold label is a number (regression); a prompted score shows the nearest label word.
+    """
+
+    classifies: bool = False
+    next_word: bool = False
+    numeric: bool = False
+
+
+KINDS = {
+    "classification": Kind(classifies=True),
+    "generation": Kind(),
+    "regression": Kind(numeric=True),
+    "lm": Kind(next_word=True),
+}
 
 
 @dataclass(frozen=True)
@@ -36,7 +58,7 @@ class Task:
     user_template: str
     fields: tuple[str, ...]
     system: str | None = None
-    kind: str = "generation"  # "classification", "generation", "regression" or "lm" (next word vs foil)
+    kind: str = "generation"  # a key of KINDS: classification, generation, regression, lm (next word vs foil)
     label_words: tuple[str, ...] = ()
     max_new_tokens: int = 20
     answer_prefix: str = "Answer:"  # used only when the tokenizer has no chat template
@@ -57,6 +79,36 @@ class Task:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise LlmattrError(f"task {self.name}: kind must be one of {', '.join(KINDS)}")
+
+    @property
+    def classifies(self) -> bool:
+        """Whether the answer is one of the task's label words (a classification task)."""
+        return KINDS[self.kind].classifies
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The label words a classification task chooses among (examples are drawn balanced over them); else ()."""
+        return self.label_words if self.classifies else ()
+
+    @property
+    def next_word(self) -> bool:
+        """Whether the answer is the text's own next word, told apart from a foil (a next-word task: BLiMP)."""
+        return KINDS[self.kind].next_word
+
+    @property
+    def numeric(self) -> bool:
+        """Whether the gold label is a number (a regression task)."""
+        return KINDS[self.kind].numeric
+
+    @property
+    def explains_label_word(self) -> bool:
+        """Whether the explained token is, by default, a label word chosen by the LM head (the label-word target)."""
+        return bool(self.label_words) and self.head == "lm" and not self.next_word
+
+    @property
+    def has_gold_word(self) -> bool:
+        """Whether an example's ``label`` names a word ``target="gold"`` can explain (a label word or the next word)."""
+        return bool(self.label_words) or self.next_word
 
     def example_from_text(self, text: str | dict) -> dict:
         """Accept a plain string for the first field, or a dict with every field."""
@@ -132,7 +184,7 @@ class Task:
         """A raw dataset label as the task reads it: a label word, a float (regression), or None."""
         if value is None:
             return None
-        if self.kind == "regression":
+        if self.numeric:
             return float(value)
         return self.label_map.get(value, value)
 
@@ -141,14 +193,14 @@ class Task:
         gold = example.get("label")
         if gold is None:
             raise LlmattrError(f"task {self.name}: example {example.get('id', '?')} has no gold label")
-        if self.kind == "regression" and self.label_words:  # prompted score: the nearest label word
+        if self.numeric and self.label_words:  # prompted score: the nearest label word
             return min(self.label_words, key=lambda word: abs(float(word) - gold))
         return str(gold)
 
     def demonstration(self, example: dict) -> str:
         """One few-shot demonstration: the filled user template and its gold answer."""
         content, _ = self.user_content(example)
-        if self.kind == "lm":
+        if self.next_word:
             return f"{content} {self.gold_answer(example)}\n"
         return f"{content}\nAnswer: {self.gold_answer(example)}\n\n"
 

@@ -118,7 +118,7 @@ def to_example(task: Task, row: dict, index: int, columns: dict | None = None) -
             ) from err
     label_column = mapping.get("label", task.label_field)
     example["label"] = task.gold_label(row.get(label_column)) if label_column else None
-    if task.kind == "classification" and example["label"] not in task.label_words:
+    if task.classifies and example["label"] not in task.classes:
         raise LlmattrError(
             f"task {task.name}: label {row.get(label_column)!r} of row {example['id']} is not one of "
             f"{list(task.label_map) or list(task.label_words)}; fix the file or map the label column"
@@ -168,8 +168,7 @@ def load_examples(task: str | Task, source: str | Path | None = None, n: int | N
     if not rows:
         raise LlmattrError(f"task {task.name}: no rows in {source or task.data} match {task.select}")
     examples = [to_example(task, row, i, columns) for i, row in enumerate(rows)]
-    classes = task.label_words if task.kind == "classification" else ()
-    return sample(examples, n, seed, balanced, classes)
+    return sample(examples, n, seed, balanced, task.classes)
 
 
 def draw_demonstrations(task: Task, pool: list[dict], k: int, seed: int = 0,
@@ -185,7 +184,7 @@ def draw_demonstrations(task: Task, pool: list[dict], k: int, seed: int = 0,
             and ex.get("label") is not None]
     if k > len(rest):
         raise LlmattrError(f"task {task.name}: only {len(rest)} examples left for {k} demonstrations")
-    classes = task.label_words if task.kind == "classification" and k >= len(task.label_words) else ()
+    classes = task.classes if k >= len(task.classes) else ()
     return sample(rest, k, seed + 1, True, classes)
 
 
@@ -209,6 +208,5 @@ def load_split(task: str | Task, n: int, shots: int = 0, seed: int = 0, source=N
     """``n`` evaluated examples and the few-shot text of ``shots`` demonstrations drawn from the rest."""
     task = get_task(task)
     pool = load_examples(task, source, columns=columns)
-    classes = task.label_words if task.kind == "classification" else ()
-    examples = sample(pool, n, seed, True, classes)
+    examples = sample(pool, n, seed, True, task.classes)
     return examples, render_demonstrations(task, draw_demonstrations(task, pool, shots, seed, examples))

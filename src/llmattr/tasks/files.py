@@ -37,7 +37,7 @@ def file_task(task: str | Task, labels: str | None = None) -> Task:
     task = get_task(task)
     if labels is None:
         return task
-    if task.kind != "classification":
+    if not task.classifies:
         raise LlmattrError(f"--labels applies to classification tasks; {task.name} is a {task.kind} task")
     words, mapping = parse_labels(labels)
     return replace(task, label_words=words, label_map=mapping)
