@@ -14,7 +14,13 @@ from llmattr.api import prepare
 from llmattr.errors import LlmattrError
 from llmattr.methods import integrated
 from llmattr.methods.gradient import baseline_embeds, embedding_gradients, reduce_tokens, score_fn
-from llmattr.methods.integrated import emphasis_factor, integrate, net_attention, path_alphas, pos_norm
+from llmattr.methods.integrated import (
+    emphasis_factor,
+    endpoints_and_net_attention,
+    integrate,
+    path_alphas,
+    pos_norm,
+)
 from llmattr.models.memory import prefix_cache_pays
 from llmattr.models.probe import eager_attention
 from llmattr.targets import Target
@@ -197,7 +203,11 @@ def test_aieg_is_posnorm_ig_times_net_attention_when_ef_is_one(tiny_llama, gen_t
     a, b = tgt.span
     expected = pos_norm(ig.sum(-1)) * net
     assert torch.allclose(aieg, expected[:, a:b], rtol=RTOL, atol=ATOL)
-    assert torch.allclose(net_attention(lm, x, tgt.positions), net, rtol=1e-5)
+    f, x, x0 = methods.get("aieg").inputs(lm, tgt)
+    f_start, f_end, got = endpoints_and_net_attention(f, x, x0, tgt.positions)
+    assert torch.allclose(got, net, rtol=1e-5)
+    with torch.no_grad():  # the two endpoints of the one two-row forward are F(x0) and F(x)
+        assert torch.allclose(f_start, f(x0), rtol=1e-5) and torch.allclose(f_end, f(x), rtol=1e-5)
 
 
 def test_aieg_scores_are_nonnegative_and_sum_below_one(tiny_llama, gen_target):

@@ -143,12 +143,15 @@ def path_prefix(lm: LoadedModel, x: torch.Tensor, x0: torch.Tensor, alphas: torc
     return kept[key]
 
 
-def net_attention(lm: LoadedModel, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Paper 004 eq. 9: attention probability from each step's query position to every token, averaged
-    over all layers and heads (recorded by the probe on the clean input, explained rows only): ``(T, S)``."""
+def endpoints_and_net_attention(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor,
+                                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``F(x0)``, ``F(x)`` ``(1, T)`` and paper 004 eq. 9's NetAttention ``(T, S)``: the attention probability from
+    each step's query position to every token of the clean input ``x``, averaged over all layers and heads. One
+    no-gradient forward of the two endpoints as batch rows, the probe recording the explained rows' probabilities
+    (the probe leaves the forward's values unchanged)."""
     with torch.no_grad(), Probe(record=("probs",), rows=positions) as probe:
-        lm.model(inputs_embeds=x, logits_to_keep=1, use_cache=False)
-    return probe.stacked("probs")[:, 0].float().mean(dim=(0, 1))
+        ends = f(torch.cat([x0, x]))
+    return ends[:1], ends[1:], probe.stacked("probs")[:, 1].float().mean(dim=(0, 1))
 
 
 class PathMethod(EmbeddingGradientMethod):
@@ -268,7 +271,7 @@ class AIEG(PathMethod):
     family = "gradient (path) x attention"
     summary = "AIEG: emphasis-weighted IG, PosNorm, times attention averaged over layers and heads (paper 004)"
     signed = False
-    cost = "n_steps + 1 forwards, n_steps backwards as batch rows, 1 forward for attention"
+    cost = "n_steps forwards + backwards as batch rows, 1 forward of the two endpoints (recording attention)"
     defaults = {"n_steps": 16, "internal_batch_size": "auto", "baseline": "all", "target": "probability"}
 
     def path(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,14 +283,13 @@ class AIEG(PathMethod):
         """Scores and the convergence delta of the emphasis-weighted integral before PosNorm and NetAttention."""
         f, x, x0 = self.inputs(lm, target)
         alphas, weights = self.path()
-        with torch.no_grad():
-            f_start = f(x0)
+        f_start, f_end, net = endpoints_and_net_attention(f, x, x0, target.positions.to(lm.device))
         grads = integrate(f, x, x0, alphas, weights, self.memory_rows(lm, x.shape[1]), f_start=f_start)[0]
         attr = (x - x0) * grads
         ig = reduce_tokens(attr.float(), "sum")  # (T, S)
-        scores = pos_norm(ig) * net_attention(lm, x, target.positions.to(lm.device))
+        scores = pos_norm(ig) * net
         a, b = target.span
-        return scores[:, a:b].detach(), convergence(attr, endpoint_delta(f, x, x0))
+        return scores[:, a:b].detach(), convergence(attr, (f_end - f_start)[0])
 
 
 @register
