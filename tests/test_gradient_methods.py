@@ -21,8 +21,10 @@ from llmattr.methods.integrated import (
     path_alphas,
     pos_norm,
 )
+from llmattr.models import forward
+from llmattr.models.forward import prefix_key_values
 from llmattr.models.memory import prefix_cache_pays
-from llmattr.models.probe import eager_attention
+from llmattr.models.probe import Probe, eager_attention
 from llmattr.targets import Target
 from llmattr.tasks import get_task
 
@@ -276,3 +278,29 @@ def test_cached_prefix_leaves_span_gradients_unchanged(tiny_lm):
     torch.testing.assert_close(fast_f, full_f, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(fast_g[:, :, a:], full_g[:, :, a:], rtol=1e-4, atol=1e-7)
     assert torch.all(fast_g[:, :, :a] == 0) and bool(full_g[:, :, a:].abs().sum() > 0)
+
+
+def test_template_cache_is_computed_once_per_task_and_kept_within_its_budget(tiny_llama, monkeypatch):
+    """Two examples of one task share the template's keys and values: the second runs no template forward and its
+    scores equal a run without the kept cache; a probe bypasses it; the budget evicts the least recently used."""
+    lm, task = tiny_llama, get_task("sentiment")
+    first, second = (prepare(lm, text, task, answer="Positive") for text in ("A dull film.", "A fine, warm film."))
+    assert first.span[0] == second.span[0] > 0 and prefix_cache_pays(lm, first.span[0], first.input_ids.shape[1])
+    runs = []
+    monkeypatch.setattr(forward, "prefix_key_values",
+                        lambda *a: runs.append(1) or prefix_key_values(*a))
+    saliency = methods.get("saliency")
+    want = [saliency.attribute(lm, t) for t in (first, second)]
+    assert len(runs) == 1 and len(lm.memo["prefix-cache"]) == 1
+    for target, expected in zip((second, first), want[::-1], strict=True):
+        lm.memo.clear()
+        torch.testing.assert_close(saliency.attribute(lm, target), expected, rtol=0, atol=0)
+    with Probe(record=("q",)):
+        saliency.attribute(lm, first)
+    assert len(runs) == 4 and len(lm.memo["prefix-cache"]) == 1  # the probe's run neither used nor kept one
+    other = prepare(lm, {"text": "A dull film."}, get_task("generate"), answer="Yes")
+    saliency.attribute(lm, other)
+    assert len(lm.memo["prefix-cache"]) == 2
+    monkeypatch.setattr(forward, "PREFIX_CACHE_BYTES", 1)
+    saliency.attribute(lm, first)
+    assert not lm.memo["prefix-cache"]  # over the budget: nothing kept

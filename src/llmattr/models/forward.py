@@ -9,6 +9,8 @@ is never mutated).
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -18,7 +20,9 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from ..errors import LlmattrError
 from .loading import LoadedModel
-from .probe import eager_attention
+from .probe import eager_attention, hooks_active
+
+PREFIX_CACHE_BYTES = 256 * 2**20  # template keys and values kept per model, the last used first (see prefix_cache)
 
 
 def logits_at(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -38,12 +42,29 @@ def logits_at(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch.Ten
 def prefix_cache(lm: LoadedModel, prefix_embeds: torch.Tensor) -> Cache:
     """Key/value cache of ``prefix_embeds`` ``(B, P, D)``, computed without gradients (one row per batch row).
 
-    Its layers are :class:`PrefixLayer`: a forward through it stores nothing, so rerunning a block (activation
-    checkpointing) sees the same prefix."""
+    The keys and values are kept on the model for the next call with the same embeddings (every example of a
+    task shares its template: the gradient methods run it once per task, not once per example), the last used
+    first, within ``PREFIX_CACHE_BYTES``; none is kept or used while a probe or eager attention is in force (the
+    pass then does more than compute them). Its layers are :class:`PrefixLayer`: a forward through it stores nothing,
+    so rerunning a block (activation checkpointing) sees the same prefix."""
+    if hooks_active():
+        return Cache(layers=[PrefixLayer(k, v) for k, v in prefix_key_values(lm, prefix_embeds)])
+    key = (tuple(prefix_embeds.shape), str(prefix_embeds.dtype), str(prefix_embeds.device),
+           hashlib.sha256(prefix_embeds.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest())
+    kept = lm.memo.setdefault("prefix-cache", OrderedDict())
+    layers = kept.pop(key, None) or prefix_key_values(lm, prefix_embeds)
+    kept[key] = layers  # the last used last
+    while sum(k.nbytes + v.nbytes for entry in kept.values() for k, v in entry) > PREFIX_CACHE_BYTES:
+        kept.popitem(last=False)  # the least recently used first; one over the budget alone is not kept
+    return Cache(layers=[PrefixLayer(k, v) for k, v in layers])
+
+
+def prefix_key_values(lm: LoadedModel, prefix_embeds: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's keys and values ``(B, kv_heads, P, head_dim)`` of ``prefix_embeds``: one no-gradient forward."""
     cache = DynamicCache()
     with torch.no_grad():
         lm.model(inputs_embeds=prefix_embeds.detach(), past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return Cache(layers=[PrefixLayer(layer.keys, layer.values) for layer in cache.layers])
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 class PrefixLayer(DynamicLayer):

@@ -120,6 +120,12 @@ class Probe:
         return torch.stack([getattr(self.layers[i], name) for i in sorted(self.layers)])
 
 
+def hooks_active() -> bool:
+    """Whether a :class:`Probe` or :func:`eager_attention` is in force (a forward pass then records or computes
+    something beyond its outputs)."""
+    return bool(_ACTIVE or _EAGER)
+
+
 @contextmanager
 def eager_attention() -> Iterator[None]:
     """Inside, every layer computes full eager attention (all ``(S, S)`` probabilities): the reference path."""
