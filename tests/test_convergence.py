@@ -75,7 +75,7 @@ def test_aieg_delta_is_that_of_its_integral_before_reweighting(tiny_llama, gen_t
 
 @pytest.mark.parametrize("baseline", ["all", "unk"])
 def test_deeplift_records_summation_to_delta(tiny_llama, gen_target, baseline):
-    expl = attribute(tiny_llama, gen_target, methods.get("deeplift", baseline=baseline, target="logit"))
+    expl = attribute(tiny_llama, gen_target, methods.get("deeplift", baseline=baseline, objective="logit"))
     f, x, x0, target_delta, tol = endpoints(tiny_llama, gen_target, baseline, "logit")
     attr, _ = deeplift_attributions(f, x, x0)
     for step, td, total in zip(expl.steps, target_delta.tolist(), full_sum(attr).tolist(), strict=True):

@@ -171,6 +171,6 @@ def test_summation_gap_on_the_real_model(smollm):
     f, x = score_fn(smollm, tgt, "logit"), smollm.embed(tgt.input_ids).detach()
     attr, delta = deeplift_attributions(f, x, torch.zeros_like(x))
     assert torch.allclose(attr.sum((1, 2)), delta, rtol=1e-3)
-    _, grads = methods.get("deeplift-ixg", target="logit").gradients(smollm, tgt)
+    _, grads = methods.get("deeplift-ixg", objective="logit").gradients(smollm, tgt)
     ixg_sum = (x * grads[:, 0]).sum((1, 2))
     assert (ixg_sum - delta).abs().max() > 0.1 * delta.abs().max()

@@ -237,7 +237,7 @@ def test_every_method_runs_on_every_architecture(tiny_lm, tiny_tokenizer, name):
 
 
 @pytest.mark.parametrize("name,params", [
-    ("saliency", {"reduction": "max"}), ("input-x-gradient", {"target": "loss"}),
+    ("saliency", {"reduction": "max"}), ("input-x-gradient", {"objective": "loss"}),
     ("integrated-gradients", {"n_steps": 0}), ("integrated-gradients", {"method": "simpson"}),
     ("integrated-gradients", {"baseline": "uniform"}), ("igcg", {"threshold": -1}),
     ("gradient-shap", {"n_samples": 0}), ("aieg", {"reduction": "sum"}), ("deeplift", {"n_steps": 4}),

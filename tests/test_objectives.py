@@ -14,6 +14,7 @@ from llmattr import methods, objectives
 from llmattr.api import explain, prepare
 from llmattr.cli import app
 from llmattr.errors import LlmattrError
+from llmattr.explanation import Explanation
 from llmattr.methods.gradient import embedding_gradients, score_fn
 from llmattr.targets import with_scope
 from llmattr.tasks import get_task
@@ -46,12 +47,12 @@ def test_objective_and_foil_checks_are_one_line():
     with pytest.raises(LlmattrError, match="unknown objective 'prob'"):
         objectives.get("prob")
     with pytest.raises(LlmattrError, match="give --foil WORD"):
-        methods.get("saliency", target="contrast")
+        methods.get("saliency", objective="contrast")
     with pytest.raises(LlmattrError, match="--foil needs a contrastive objective"):
         methods.get("lime", foil="Negative")
     for name in ("attention", "value-zeroing", "logat", "normxlogit", "l2-norm", "random"):
         with pytest.raises(LlmattrError, match=f"method {name} scores no model output"):
-            methods.get(name, target="logit")
+            methods.get(name, objective="logit")
 
 
 def test_methods_json_says_what_each_method_explains():
@@ -107,12 +108,12 @@ def test_contrast_known_by_construction(linear_lm):
     assert float(scores[0, 0]) == pytest.approx(contrast, abs=tol)
     torch.testing.assert_close(grads[0, 0, -1], direction, rtol=0, atol=tol)
     assert float(grads[0, 0, :-1].abs().max()) == 0.0
-    saliency = methods.get("saliency", target="contrast", foil=foil).attribute(linear_lm, target)
+    saliency = methods.get("saliency", objective="contrast", foil=foil).attribute(linear_lm, target)
     torch.testing.assert_close(saliency[0, -1], direction.norm(), rtol=0, atol=tol)
     for name in ("input-x-gradient", "integrated-gradients", "deeplift", "deeplift-ixg"):
-        got = methods.get(name, target="contrast", foil=foil).attribute(linear_lm, target)
+        got = methods.get(name, objective="contrast", foil=foil).attribute(linear_lm, target)
         torch.testing.assert_close(got, want, rtol=0, atol=tol, msg=name)
-    lime = methods.get("lime", target="contrast", foil=foil, alpha=0.0, n_samples=256, batch_size=64)
+    lime = methods.get("lime", objective="contrast", foil=foil, alpha=0.0, n_samples=256, batch_size=64)
     lime = lime.attribute(linear_lm, target)  # 256 samples > 82 tokens + intercept: an exact fit
     torch.testing.assert_close(lime, want, rtol=0, atol=tol * x.shape[0])
 
@@ -131,9 +132,9 @@ def test_contrast_is_the_difference_of_the_two_logits(tiny_llama):
     torch.testing.assert_close(g_contrast, g_y - g_f, rtol=0, atol=1e2 * EPS * scale)
     for name in LINEAR:
         params = {"n_samples": 3} if name == "gradient-shap" else {"n_steps": 4} if "integrated" in name else {}
-        contrast = methods.get(name, target="contrast", foil=foil, **params).attribute(tiny_llama, target)
-        of_y = methods.get(name, target="logit", **params).attribute(tiny_llama, target)
-        of_f = methods.get(name, target="logit", **params).attribute(tiny_llama, as_foil)
+        contrast = methods.get(name, objective="contrast", foil=foil, **params).attribute(tiny_llama, target)
+        of_y = methods.get(name, objective="logit", **params).attribute(tiny_llama, target)
+        of_f = methods.get(name, objective="logit", **params).attribute(tiny_llama, as_foil)
         tol = 1e3 * EPS * float((of_y.abs() + of_f.abs()).max())
         torch.testing.assert_close(contrast, of_y - of_f, rtol=0, atol=tol, msg=name)
 
@@ -144,7 +145,7 @@ def test_contrast_runs_through_every_scoring_method_and_is_recorded(tiny_llama):
     for name in SCORING:
         expl = explain(TEXT, model=tiny_llama, method=name, answer="Positive", objective="contrast",
                        foil="Negative", progress=False, **small.get(name, {}))
-        assert expl.params["target"] == "contrast" and expl.params["foil"] == "Negative"
+        assert expl.params["objective"] == "contrast" and expl.params["foil"] == "Negative"
         assert json.loads(expl.to_json())["params"]["foil"] == "Negative"
         assert torch.isfinite(expl.score_matrix(raw=True)).all(), name
 
@@ -169,15 +170,56 @@ def test_contrast_on_the_embedded_model(smollm, tmp_path):
     result = CliRunner().invoke(app, ["explain", "Great fun.", "--method", "input-x-gradient", "--objective",
                                       "contrast", "--foil", " Negative", "--device", "cpu", "--json", str(out)])
     assert result.exit_code == 0, result.output
-    assert json.loads(out.read_text())["params"] == {"target": "contrast", "foil": " Negative", "reduction": "sum"}
+    assert json.loads(out.read_text())["params"] == {"objective": "contrast", "foil": " Negative", "reduction": "sum"}
 
 
-def test_a_method_takes_objective_or_its_stored_name_target():
-    """``objective=`` names the concept; ``target=`` (the stored key, and the spelling of earlier versions) still
-    works and gives the same method."""
-    assert methods.get("saliency", objective="logit").params == methods.get("saliency", target="logit").params
-    assert methods.get("saliency", objective="logit").params["target"] == "logit"
-    with pytest.raises(LlmattrError, match="not both"):
+def test_a_method_takes_objective_or_its_old_name_target():
+    """``objective=`` names the concept (the defaults' key, what is recorded); ``target=``, its name before issue 22,
+    still works and gives the same method and scores; both at once are refused; a method reading
+    ``params["target"]`` (written before the rename) still gets the objective."""
+    new, old = methods.get("saliency", objective="logit"), methods.get("saliency", target="logit")
+    assert new.params == old.params == {"objective": "logit", "reduction": "l2"}
+    assert "target" not in old.params and old.params["target"] == old.params.get("target") == "logit"
+    assert methods.get("saliency").params.get("target") == "probability"
+    for name in ("saliency", "input-x-gradient", "integrated-gradients", "gradient-shap", "aieg", "deeplift",
+                 "deeplift-ixg", "attnlrp", "cp-lrp"):
+        assert "objective" in methods.REGISTRY[name].defaults and "target" not in methods.REGISTRY[name].defaults
+    with pytest.raises(LlmattrError, match="give objective= or its old name target=, not both"):
         methods.get("saliency", objective="logit", target="probability")
     with pytest.raises(LlmattrError, match="takes no objective"):
         methods.get("attention", objective="logit")
+    with pytest.raises(LlmattrError, match="takes no objective"):
+        methods.get("attention", target="logit")
+
+
+def test_the_old_spelling_target_gives_the_same_scores(tiny_llama):
+    target = prepare(tiny_llama, TEXT, get_task("sentiment"), answer="Positive")
+    for name in ("input-x-gradient", "deeplift"):
+        new = methods.get(name, objective="logit").attribute(tiny_llama, target)
+        old = methods.get(name, target="logit").attribute(tiny_llama, target)
+        torch.testing.assert_close(new, old, rtol=0, atol=0)
+    via_api = explain(TEXT, model=tiny_llama, method="saliency", answer="Positive", target="logit", progress=False)
+    assert via_api.params["objective"] == "logit"  # explain(target="logit"): the objective, the label explained
+
+
+def test_an_explanation_json_of_before_the_rename_reads_target_as_objective(tiny_llama):
+    expl = explain(TEXT, model=tiny_llama, method="saliency", answer="Positive", objective="logit", progress=False)
+    data = json.loads(expl.to_json())
+    data["params"] = {"target": "logit", "reduction": "sum"}
+    assert Explanation.from_json(json.dumps(data)).params == {"objective": "logit", "reduction": "sum"}
+
+
+def test_the_cli_takes_objective_and_the_old_spelling():
+    """``explain --objective`` (one option, the own one with the objectives' list), ``--param target=...`` and
+    ``evaluate --methods name:target=...`` as the old spelling, recorded as ``objective``."""
+    from llmattr.evaluation.method_specs import parse_method
+
+    result = CliRunner().invoke(app, ["explain", "--help"], terminal_width=200)
+    assert result.output.count("--objective") >= 1 and "--target " in result.output
+    assert parse_method("saliency:target=logit") == parse_method("saliency:objective=logit")
+    assert parse_method("saliency:target=logit").key == '{"objective":"logit","reduction":"l2"}'
+    assert parse_method("saliency:objective=logit").label == "saliency:objective=logit"
+    with pytest.raises(LlmattrError, match="not both"):
+        parse_method("saliency:target=logit:objective=logit")
+    bad = CliRunner().invoke(app, ["explain", "x", "--objective", "logit", "--param", "target=probability"])
+    assert isinstance(bad.exception, LlmattrError) and "not both" in str(bad.exception)  # before any model load

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import foreign_sqlite
 from llmattr.errors import LlmattrError
-from llmattr.store import NONE, MetricOutput, Results, Row, Store, Unit, expand
+from llmattr.store import NONE, SCHEMA, MetricOutput, Results, Row, Store, Unit, expand
 
 
 def unit(example: str = "ex-1", method: str = "grad-ellm") -> Unit:
@@ -166,7 +166,7 @@ def schema_2_store(path, version: str):
 
 def test_a_schema_2_store_is_read_and_migrated_on_write(tmp_path):
     """Old stores keep reading: a schema 2 store (x column named pi) merges with a new one, and a run of the same
-    llmattr version writing to it renames the column in place (schema 3) and resumes."""
+    llmattr version writing to it renames the column in place (schema 4) and resumes."""
     from llmattr.version import __version__
 
     old, new = tmp_path / "r.rank0.sqlite", tmp_path / "r.rank1.sqlite"
@@ -185,13 +185,75 @@ def test_a_schema_2_store_is_read_and_migrated_on_write(tmp_path):
         store.write(unit("ex-3"), "{}", 0.1, outputs())
         columns = [c[1] for c in store.conn.execute("PRAGMA table_info(results)")]
         schema = store.conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
-    assert "x" in columns and "pi" not in columns and schema == "3"
+    assert "x" in columns and "pi" not in columns and schema == "4"
     assert len(list(Results([old]).values("tiny", "pi_soft_ns", "dynamic"))) == 4
     other = tmp_path / "other.sqlite"
     schema_2_store(other, "0.0.1")
-    with pytest.raises(LlmattrError, match="schema 2, this llmattr reads schema 3"):
+    with pytest.raises(LlmattrError, match="schema 2, this llmattr reads schema 4"):
         Store(other)  # another version's old store is read, never written
     assert len(list(Results([other]).values("tiny", "pi_soft_ns", "dynamic"))) == 2
+
+
+IXG = "input-x-gradient"
+OLD_PARAMS, NEW_PARAMS = '{"reduction":"sum","target":"logit"}', '{"objective":"logit","reduction":"sum"}'
+
+
+def schema_3_store(path, version: str, value: float = 0.5):
+    """A store as llmattr wrote it with schema 3: the tables of today, the objective recorded in the method
+    parameters under its earlier name ``target``."""
+    old = Unit("tiny", "sst2", "ex-1", IXG, OLD_PARAMS)
+    with sqlite3.connect(path) as conn:
+        conn.executescript(SCHEMA)
+        conn.executemany("INSERT INTO meta VALUES (?, ?)", [("schema", "3"), ("llmattr_version", version)])
+        conn.execute("INSERT INTO settings VALUES ('tiny', '{\"samples\": 2}')")
+        conn.execute("INSERT INTO explanations VALUES (?, ?, ?, ?, ?, '{}', 0.5)", old.as_tuple())
+        conn.execute("INSERT INTO done VALUES (?, ?, ?, ?, ?, 'pi-soft', 'dynamic', 1.0)", old.as_tuple())
+        conn.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, 'dynamic', ?, -1, ?, NULL)",
+                         [(*old.as_tuple(), "pi_soft_ns", 0.05, value), (*old.as_tuple(), "pi_soft_ns", 0.1, 0.6)])
+    conn.close()
+
+
+def test_a_schema_3_store_reads_target_as_objective_and_resumes(tmp_path):
+    """Old stores keep reading after the method parameter ``target`` was renamed ``objective`` (issue 22): a
+    schema 3 store's params key reads as the new one (values, explanations, labels, merging with a new shard of
+    the same run), reading changes nothing, and a run of the same version writing to it renames the key in place
+    (schema 4) so that ``input-x-gradient:objective=logit`` (or ``:target=logit``) finds its units done."""
+    from llmattr.evaluation.method_specs import parse_method
+    from llmattr.version import __version__
+
+    spec = parse_method(f"{IXG}:target=logit")
+    assert spec.key == parse_method(f"{IXG}:objective=logit").key == NEW_PARAMS
+    old, new = tmp_path / "r.rank0.sqlite", tmp_path / "r.rank1.sqlite"
+    schema_3_store(old, __version__)
+    renamed = Unit("tiny", "sst2", "ex-1", IXG, spec.key)
+    with Store(new) as store:
+        store.check_settings("tiny", {"samples": 2})
+        store.write(renamed, "{}", 0.5, outputs())  # the same unit, as a shard of the same run wrote it
+        store.write(Unit("tiny", "sst2", "ex-2", IXG, NEW_PARAMS), "{}", 0.1, outputs())
+    results = Results([old, new], method_defaults={IXG: {"objective": "probability", "reduction": "sum"}})
+    rows = list(results.values("tiny", "pi_soft_ns", "dynamic"))
+    assert {r[2] for r in rows} == {NEW_PARAMS} and len(rows) == 4
+    assert [r[2] for r in results.explanations("tiny")] == [NEW_PARAMS, NEW_PARAMS]
+    assert results.label(IXG, NEW_PARAMS) == results.label(IXG, OLD_PARAMS) == f"{IXG}:objective=logit"
+    clashing = tmp_path / "clash.sqlite"
+    schema_3_store(clashing, __version__, value=0.9)
+    with pytest.raises(LlmattrError, match="disagrees with another store"):
+        Results([new, clashing])  # compared under the new key: the old key's other value is found
+    with sqlite3.connect(old) as conn:  # reading changed nothing
+        assert {r[0] for r in conn.execute("SELECT params FROM results")} == {OLD_PARAMS}
+    conn.close()
+    with Store(old) as store:
+        assert store.done(renamed) == {("pi-soft", "dynamic")} and store.explanation(renamed) == ("{}", 0.5)
+        keys = {r[0] for table in ("explanations", "done", "results")
+                for r in store.conn.execute(f"SELECT params FROM {table}")}
+        schema = store.conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
+    assert keys == {NEW_PARAMS} and schema == "4"
+    assert len(list(Results([old]).values("tiny", "pi_soft_ns", "dynamic"))) == 2
+    other = tmp_path / "other.sqlite"
+    schema_3_store(other, "0.0.1")
+    with pytest.raises(LlmattrError, match="schema 3, this llmattr reads schema 4"):
+        Store(other)  # another version's old store is read, never written
+    assert {r[2] for r in Results([other]).values("tiny", "pi_soft_ns", "dynamic")} == {NEW_PARAMS}
 
 
 def test_row_takes_the_old_spelling_pi():

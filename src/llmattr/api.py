@@ -152,13 +152,13 @@ def explain(
     ``target``: for a task with label words, which token is explained: ``"label"`` (the predicted
     label word, default), ``"generated"`` (the free greedy answer) or ``"gold"`` (the gold label word:
     ``gold``, or the ``label`` field of a dict ``text``). ``"probability"``/``"logit"`` are passed on to
-    the method as its explained quantity (the gradient methods' ``target`` parameter). Method parameters
-    come as keywords or as the dict ``method_params`` (which may hold ``target``).
+    the method as its ``objective`` (an earlier spelling). Method parameters come as keywords or as the dict
+    ``method_params`` (which may hold ``objective``, or ``target``: its earlier name).
 
     ``objective``: what the method explains (:mod:`llmattr.objectives`: ``probability``, ``log-prob``,
     ``logit``, ``contrast``, ``contrast-prob``; default: the method's own), ``foil``: the single-token word
     (or token id) a contrastive objective compares the target with, e.g. ``objective="contrast",
-    foil="Negative"`` explains ``logit(Positive) - logit(Negative)``. Both are method parameters (``target``,
+    foil="Negative"`` explains ``logit(Positive) - logit(Negative)``. Both are method parameters (``objective``,
     ``foil``), so the Explanation records them in ``params``; methods that score no output refuse them.
 
     ``scope``: what is attributed, and later perturbed and zeroed by the metrics: ``"span"`` (the content,
@@ -177,12 +177,13 @@ def explain(
     """
     method_params = {**(method_params or {}), **params}
     if target in ("probability", "logit"):
-        method_params["target"], target = target, "label"
-    method_params.update({key: value for key, value in (("target", objective), ("foil", foil)) if value is not None})
+        method_params["objective"], target = target, "label"
+    method_params.update({key: value for key, value in (("objective", objective), ("foil", foil))
+                          if value is not None})
     task = get_task(task)
     if isinstance(method, methods.AttributionMethod) and (objective, foil) != (None, None):
         raise LlmattrError("objective= and foil= go with a method name; give them to the method instance's "
-                           "constructor (target=, foil=)")
+                           "constructor (objective=, foil=)")
     many_methods = isinstance(method, list | tuple)
     method_objs = [m if isinstance(m, methods.AttributionMethod) else methods.get(m, **method_params)
                    for m in (method if many_methods else [method])]

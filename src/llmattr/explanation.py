@@ -17,6 +17,7 @@ from . import render
 from .display import display_tokens, span_display
 from .errors import LlmattrError
 from .scores import retain_probs
+from .specs import current_params
 
 # A word is a run of non-space characters, except that every CJK ideograph is a word of its own (the
 # convention of BERT's basic tokenizer, as Chinese and Japanese text has no spaces between words).
@@ -225,6 +226,7 @@ class Explanation:
         known = {f.name for f in fields(cls)}  # extra keys (e.g. `explain --evaluate --json`'s metrics) are skipped
         data = {key: value for key, value in data.items() if key in known}
         data["steps"] = [Step(**s) for s in data["steps"]]
+        data["params"] = current_params(data["params"], "explanation params")  # one written before a rename
         data["span"] = tuple(data["span"])
         data["offsets"] = [tuple(o) for o in data.get("offsets", [])]
         return cls(**data)

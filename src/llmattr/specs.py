@@ -13,13 +13,32 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .errors import LlmattrError
+
 FIGURE_KINDS = ("curves", "pi_curves", "layer_sweep")
 LAYOUTS = ("datasets_by_methods", "metrics_by_methods", "methods_by_datasets", "layers_by_methods")
 
 
+RENAMED_PARAMS = {"target": "objective"}  # a method parameter's earlier name -> its name (issue 22)
+
+
+def current_params(params: Mapping, where: str = "method parameters") -> dict:
+    """``params`` with each parameter given under an earlier name (:data:`RENAMED_PARAMS`: ``target``, the
+    objective's name before issue 22) under its current one, so a call, a ``name:target=logit`` spec, a store or
+    an Explanation JSON of before the rename reads the same; both names at once are refused (``where`` opens
+    that line)."""
+    out = dict(params)
+    for old, new in RENAMED_PARAMS.items():
+        if old in out:
+            if new in out:
+                raise LlmattrError(f"{where}: give {new}= or its old name {old}=, not both")
+            out[new] = out.pop(old)
+    return out
+
+
 def method_label(name: str, params: dict | str, defaults: Mapping | None) -> str:
     """``name`` plus the parameters that differ from the method's ``defaults`` (all of them if unknown)."""
-    params = json.loads(params) if isinstance(params, str) else params
+    params = current_params(json.loads(params) if isinstance(params, str) else params)
     defaults = defaults if defaults is not None else {}
     extra = [f"{k}={v}" for k, v in sorted(params.items()) if k not in defaults or defaults[k] != v]
     return ":".join([name, *extra])

@@ -12,8 +12,9 @@ Tables (docs/evaluate.md):
 - ``results``: one value per (model, dataset, example, method, params, metric, routing, x, step).
   ``x`` is the x-axis of a curve (the soft metrics' pi, the ranking metrics' fraction of tokens or K, the
   per-layer metrics' layer) and ``step`` the generation step; ``-1`` in either means "scalar" / "averaged over
-  steps". Schema 2 stores, whose ``x`` column was named ``pi``, are read as they are and renamed in place when a
-  run writes to them again (:data:`LEGACY`).
+  steps". Stores of an older schema (:data:`LEGACY`: 2, whose ``x`` column was named ``pi``; 2 and 3, whose
+  method ``params`` name the objective ``target``) are read as if they were new (the params through
+  :func:`~llmattr.specs.current_params`) and changed in place when a run of the same version writes to them again.
   ``mc_se`` is the value's Monte-Carlo standard error over samples (NULL for deterministic metrics).
 
 Every finished (example, method) is written in one transaction, so a process killed at any moment
@@ -44,12 +45,12 @@ from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 from .errors import LlmattrError
-from .specs import method_label
+from .specs import RENAMED_PARAMS, current_params, method_label
 from .version import __version__
 
 DEFAULT_ORDER = 100  # a dataset's place in the report when its task gives none (``Task.report_order``)
-SCHEMA_VERSION = 3  # 2: results.mc_se; 3: results.pi renamed x (it holds every metric's x axis)
-LEGACY = {"2": "pi"}  # an older schema still read, and the name its x column had
+SCHEMA_VERSION = 4  # 2: results.mc_se; 3: results.pi renamed x (every metric's x axis); 4: params' target: objective
+LEGACY = {"2": "pi", "3": "x"}  # an older schema still read -> the name its x column had (params: the old names)
 NONE = -1  # sentinel for "no x" / "no step" (primary-key columns cannot hold NULL duplicates)
 KEY = ("model", "dataset", "example", "method", "params")
 
@@ -76,6 +77,19 @@ RESULT_KEY = ("model", "dataset", "example", "method", "params", "metric", "rout
 def canonical(params: dict) -> str:
     """Method parameters as a canonical JSON string (sorted keys), the ``params`` key column."""
     return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
+def current_key(params: str) -> str:
+    """A legacy store's ``params`` key with its parameters under their current names (``{"target":"logit"}`` ->
+    ``{"objective":"logit"}``); a key without an old name is returned as it is."""
+    if not any(f'"{old}"' in params for old in RENAMED_PARAMS):
+        return params
+    return canonical(current_params(json.loads(params), "stored method parameters"))
+
+
+def _current_keys(conn: sqlite3.Connection) -> None:
+    """Give ``conn`` the SQL function ``current_key(params)`` (:func:`current_key`)."""
+    conn.create_function("current_key", 1, current_key, deterministic=True)
 
 
 @dataclass(frozen=True)
@@ -171,23 +185,28 @@ def _connect(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
-def _check_meta(conn: sqlite3.Connection, path: str | Path, write: bool) -> str:
+def _check_meta(conn: sqlite3.Connection, path: str | Path, write: bool) -> str | None:
     """Refuse a store of another schema (a :data:`LEGACY` one is read); a writer also records schema/version in a
-    new store, refuses a store written by another llmattr version and renames a legacy store's x column. Returns
-    the name of the store's x column."""
+    new store, refuses a store written by another llmattr version and brings a legacy store to the current schema
+    (its x column's name, its params keys' parameter names). Returns the name of a legacy store's x column
+    (``None``: a current store)."""
     meta = dict(conn.execute("SELECT key, value FROM meta"))
     if write and not meta:
         with conn:
             conn.executemany("INSERT INTO meta VALUES (?, ?)",
                              [("schema", str(SCHEMA_VERSION)), ("llmattr_version", __version__)])
-        return "x"
+        return None
     if meta.get("schema") in LEGACY and (not write or meta.get("llmattr_version") == __version__):
         if not write:
             return LEGACY[meta["schema"]]
-        with conn:  # the one change from schema 2 to 3: the column's name
-            conn.execute(f"ALTER TABLE results RENAME COLUMN {LEGACY[meta['schema']]} TO x")
+        _current_keys(conn)
+        with conn:
+            if LEGACY[meta["schema"]] != "x":  # schema 2 -> 3: the column's name
+                conn.execute(f"ALTER TABLE results RENAME COLUMN {LEGACY[meta['schema']]} TO x")
+            for table in ("explanations", "done", "results"):  # 3 -> 4: the parameters' names in the key
+                conn.execute(f"UPDATE {table} SET params = current_key(params) WHERE params != current_key(params)")
             conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
-        return "x"
+        return None
     if meta.get("schema") != str(SCHEMA_VERSION):
         advice = ": use another --out file or the llmattr version that wrote it" if write else ""
         raise LlmattrError(f"{path} has store schema {meta.get('schema')}, this llmattr reads schema "
@@ -195,7 +214,7 @@ def _check_meta(conn: sqlite3.Connection, path: str | Path, write: bool) -> str:
     if write and meta.get("llmattr_version") != __version__:
         raise LlmattrError(f"{path} was written by llmattr {meta.get('llmattr_version')}, this is "
                            f"{__version__}: write to another --out file rather than mixing versions")
-    return "x"
+    return None
 
 
 class Store:
@@ -311,6 +330,7 @@ class Results:
             raise LlmattrError("no store given: pass results.sqlite (or several, or a glob)")
         self.conn = sqlite3.connect(":memory:")
         self.conn.executescript(SCHEMA)
+        _current_keys(self.conn)
         self._settings: dict[str, dict] = {}
         for path in self.paths:
             self._merge(path)
@@ -318,7 +338,7 @@ class Results:
     def _merge(self, path: Path) -> None:
         try:
             src = sqlite3.connect(str(path))
-            x = _check_meta(src, path, write=False)
+            legacy = _check_meta(src, path, write=False)
         except sqlite3.DatabaseError as err:
             raise LlmattrError(f"{path} is not an llmattr results store ({err})") from err
         for model, text in src.execute("SELECT model, settings FROM settings"):
@@ -328,8 +348,9 @@ class Results:
                                    f"({_diff(self._settings[model], settings)}); report them separately")
         src.close()
         self.conn.execute("ATTACH DATABASE ? AS src", (str(path),))
+        read = {"params": "current_key(s.params)", "x": f"s.{legacy}"} if legacy else {}  # a legacy store's names
         with self.conn:
-            same = " AND ".join(f"s.{x if c == 'x' else c} = m.{c}" for c in RESULT_KEY)  # a legacy x: its name
+            same = " AND ".join(f"{read.get(c, f's.{c}')} = m.{c}" for c in RESULT_KEY)
             clash = self.conn.execute(
                 f"SELECT s.model, s.dataset, s.example, s.method, s.metric FROM src.results s JOIN results m "
                 f"ON {same} WHERE s.value != m.value LIMIT 1").fetchone()
@@ -337,7 +358,9 @@ class Results:
                 raise LlmattrError(f"{path} disagrees with another store on {clash}; these stores are not "
                                    "shards of one run")
             for table in ("explanations", "done", "results"):
-                self.conn.execute(f"INSERT OR IGNORE INTO {table} SELECT * FROM src.{table}")
+                columns = [row[1] for row in self.conn.execute(f"PRAGMA main.table_info({table})")]
+                chosen = ", ".join(read.get(c, f"s.{c}") for c in columns)
+                self.conn.execute(f"INSERT OR IGNORE INTO {table} SELECT {chosen} FROM src.{table} s")
         self.conn.execute("DETACH DATABASE src")
 
     # ------------------------------------------------------------------ queries

@@ -22,8 +22,9 @@ METHOD_PANEL = "Method parameters"
 
 def method_options() -> list[inspect.Parameter]:
     """An option ``--NAME`` per parameter of the registered methods (their ``defaults``), its help naming the
-    methods that take it and their defaults; ``target`` and ``foil`` are ``--objective`` and ``--foil``, and a
-    name that is one of explain's own options (``--seed``, ``--method``) is given as ``--param NAME=VALUE``."""
+    methods that take it and their defaults. A name that is one of explain's own options wins: ``--objective``
+    (with its list of objectives), ``--seed``, ``--method``; give such a method parameter as ``--param
+    NAME=VALUE`` where the own option means something else."""
     from .. import methods
 
     takers: dict[str, list[str]] = {}
@@ -32,8 +33,7 @@ def method_options() -> list[inspect.Parameter]:
             takers.setdefault(key, []).append(f"{name} {value}")
     return [inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, annotation=str, default=typer.Option(
         None, f"--{key.replace('_', '-')}", rich_help_panel=METHOD_PANEL,
-        help=f"Method parameter {key} (default: {', '.join(names)}).")) for key, names in sorted(takers.items())
-        if key != "target"]
+        help=f"Method parameter {key} (default: {', '.join(names)}).")) for key, names in sorted(takers.items())]
 
 
 def parse_fields(text: str, fields: list[str], valid: tuple[str, ...] = ()) -> str | dict:
@@ -187,7 +187,7 @@ def explain(
     given = {key: value for key, value in ctx.meta.get(DERIVED, {}).items() if value is not None}
     params = methods.parse_params(param + [f"{key}={value}" for key, value in given.items()], "--param NAME=VALUE")
     if objective is not None:
-        params["target"] = one_of(objective, OBJECTIVES, "--objective")
+        params["objective"] = one_of(objective, OBJECTIVES, "--objective")
     if foil is not None:
         params["foil"] = foil
     gold_field = ("label",) if task_obj.has_gold_word else ()  # --target gold's word

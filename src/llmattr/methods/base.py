@@ -12,10 +12,25 @@ from ..checks import register_once
 from ..errors import LlmattrError
 from ..models import memory
 from ..models.loading import LoadedModel
+from ..specs import RENAMED_PARAMS, current_params
 from ..targets import Target, foil_id
 
 REGISTRY: dict[str, type[AttributionMethod]] = {}
 NOT_DEFINED: dict[str, str] = {}  # methods of the literature with no reading for a causal LM -> why (one line)
+
+
+class MethodParams(dict):
+    """A method's parameters (``self.params``). A parameter's earlier name (:data:`~llmattr.specs.RENAMED_PARAMS`)
+    still reads its value, so code written before the rename (``self.params["target"]``, now ``objective``) keeps
+    working; the keys, and so what is stored and shown, are the current names."""
+
+    def __missing__(self, key):
+        if RENAMED_PARAMS.get(key) in self:
+            return self[RENAMED_PARAMS[key]]
+        raise KeyError(key)
+
+    def get(self, key, default=None):
+        return self[key] if key in self or RENAMED_PARAMS.get(key) in self else default
 
 
 class AttributionMethod:
@@ -25,8 +40,8 @@ class AttributionMethod:
     one row per explained generation step.
 
     ``objective``: what a method that scores a model output explains by default (a name in
-    :mod:`llmattr.objectives`); its ``objective`` parameter (stored as ``target``, its first name, which
-    is still accepted) picks another, and ``foil`` (a single-token word or a
+    :mod:`llmattr.objectives`); its ``objective`` parameter picks another (``target=``, its earlier name, is
+    still accepted: :func:`~llmattr.specs.current_params`), and ``foil`` (a single-token word or a
     token id) is the alternative a contrastive objective compares the target with. ``None``: the method reads
     no output score (attention weights, embedding norms, hidden-state distances) and takes neither.
 
@@ -51,25 +66,23 @@ class AttributionMethod:
     layer_sweep: ClassVar[str | None] = None
 
     def __init__(self, **params):
-        if "objective" in params:  # the concept's name; stored (and given before) as ``target``
-            if "target" in params:
-                raise LlmattrError(f"method {self.name}: give objective= or its stored name target=, not both")
-            params["target"] = params.pop("objective")
-        scoring = {"target", "foil"} if self.objective else set()
+        params = current_params(params, f"method {self.name}")  # target=: the objective's earlier name
+        scoring = {"objective", "foil"} if self.objective else set()
         unknown = sorted(set(params) - set(self.defaults) - scoring)
-        if unknown and self.objective is None and {"target", "foil"} & set(unknown):
+        if unknown and self.objective is None and {"objective", "foil"} & set(unknown):
             raise LlmattrError(f"method {self.name} scores no model output, so it takes no objective or foil")
         if unknown:
             valid = ", ".join(sorted(set(self.defaults) | scoring)) or "none"
             raise LlmattrError(f"method {self.name} has no parameter {', '.join(unknown)}; valid: {valid}")
-        self.params = {**self.defaults, **params}
+        self.params = MethodParams({**self.defaults, **params})
         if self.objective:
-            objectives.get(self.params.get("target", self.objective), self.params.get("foil"), f"{self.name} target")
+            objectives.get(self.params.get("objective", self.objective), self.params.get("foil"),
+                           f"{self.name} objective")
 
     def explained(self, lm: LoadedModel) -> tuple[objectives.Objective, torch.Tensor | None]:
         """The objective this method scores and its foil token id (a 0-d tensor; ``None`` without a foil)."""
         foil = self.params.get("foil")
-        found = objectives.get(self.params.get("target", self.objective), foil)
+        found = objectives.get(self.params.get("objective", self.objective), foil)
         return found, None if foil is None else torch.tensor(foil_id(lm.tokenizer, foil))
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:

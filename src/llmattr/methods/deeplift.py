@@ -380,7 +380,7 @@ class DeepLift(EmbeddingGradientMethod):
     signed = True
     cost = "2 forwards (reference + input) + 1 backward (all steps share them)"
     memory_kind = "deeplift"
-    defaults = {"baseline": "all", "target": "probability", "reduction": "sum"}
+    defaults = {"baseline": "all", "objective": "probability", "reduction": "sum"}
 
     blockwise = False  # set by :meth:`checkpointing`
 
@@ -419,7 +419,7 @@ class DeepLiftIxG(EmbeddingGradientMethod):
     summary = "DeepLIFT as Captum/Inseq compute it on LLMs: (x - 0) * gradient (the peers' behaviour)"
     signed = True
     cost = "1 forward + 1 backward (all steps share them)"
-    defaults = {"baseline": "all", "target": "probability", "reduction": "sum"}
+    defaults = {"baseline": "all", "objective": "probability", "reduction": "sum"}
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         x, grads = self.gradients(lm, target)

@@ -1,7 +1,7 @@
 """Grad-ELLM (paper 000, sec. 3.3, eqs. 9-11 and appendix B, eqs. 20-23).
 
-The gradients are those of the target token's logit ``y^c`` (the paper's quantity) by default; the ``target``
-parameter picks another objective of :mod:`llmattr.objectives` (``contrast`` with a ``foil``:
+The gradients are those of the target token's logit ``y^c`` (the paper's quantity) by default; the ``objective``
+parameter picks another one of :mod:`llmattr.objectives` (``contrast`` with a ``foil``:
 ``y^c - y^foil``).
 """
 

@@ -4,7 +4,7 @@ Every method of the gradient family (this module, ``integrated.py``, ``deeplift.
 
 * ``F_t``: the **probability** of the explained token ``target_ids[t]`` at step ``t`` by default (Inseq's
   default attributed function, through which paper 000 computed its baselines; paper 004 explains the
-  output probability too); ``target`` picks another objective of :mod:`llmattr.objectives` (``logit``:
+  output probability too); ``objective`` picks another one of :mod:`llmattr.objectives` (``logit``:
   Grad-ELLM's quantity; ``log-prob``; ``contrast`` with a ``foil``: ``logit(y_t) - logit(foil)``);
 * w.r.t. the input embeddings ``lm.embed(target.input_ids)`` as fed to the first layer;
 * with one causal forward for all steps and one backward of batched vector-Jacobian products
@@ -58,10 +58,10 @@ def reduce_tokens(attr: torch.Tensor, reduction: str) -> torch.Tensor:
 
 
 def target_scores(lm: LoadedModel, embeds: torch.Tensor, positions: torch.Tensor, target_ids: torch.Tensor,
-                  target: str = "probability", foil_ids: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
-    """``F_t`` for every batch row ``(B, T)``: the objective ``target`` (:mod:`llmattr.objectives`) of
+                  objective: str = "probability", foil_ids: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """``F_t`` for every batch row ``(B, T)``: the ``objective`` (:mod:`llmattr.objectives`) of
     ``target_ids[t]`` (against ``foil_ids``) at ``positions[t]``; the LM head runs at those positions only."""
-    explained = objectives.get(target, foil_ids)
+    explained = objectives.get(objective, foil_ids)
     return explained(logits_at(lm, embeds, positions, **kwargs), target_ids, foil_ids)
 
 
@@ -166,7 +166,7 @@ class EmbeddingGradientMethod(AttributionMethod):
 
     needs_gradients = True
     objective = "probability"
-    defaults = {"target": "probability", "reduction": "sum"}
+    defaults = {"objective": "probability", "reduction": "sum"}
     memory_kind = "backward"
 
     def __init__(self, **params):
@@ -176,8 +176,8 @@ class EmbeddingGradientMethod(AttributionMethod):
                 check_choice(self.name, key, self.params[key], valid)
 
     def score_fn(self, lm: LoadedModel, target: Target, prefix: int = 0) -> ScoreFn:
-        """:func:`score_fn` of this method's objective (``target``) and foil."""
-        return score_fn(lm, target, self.params["target"], prefix, self.explained(lm)[1])
+        """:func:`score_fn` of this method's ``objective`` and foil."""
+        return score_fn(lm, target, self.params["objective"], prefix, self.explained(lm)[1])
 
     def gradients(self, lm: LoadedModel, target: Target) -> tuple[torch.Tensor, torch.Tensor]:
         """Input embeddings ``(1, S, D)`` and ``dF_t/dx`` ``(T, 1, S, D)``: one forward, one backward."""
@@ -196,7 +196,7 @@ class Saliency(EmbeddingGradientMethod):
     summary = "Saliency: L2 norm of the gradient of the target probability w.r.t. each token's embedding"
     signed = False
     cost = "1 forward + 1 backward (all steps share them)"
-    defaults = {"target": "probability", "reduction": "l2"}
+    defaults = {"objective": "probability", "reduction": "l2"}
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         _, grads = self.gradients(lm, target)

@@ -159,7 +159,7 @@ class PathMethod(EmbeddingGradientMethod):
 
     signed = True
     defaults = {"n_steps": 16, "method": "gausslegendre", "internal_batch_size": "auto", "baseline": "all",
-                "target": "probability", "reduction": "sum"}
+                "objective": "probability", "reduction": "sum"}
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -219,7 +219,7 @@ class PathMethod(EmbeddingGradientMethod):
             grads, share = integrate(f_all, x, x0, alphas, weights, rows, clip=self.clip())
             attr = (x - x0) * grads
         else:
-            after = suffix_score_fn(lm, target, self.params["target"], p, self.explained(lm)[1])
+            after = suffix_score_fn(lm, target, self.params["objective"], p, self.explained(lm)[1])
             grads, share = integrate(after, x[:, p:], x0[:, p:], alphas, weights, rows, clip=self.clip(),
                                      prefix=prefix)
             attr = torch.cat([grads.new_zeros(grads.shape[0], p, grads.shape[2]), (x - x0)[:, p:] * grads], 1)
@@ -272,7 +272,7 @@ class AIEG(PathMethod):
     summary = "AIEG: emphasis-weighted IG, PosNorm, times attention averaged over layers and heads (paper 004)"
     signed = False
     cost = "n_steps forwards + backwards as batch rows, 1 forward of the two endpoints (recording attention)"
-    defaults = {"n_steps": 16, "internal_batch_size": "auto", "baseline": "all", "target": "probability"}
+    defaults = {"n_steps": 16, "internal_batch_size": "auto", "baseline": "all", "objective": "probability"}
 
     def path(self) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.params["n_steps"]
@@ -302,7 +302,7 @@ class GradientShap(PathMethod):
     summary = "GradientSHAP: (x - 0) * gradient at n_samples random points of the path (seeded)"
     cost = "n_samples forwards + backwards as batch rows (all steps share them)"
     defaults = {"n_samples": 5, "seed": 0, "internal_batch_size": "auto", "baseline": "all",
-                "target": "probability", "reduction": "sum"}
+                "objective": "probability", "reduction": "sum"}
 
     def __init__(self, **params):
         super().__init__(**params)

@@ -4,7 +4,7 @@ Interpretable features are the content tokens; a perturbation keeps each with pr
 default sampler) and replaces a removed token's input embedding by the zero baseline (template tokens
 stay intact). Samples are weighted by Captum's default exponential kernel on the cosine distance of
 the embeddings, and the explained output is the target token's probability (Inseq's default, which
-paper 000 used) or the objective ``target`` picks (:mod:`llmattr.objectives`; ``contrast`` with a ``foil``:
+paper 000 used) or the one its ``objective`` parameter picks (:mod:`llmattr.objectives`; ``contrast`` with a ``foil``:
 ``logit(y_t) - logit(foil)``). The interpretable model is a weighted ridge regression (the ``lime`` package's
 default, Ridge(alpha=1)) solved in closed form, so no scikit-learn is needed.
 

@@ -203,7 +203,7 @@ class AttnLRP(EmbeddingGradientMethod):
     signed = True
     cost = "1 forward + 1 backward (all steps share them)"
     objective = "logit"
-    defaults = {"target": "logit", "reduction": "sum"}
+    defaults = {"objective": "logit", "reduction": "sum"}
     constant_attention: ClassVar[bool] = False
 
     def checkpointing(self, lm: LoadedModel, enable: bool):

@@ -3,7 +3,7 @@
 Per step t and probe, scores start at logit-scale s ~ U(0, 1). Each probe step replaces a random
 ``replacing_ratio`` of the content tokens (set R) with sampled tokens, measures the drop of the target
 probability delta = p(y_t | x) - p(y_t | x'), and adds logit((d_i + 1) / 2) to s_i with d_i = delta
-for i in R and -delta otherwise. The ``target`` parameter measures the drop of another objective of
+for i in R and -delta otherwise. The ``objective`` parameter measures the drop of another objective of
 :mod:`llmattr.objectives` instead (``contrast`` with a ``foil``: of ``logit(y_t) - logit(foil)``); a delta
 outside [-1, 1] (logits, log-probabilities) saturates the update at logit(1 - 1e-6) = 13.8 (``torch.logit``'s
 ``eps``). A probe stops once keeping only its ``keep_top_n`` tokens of highest
