@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .. import stats  # noqa: E402
+from ..checks import ROUTINGS  # noqa: E402
 from ..plotting import method_colors, plot_pi_curves  # noqa: E402
 from ..specs import Catalog, FigureSpec, TableSpec  # noqa: E402
 from ..store import Results  # noqa: E402
@@ -259,7 +260,7 @@ def all_figures(results: Results, model: str, out: Path, catalog: Catalog,
     """Every figure the store has data for; ``catalog`` (the registries' facts) gives the per-layer ones and the
     methods' layer sweeps."""
     kinds = {kind: [s for s in catalog.figures if s.kind == kind] for kind in ("pi_curves", "layer_sweep", "curves")}
-    figures = [f for spec in kinds["pi_curves"] for routing in ("dynamic", "fixed")
+    figures = [f for spec in kinds["pi_curves"] for routing in ROUTINGS
                for f in pi_curves(results, model, routing, out, spec, resamples)]
     figures += [f for spec in kinds["layer_sweep"] for f in layer_sweep(results, model, out, catalog, spec, resamples)]
     figures += layer_curves(results, model, out, catalog.tables, resamples) + score_distributions(results, model, out)
