@@ -63,6 +63,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def peak_tensor_bytes(run) -> int:
+    """The most bytes of CPU tensors alive at once during ``run()``: the running sum of the profiler's allocation
+    and free events (what the memory guard estimates; a process's resident size adds the C allocator's own
+    retention, see docs/methods-lrp.md, Cost)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    alive = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        alive += event.nbytes()
+        peak = max(peak, alive)
+    return peak
+
+
 def make_tiny_tokenizer():
     """A byte-level BPE tokenizer trained in-process, with a ChatML template (SmolLM2's format)."""
     from tokenizers import ByteLevelBPETokenizer

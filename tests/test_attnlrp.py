@@ -15,7 +15,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import CheckpointError
 
-from conftest import ARCHS, build_tiny
+from conftest import ARCHS, build_tiny, peak_tensor_bytes
 from llmattr import methods
 from llmattr.api import prepare
 from llmattr.errors import LlmattrError
@@ -270,20 +270,6 @@ def test_memory_guard_plans_the_backward_and_checkpoints_under_the_rules(tiny_ll
     monkeypatch.setenv(LIMIT_ENV, str(blocks // 2))
     with pytest.raises(LlmattrError, match="attnlrp on 100 tokens needs about"):
         plan(tiny_llama, method, tokens, "auto")
-
-
-def peak_tensor_bytes(run) -> int:
-    """The most bytes of CPU tensors alive at once during ``run()``: the running sum of the profiler's allocation
-    and free events (what the memory guard estimates; a process's resident size adds the C allocator's own
-    retention, see docs/methods-lrp.md, Cost)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    alive = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        alive += event.nbytes()
-        peak = max(peak, alive)
-    return peak
 
 
 @pytest.mark.parametrize("name", ["attnlrp", "cp-lrp"])

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import ARCHS, build_tiny
+from conftest import ARCHS, build_tiny, peak_tensor_bytes
 from llmattr import methods
 from llmattr.api import prepare
 from llmattr.errors import LlmattrError
@@ -16,7 +16,7 @@ from llmattr.faithfulness.alignment import per_layer_scores
 from llmattr.methods import decomposition as dec
 from llmattr.models.forward import decoder_blocks
 from llmattr.models.loading import wrap_model
-from llmattr.models.memory import plan
+from llmattr.models.memory import Shapes, activation_bytes, plan
 from llmattr.models.probe import Probe, eager_attention, repeat_heads
 from llmattr.tasks import get_task
 
@@ -134,17 +134,16 @@ def test_decomposition_rebuilds_the_block_and_rows_sum_to_one(arch, tiny_tokeniz
     ids = _ids(lm)
     n = ids.shape[1]
     updates, _ = _attention_updates(lm, ids)
-    tr = dec.trace(lm, ids, None, [0, 1])
-    parts = dec.layer_parts(lm)
+    tr = dec.trace(lm, ids, None, [0, 1], "alti")
     rows = torch.arange(n)
     for layer in (0, 1):
-        vectors, resultant = dec.Layer(tr, parts, layer, "alti").vectors(rows)
+        vectors, resultant = dec.Layer(tr, lm, layer, "alti").vectors(rows)
         expected = tr.inputs[layer].float() + updates[layer].float()
         scale = vectors.abs().sum(1).max()
         assert (resultant - expected).abs().max() <= 1e-5 * scale
         visible = tr.records[layer].visible_at(rows)[0]
         for kind in dec.KINDS:
-            c = dec.Layer(tr, parts, layer, kind).rows(rows)
+            c = dec.Layer(tr, lm, layer, kind).rows(rows)
             torch.testing.assert_close(c.sum(-1), torch.ones(n))
             assert (c[~visible] == 0).all() and (c >= 0).all()
 
@@ -193,9 +192,9 @@ def test_layers_and_rollout_equal_the_reference(arch, tiny_tokenizer, monkeypatc
     lm = build_tiny(arch, tiny_tokenizer)
     ids = _ids(lm)
     n = ids.shape[1]
-    cfg = lm.config.get_text_config()
-    monkeypatch.setattr(dec, "BLOCK_BYTES", 3 * 4 * n * 4 * cfg.num_attention_heads)
-    assert dec.block_rows(n, 4 * cfg.num_attention_heads) == 3 and dec.block_rows(n, 3 * cfg.hidden_size) == 1
+    width = {kind: dec.block_width(kind, Shapes.of(lm)) for kind in dec.KINDS}
+    monkeypatch.setattr(dec, "BLOCK_BYTES", 3 * 4 * n * width["globenc"])
+    assert [dec.block_rows(n, width[kind]) for kind in dec.KINDS] == [1, 3, 3], width
     reference = reference_matrices(lm, ids)
     positions = torch.tensor([n - 4, n - 1])
     for kind, matrices in reference.items():
@@ -271,3 +270,25 @@ def test_memory_guard_counts_the_records(tiny_llama, monkeypatch):
     monkeypatch.setenv("LLMATTR_MEMORY_LIMIT", "64MB")
     with pytest.raises(LlmattrError, match="alti on 4,096 tokens needs"):
         plan(tiny_llama, rollout, 4096)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_memory_guard_covers_the_tensors_alive(arch, tiny_tokenizer, monkeypatch):
+    """For each method, at two lengths (one block of query rows per layer at the shorter, several at the longer:
+    ``BLOCK_BYTES`` lowered to 1 MiB), the CPU tensors alive at the peak (profiled) stay within the memory guard's
+    estimate for the same call (the forward's activations plus ``memory_extra``, :func:`dec.memory_bytes`), and
+    the estimate is within 3 times of them."""
+    lm = build_tiny(arch, tiny_tokenizer)
+    monkeypatch.setattr(dec, "BLOCK_BYTES", 2**20)
+    targets = [prepare(lm, " ".join([TEXT] * k), get_task("generate"), answer=" the") for k in (2, 12)]
+    lengths = [int(t.input_ids.shape[1]) for t in targets]
+    alti = dec.block_width("alti", Shapes.of(lm))
+    assert dec.block_rows(lengths[0], alti) >= lengths[0] and lengths[1] > 4 * dec.block_rows(lengths[1], alti)
+    for name in ("alti", "globenc", "attention-rollout", "alti-logit"):
+        method = methods.get(name)
+        assert method.memory_kind == "forward" and method.memory_rows(lm, 1) == 1
+        for target, n in zip(targets, lengths, strict=True):
+            assert target.n_steps == 1
+            estimate = activation_bytes(Shapes.of(lm), "forward", n) + method.memory_extra(lm, n)
+            peak = peak_tensor_bytes(lambda m=method, t=target: m.attribute(lm, t))
+            assert peak <= estimate <= 3 * peak, (name, n, peak, estimate)

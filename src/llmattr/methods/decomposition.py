@@ -38,12 +38,14 @@ Precision: float32 (float64 for a float64 model). ALTI's proximity ``||y_i||_1 -
 difference of two nearly equal numbers when ``T_i(x_j)`` is small beside the residual; :func:`alti_rows` sums it
 per coordinate without that cancellation.
 
-Cost: no tensor of size ``S x S``. One forward records q, k and v of every layer (linear in ``S``); the rollout
-runs top-down, ``r <- r C^l`` with ``r`` the ``(T, S)`` rows of the explained steps, and ``C^l`` is built a
-block of query rows at a time (``BLOCK_BYTES`` of float32 contribution vectors, ``rows x S x d``). The per-layer
-variants need the explained rows only. Compute: every layer's attention scores recomputed, ``L S^2 H D``
-multiply-adds (attention rollout: that alone); ALTI's L1 distances need every (i, j) vector, ``L S^2 H d``;
-GlobEnc's norms come from per-key Gram matrices of the heads' outputs, ``L S^2 H^2``.
+Cost: no tensor of size ``S x S``. One forward records q, k and v of every layer (linear in ``S``; attention
+rollout: q and k); the rollout runs top-down, ``r <- r C^l`` with ``r`` the ``(T, S)`` rows of the explained
+steps, and ``C^l`` is built a block of query rows at a time (at most ``BLOCK_BYTES`` of float32 numbers,
+``rows x S x`` :func:`block_width`); one layer's output projection and ``u^h_j`` are alive at a time. The
+per-layer variants need the explained rows only. :func:`memory_bytes` counts what is alive at the peak.
+Compute: every layer's attention scores recomputed, ``L S^2 H D`` multiply-adds (attention rollout: that alone);
+ALTI's L1 distances need every (i, j) vector, ``L S^2 H d``; GlobEnc's norms come from per-key Gram matrices of
+the heads' outputs, ``L S^2 H^2``.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from ..targets import Target
 from .base import NOT_DEFINED, AttributionMethod, register
 from .logit import final_norm
 
-BLOCK_BYTES = 2**27  # float32 bytes one block of query rows holds: its rows x S x d vectors and ALTI's temporaries
+BLOCK_BYTES = 2**27  # float32 bytes one block of query rows holds at most: rows x S x block_width(kind)
 ATTENTION_NAMES = ("self_attn", "attn")
 OUT_PROJ_NAMES = ("o_proj", "c_proj", "out_proj", "dense")
 KINDS = ("alti", "globenc", "attention")
@@ -106,17 +108,16 @@ def out_projection(proj: torch.nn.Module, heads: int) -> tuple[torch.Tensor, tor
     return weight.reshape(heads, n_in // heads, -1), bias
 
 
-def layer_parts(lm: LoadedModel) -> list[LayerParts]:
-    """Every block's :class:`LayerParts`. A block with a ``pre_feedforward_layernorm`` normalises the attention
-    output with its ``post_attention_layernorm`` (Gemma 2/3); elsewhere that name is the pre-MLP norm (Llama)."""
-    heads = lm.config.get_text_config().num_attention_heads
-    parts = []
-    for block in decoder_blocks(lm.model):
-        attention = _child(block, ATTENTION_NAMES, "attention module")
-        weight, bias = out_projection(_child(attention, OUT_PROJ_NAMES, "attention output projection"), heads)
-        sandwich = hasattr(block, "pre_feedforward_layernorm")
-        parts.append(LayerParts(weight, bias, block.post_attention_layernorm if sandwich else None))
-    return parts
+def layer_part(lm: LoadedModel, layer: int) -> LayerParts:
+    """Block ``layer``'s :class:`LayerParts` (built when the layer is decomposed, so one layer's float32 ``W_O``
+    is alive at a time). A block with a ``pre_feedforward_layernorm`` normalises the attention output with its
+    ``post_attention_layernorm`` (Gemma 2/3); elsewhere that name is the pre-MLP norm (Llama)."""
+    block = decoder_blocks(lm.model)[layer]
+    attention = _child(block, ATTENTION_NAMES, "attention module")
+    weight, bias = out_projection(_child(attention, OUT_PROJ_NAMES, "attention output projection"),
+                                  lm.config.get_text_config().num_attention_heads)
+    sandwich = hasattr(block, "pre_feedforward_layernorm")
+    return LayerParts(weight, bias, block.post_attention_layernorm if sandwich else None)
 
 
 def frozen_norm(module: torch.nn.Module, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -144,8 +145,9 @@ def frozen_norm(module: torch.nn.Module, states: torch.Tensor) -> tuple[torch.Te
 
 @dataclass
 class Trace:
-    """One forward's recordings: the probe's q (at ``rows``), k, v per layer, every block's input ``(S, d)`` and
-    the final norm's input ``(S, d)`` (the residual stream after the last block)."""
+    """One forward's recordings: the probe's q (at ``rows``), k and v per layer (attention rollout: no v), every
+    block's input ``(S, d)`` (not for the rollout) and the final norm's input ``(S, d)`` (the residual stream after
+    the last block)."""
 
     records: dict[int, LayerRecord]
     inputs: dict[int, torch.Tensor]
@@ -153,15 +155,10 @@ class Trace:
 
 
 @contextmanager
-def _inputs_of(modules: dict[int, torch.nn.Module], store: dict[int, torch.Tensor]) -> Iterator[None]:
-    """Forward pre-hooks keeping each module's first input (batch row 0) in ``store``."""
-    def hook(key):
-        def keep(module, args, kwargs):
-            hidden = args[0] if args else kwargs["hidden_states"]
-            store[key] = hidden[0].detach()
-        return keep
-
-    handles = [m.register_forward_pre_hook(hook(k), with_kwargs=True) for k, m in modules.items()]
+def _hooked(hooks: list[tuple[torch.nn.Module, str, object]]) -> Iterator[None]:
+    """``(module, "pre" or "post", hook)`` forward hooks (the pre-hooks with kwargs) for the duration."""
+    handles = [m.register_forward_pre_hook(h, with_kwargs=True) if when == "pre" else m.register_forward_hook(h)
+               for m, when, h in hooks]
     try:
         yield
     finally:
@@ -169,18 +166,39 @@ def _inputs_of(modules: dict[int, torch.nn.Module], store: dict[int, torch.Tenso
             handle.remove()
 
 
-def trace(lm: LoadedModel, input_ids: torch.Tensor, rows: torch.Tensor | None, layers: list[int],
+def _keep_input(store: dict[int, torch.Tensor], key: int):
+    """A pre-hook keeping the module's first input (batch row 0) in ``store[key]``."""
+    def keep(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        store[key] = hidden[0].detach()
+    return keep
+
+
+def _own_storage(probe: Probe, layer: int):
+    """A hook run after block ``layer``: its recorded k and v get storages of their own size where they are views
+    of a larger one (a fused q/k/v projection, GPT-2's ``c_attn``, would keep its whole ``(S, 3 d)`` output)."""
+    def compact(*_):
+        record = probe.layers.get(layer)
+        for name in ("k", "v"):
+            x = getattr(record, name, None)
+            if x is not None and x.untyped_storage().nbytes() > x.numel() * x.element_size():
+                setattr(record, name, x.clone())
+    return compact
+
+
+def trace(lm: LoadedModel, input_ids: torch.Tensor, rows: torch.Tensor | None, layers: list[int], kind: str,
           final: bool = False) -> Trace:
-    """Run the model once (no LM head) recording what the decomposition of ``layers`` needs; q only at ``rows``
-    (``None``: every row, for a rollout)."""
+    """Run the model once (no LM head) recording what the decomposition of ``layers`` by ``kind`` needs; q only at
+    ``rows`` (``None``: every row, for a rollout); the final norm's input with ``final``."""
     blocks = decoder_blocks(lm.model)
     inputs: dict[int, torch.Tensor] = {}
-    modules = {k: blocks[k] for k in layers}
-    if final:
-        modules[-1] = final_norm(lm.model)
-    with torch.no_grad(), Probe(record=("q", "k", "v"), rows=rows, layers=layers) as probe, \
-            _inputs_of(modules, inputs):
-        lm.model.base_model(input_ids=input_ids.to(lm.device), use_cache=False)
+    rollout = kind == "attention"  # probabilities only: no values, no residual stream
+    with torch.no_grad(), Probe(record=("q", "k") if rollout else ("q", "k", "v"), rows=rows, layers=layers) as probe:
+        hooks = [(blocks[k], "post", _own_storage(probe, k)) for k in layers]
+        hooks += [] if rollout else [(blocks[k], "pre", _keep_input(inputs, k)) for k in layers]
+        hooks += [(final_norm(lm.model), "pre", _keep_input(inputs, -1))] if final else []
+        with _hooked(hooks):
+            lm.model.base_model(input_ids=input_ids.to(lm.device), use_cache=False)
     return Trace(probe.layers, inputs, inputs.pop(-1, None))
 
 
@@ -195,9 +213,16 @@ def _probs(record: LayerRecord, rows: torch.Tensor) -> torch.Tensor:
 
 
 def _heads_out(record: LayerRecord, part: LayerParts) -> torch.Tensor:
-    """``u^h_j = v^h_j W_O^h``: ``(H, S, d)`` float32."""
-    values = wide(repeat_heads(record.v, part.out_proj.shape[0])[0])
-    return torch.einsum("hsk,hkd->hsd", values, part.out_proj.to(values.device))
+    """``u^h_j = v^h_j W_O^h``: ``(S, H, d)`` float32, keys first (the layout :func:`by_key` multiplies), one head
+    at a time (no repeated values for GQA, no second copy in another layout)."""
+    weight = part.out_proj.to(record.v.device)
+    heads, _, hidden = weight.shape
+    values = record.v[0]  # (H_kv, S, D)
+    groups = heads // values.shape[0]
+    u = weight.new_empty(values.shape[1], heads, hidden)
+    for h in range(heads):
+        u[:, h] = wide(values[h // groups]) @ weight[h]
+    return u
 
 
 def post_attention(part: LayerParts, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool, torch.Tensor]:
@@ -217,10 +242,10 @@ def _centred(x: torch.Tensor, centred: bool) -> torch.Tensor:
 
 
 def by_key(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """``sum_h A^h_ij u^h_j`` ``(R, S, d)`` from ``probs`` ``(H, R, S)`` and ``u`` ``(H, S, d)``: one batched matrix
+    """``sum_h A^h_ij u^h_j`` ``(R, S, d)`` from ``probs`` ``(H, R, S)`` and ``u`` ``(S, H, d)``: one batched matrix
     product over the keys ``j`` (``(R, H) @ (H, d)`` each; an einsum picks a far slower layout here), returned as a
     transposed view of the ``(S, R, d)`` result (contiguous operands: a strided batch is far slower too)."""
-    return torch.bmm(probs.permute(2, 1, 0).contiguous(), u.transpose(0, 1).contiguous()).transpose(0, 1)
+    return torch.bmm(probs.permute(2, 1, 0).contiguous(), u).transpose(0, 1)
 
 
 def transformed_vectors(record: LayerRecord, part: LayerParts, residual: torch.Tensor, rows: torch.Tensor,
@@ -230,7 +255,9 @@ def transformed_vectors(record: LayerRecord, part: LayerParts, residual: torch.T
     vectors = by_key(_probs(record, rows), u)  # (R, S, d)
     if part.post_norm is not None:
         gain, scale, centred, bias = post_attention(part, vectors.sum(1) + part.out_bias)
-        vectors = _centred(vectors, centred).mul_((gain * scale)[:, None, :])
+        if centred:
+            vectors.sub_(vectors.mean(-1, keepdim=True))
+        vectors.mul_((gain * scale)[:, None, :])
     else:
         bias = part.out_bias
     vectors[torch.arange(len(rows)), rows] += wide(residual[rows])
@@ -238,16 +265,15 @@ def transformed_vectors(record: LayerRecord, part: LayerParts, residual: torch.T
 
 
 def head_grams(part: LayerParts, u: torch.Tensor) -> torch.Tensor:
-    """GlobEnc's per-key Gram matrices ``G_j = (g C(u_j))(g C(u_j))^T`` ``(S, H, H)`` of the heads' outputs, with
-    ``g``/``C`` the post-attention norm's gain and centring (``g = 1``, ``C = I`` without one): computed once per
-    layer, shared by every block of rows."""
+    """GlobEnc's per-key Gram matrices ``G_j = (g C(u_j))(g C(u_j))^T`` ``(S, H, H)`` of the heads' outputs ``u``
+    ``(S, H, d)``, with ``g``/``C`` the post-attention norm's gain and centring (``g = 1``, ``C = I`` without one):
+    computed once per layer, shared by every block of rows."""
     if part.post_norm is None:
         heads = u
     else:
-        gain, _, centred = frozen_norm(part.post_norm, u[0, :1])  # gain, centring: the module's own
+        gain, _, centred = frozen_norm(part.post_norm, u[:1, 0])  # gain, centring: the module's own
         heads = _centred(u, centred) * gain
-    per_key = heads.transpose(0, 1).contiguous()  # (S, H, d)
-    return torch.bmm(per_key, per_key.transpose(1, 2))
+    return torch.bmm(heads, heads.transpose(1, 2))
 
 
 def globenc_norms(record: LayerRecord, part: LayerParts, residual: torch.Tensor, rows: torch.Tensor,
@@ -263,7 +289,7 @@ def globenc_norms(record: LayerRecord, part: LayerParts, residual: torch.Tensor,
     per_key = probs.permute(2, 1, 0).contiguous()  # (S, R, H)
     squared = (torch.bmm(per_key, gram) * per_key).sum(-1).T * scale**2
     index = torch.arange(len(rows))
-    diagonal = torch.einsum("hr,hrd->rd", probs[:, index, rows], u[:, rows])
+    diagonal = torch.einsum("hr,rhd->rd", probs[:, index, rows], u[rows])
     diagonal = _centred(diagonal, centred) * gain * scale + wide(residual[rows])
     squared[index, rows] = diagonal.pow(2).sum(-1)
     return squared.clamp_min(0).sqrt()
@@ -297,46 +323,69 @@ def rollout_attention_rows(probs: torch.Tensor, rows: torch.Tensor) -> torch.Ten
     return mixed
 
 
+def block_width(kind: str, shapes: Shapes) -> int:
+    """Float32 numbers a block of query rows holds at once per (row, key), counted from the code: ALTI its
+    vectors ``T_i(x_j)`` (``d``; overwritten in place) beside the ``(H, R, S)`` probabilities and their per-key
+    copy (``2 H``); GlobEnc the probabilities, their per-key copy, its product with the Gram matrices and that
+    product's square (``4 H``); attention rollout the scores, a masked or softcapped copy and the probabilities
+    (``3 H``). Each ``+ 1``: the ``(R, S)`` visibility mask and row sums."""
+    if kind == "alti":
+        return shapes.hidden + 2 * shapes.heads + 1
+    return (4 if kind == "globenc" else 3) * shapes.heads + 1
+
+
 def block_rows(tokens: int, width: int) -> int:
     """Query rows per block so that ``rows x S x width`` float32 numbers stay within ``BLOCK_BYTES``."""
     return max(1, BLOCK_BYTES // (4 * tokens * width))
 
 
 class Layer:
-    """One layer's decomposition over a :class:`Trace`: contribution rows of method ``kind`` for any rows.
+    """One layer's decomposition over a :class:`Trace`: contribution rows of method ``kind`` for any rows, a block
+    of :func:`block_rows` query rows at a time.
 
-    What does not depend on the query rows (``u^h_j``, GlobEnc's Gram matrices) is computed once here; a block of
-    rows holds ``width`` float32 numbers per (row, key): ALTI its ``(R, S, d)`` vectors and two temporaries of their
-    size, GlobEnc and rollout a few ``(H, R, S)`` tensors of probabilities."""
+    What does not depend on the query rows (the output projection, ``u^h_j``, GlobEnc's Gram matrices) is computed
+    once here; attention rollout needs none of it."""
 
-    def __init__(self, tr: Trace, parts: list[LayerParts], layer: int, kind: str):
-        self.record, self.part, self.kind = tr.records[layer], parts[layer], kind
+    def __init__(self, tr: Trace, lm: LoadedModel, layer: int, kind: str):
+        self.record, self.kind = tr.records[layer], kind
         self.residual = tr.inputs.get(layer)
+        self.part = None if kind == "attention" else layer_part(lm, layer)
         self.u = None if kind == "attention" else _heads_out(self.record, self.part)
         self.gram = head_grams(self.part, self.u) if kind == "globenc" else None
-        heads, hidden = self.part.out_proj.shape[0], self.part.out_proj.shape[-1]
-        self.width = 3 * hidden if kind == "alti" else 4 * heads
+        self.step = block_rows(self.record.k.shape[2], block_width(kind, Shapes.of(lm)))
 
     def vectors(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`transformed_vectors` of one block of ``rows``."""
         return transformed_vectors(self.record, self.part, self.residual, rows, self.u)
 
-    def rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """``C^l`` at absolute positions ``rows``: ``(R, S)``, each row summing to 1."""
+    def _block(self, rows: torch.Tensor) -> torch.Tensor:
         if self.kind == "attention":
             return rollout_attention_rows(_probs(self.record, rows), rows)
         if self.kind == "globenc":
             return _row_normalised(globenc_norms(self.record, self.part, self.residual, rows, self.u, self.gram))
         return alti_rows(*self.vectors(rows))
 
+    def rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """``C^l`` at absolute positions ``rows``: ``(R, S)``, each row summing to 1."""
+        return torch.cat([self._block(block) for block in rows.split(self.step)])
+
     def times(self, r: torch.Tensor) -> torch.Tensor:
         """``r C^l`` for ``r`` ``(T, S)``, ``C^l`` built a block of query rows at a time (never ``(S, S)``)."""
-        tokens = r.shape[1]
-        step = block_rows(tokens, self.width)
         out = torch.zeros_like(r)
-        for start in range(0, tokens, step):
-            rows = torch.arange(start, min(start + step, tokens), device=r.device)
-            out += r[:, rows] @ self.rows(rows)
+        for rows in torch.arange(r.shape[1], device=r.device).split(self.step):
+            out += r[:, rows] @ self._block(rows)
         return out
+
+    def logit_updates(self, rows: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+        """ALTI-Logit's ``Delta^l`` ``(R, S)`` at absolute positions ``rows`` with their logit directions
+        ``(R, d)``: the transformed vectors without the residual, along the direction."""
+        out = []
+        for index in torch.arange(len(rows), device=rows.device).split(self.step):
+            block = rows[index]
+            vectors, _ = self.vectors(block)
+            vectors[torch.arange(len(block)), block] -= wide(self.residual[block])  # the update only
+            out.append(torch.einsum("tjd,td->tj", vectors, direction[index]))
+        return torch.cat(out)
 
 
 def contribution_rows(lm: LoadedModel, input_ids: torch.Tensor, positions: torch.Tensor, kind: str,
@@ -345,14 +394,13 @@ def contribution_rows(lm: LoadedModel, input_ids: torch.Tensor, positions: torch
     position: ``(T, S)``."""
     n_layers = lm.config.get_text_config().num_hidden_layers
     positions = positions.to(lm.device)
-    parts = layer_parts(lm)
     if layer is not None:
-        tr = trace(lm, input_ids, positions, [layer])
-        return Layer(tr, parts, layer, kind).rows(positions)
-    tr = trace(lm, input_ids, None, list(range(n_layers)))
-    r = Layer(tr, parts, n_layers - 1, kind).rows(positions)
+        tr = trace(lm, input_ids, positions, [layer], kind)
+        return Layer(tr, lm, layer, kind).rows(positions)
+    tr = trace(lm, input_ids, None, list(range(n_layers)), kind)
+    r = Layer(tr, lm, n_layers - 1, kind).rows(positions)
     for below in range(n_layers - 2, -1, -1):
-        r = Layer(tr, parts, below, kind).times(r)
+        r = Layer(tr, lm, below, kind).times(r)
     return r
 
 
@@ -377,22 +425,43 @@ def logit_directions(lm: LoadedModel, target_ids: torch.Tensor, foil_id: torch.T
 def alti_logit(lm: LoadedModel, input_ids: torch.Tensor, positions: torch.Tensor, target_ids: torch.Tensor,
                foil_id: torch.Tensor | None = None) -> torch.Tensor:
     """ALTI-Logit (module docstring): ``sum_l Delta^l R^{l-1}`` rows ``(T, S)``, evaluated top-down as
-    ``(((Delta^{L-1}) C^{L-2} + Delta^{L-2}) C^{L-3} + ...) C^0 + Delta^0``."""
+    ``(((Delta^{L-1}) C^{L-2} + Delta^{L-2}) C^{L-3} + ...) C^0 + Delta^0`` (one layer's decomposition alive)."""
     n_layers = lm.config.get_text_config().num_hidden_layers
     positions = positions.to(lm.device)
-    parts = layer_parts(lm)
-    tr = trace(lm, input_ids, None, list(range(n_layers)), final=True)
+    tr = trace(lm, input_ids, None, list(range(n_layers)), "alti", final=True)
     direction = logit_directions(lm, target_ids, foil_id, tr.final[positions])
     r = None
     for layer in range(n_layers - 1, -1, -1):
-        decomposition = Layer(tr, parts, layer, "alti")
-        if r is not None:
-            r = decomposition.times(r)
-        vectors, _ = decomposition.vectors(positions)
-        vectors[torch.arange(len(positions)), positions] -= wide(tr.inputs[layer][positions])  # the update only
-        delta = torch.einsum("tjd,td->tj", vectors, direction)
-        r = delta if r is None else r + delta
+        decomposition = Layer(tr, lm, layer, "alti")
+        delta = decomposition.logit_updates(positions, direction)
+        r = delta if r is None else decomposition.times(r) + delta
+        del decomposition  # before the next layer's is built
     return r
+
+
+def memory_bytes(lm: LoadedModel, tokens: int, kind: str, all_layers: bool, logit: bool = False) -> int:
+    """Bytes a decomposition of ``kind`` holds at its peak beside the forward's own (``e`` the model's bytes per
+    element, ``w = max(e, 4)`` those of its float32 or float64 arithmetic):
+
+    * the records, of every layer (``all_layers``: a rollout) or of one: q, k and v, ``S e (H + 2 H_kv) D``
+      (attention rollout: q and k, ``S e (H + H_kv) D``), and the block input ``S e d`` (not for attention
+      rollout); ALTI-Logit (``logit``): the final norm's input, ``S e d``;
+    * one layer's output projection ``w (d + 1) d``, ``u^h_j`` ``w S H d`` and GlobEnc's Gram matrices
+      ``w S H^2`` (none for the rollout), and each block's keys (and GlobEnc's values) repeated to the ``H`` query
+      heads, ``2 w S H D``;
+    * one block of query rows, ``w min(S, rows) S`` :func:`block_width` (at most ``BLOCK_BYTES``).
+
+    The ``(T, S)`` rows of the ``T`` explained steps are left out."""
+    s = Shapes.of(lm)
+    if kind == "attention":
+        per_token, layer = (s.heads + s.kv_heads) * s.head_dim, 0
+    else:
+        per_token = (s.heads + 2 * s.kv_heads) * s.head_dim + s.hidden
+        layer = (s.hidden + 1) * s.hidden + tokens * s.heads * (s.hidden + s.heads)
+    records = tokens * s.element * ((s.layers if all_layers else 1) * per_token + (s.hidden if logit else 0))
+    width = block_width(kind, s)
+    block = min(tokens, block_rows(tokens, width)) * tokens * width
+    return records + max(s.element, 4) * (layer + 2 * tokens * s.heads * s.head_dim + block)
 
 
 # --- the registered methods -----------------------------------------------------------------------------------------
@@ -412,17 +481,6 @@ def _layer_index(lm: LoadedModel, name: str, layer: int | None) -> int | None:
     return layer % n_layers
 
 
-def _record_bytes(lm: LoadedModel, tokens: int, rollout: bool) -> int:
-    """Bytes a decomposition holds beside the forward: every recorded layer's q, k, v and block input (model
-    dtype), one layer's ``u^h_j`` ``(H, S, d)`` and GlobEnc's Gram matrices ``(S, H, H)``, and one block of
-    contribution vectors (float32)."""
-    s = Shapes.of(lm)
-    layers = s.layers if rollout else 1
-    per_layer = tokens * s.element * ((s.heads + 2 * s.kv_heads) * s.head_dim + s.hidden)
-    one_layer = 4 * tokens * s.heads * (s.hidden + s.heads)
-    return layers * per_layer + one_layer + BLOCK_BYTES + 4 * tokens * s.hidden
-
-
 class _Decomposition(AttributionMethod):
     family = "vector decomposition"
     needs_gradients = False
@@ -440,7 +498,7 @@ class _Decomposition(AttributionMethod):
         return contribution_rows(lm, target.input_ids, target.positions, self.kind, layer)[:, a:b].cpu()
 
     def memory_extra(self, lm: LoadedModel, tokens: int) -> int:
-        return _record_bytes(lm, tokens, self.params.get("layer") is None)
+        return memory_bytes(lm, tokens, self.kind, self.params.get("layer") is None)
 
 
 @register
@@ -473,11 +531,6 @@ class AttentionRollout(_Decomposition):
     cost = "1 forward; every layer's attention rows recomputed a block at a time, L S^2 H D"
     kind = "attention"
 
-    def memory_extra(self, lm: LoadedModel, tokens: int) -> int:
-        s = Shapes.of(lm)
-        records = s.layers * tokens * s.element * (s.heads + 2 * s.kv_heads) * s.head_dim
-        return records + BLOCK_BYTES
-
 
 @register
 class AltiLogit(AttributionMethod):
@@ -505,7 +558,7 @@ class AltiLogit(AttributionMethod):
         return scores[:, a:b].cpu()
 
     def memory_extra(self, lm: LoadedModel, tokens: int) -> int:
-        return _record_bytes(lm, tokens, True)
+        return memory_bytes(lm, tokens, "alti", True, logit=True)
 
 
 NOT_DEFINED["decompx"] = (
