@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ from llmattr.errors import LlmattrError
 from llmattr.methods import deeplift, integrated
 from llmattr.methods.gradient import baseline_embeds, embedding_gradients, score_fn
 from llmattr.methods.value_zeroing import value_zeroing_distances
+from llmattr.models import memory
 from llmattr.models.forward import decoder_blocks, logits_at
 from llmattr.models.memory import (
     LIMIT_ENV,
@@ -106,6 +110,27 @@ def test_activation_formula_by_hand(tiny_llama):
     assert activation_bytes(shapes, "backward", 10, rows=3) == 3 * 10 * backward
     assert activation_bytes(shapes, "backward", 10, checkpointing=True) == 10 * 4 * (2 * 32 + 5 * 32 + 6 * 64)
     assert activation_bytes(shapes, "deeplift", 10) == 5 * 10 * backward // 2  # linear: no (S, S) term
+
+
+def test_a_memory_profile_is_declared_beside_its_method(tiny_llama):
+    """``models/memory.py`` holds the formulas and the forward and backward profiles and names no method (issue 22):
+    DeepLIFT's profile is declared and registered in ``methods/deeplift.py``; a profile registered by name is a
+    ``memory_kind`` at once, and a second, different profile under a taken name is refused."""
+    source = Path(memory.__file__).read_text(encoding="utf-8").lower()
+    words = ("attention", "random")  # method names that are also ordinary words of the formulas' prose
+    assert [n for n in methods.available() if n not in words and re.search(rf"\b{re.escape(n)}\b", source)] == []
+    assert "deeplift" not in source and memory.PROFILES["deeplift"] is deeplift.MEMORY
+    assert methods.REGISTRY["deeplift"].memory_kind == "deeplift" and deeplift.MEMORY.copies == Fraction(5, 2)
+    shapes = Shapes.of(tiny_llama)
+    double = memory.register_profile(memory.MemoryProfile("test-double", copies=Fraction(2)))
+    try:
+        assert activation_bytes(shapes, "test-double", 10) == 2 * activation_bytes(shapes, "backward", 10)
+        with pytest.raises(LlmattrError, match="already registered"):
+            memory.register_profile(memory.MemoryProfile("test-double", copies=Fraction(3)))
+    finally:
+        memory.PROFILES.pop(double.name)
+    with pytest.raises(LlmattrError, match="unknown memory kind 'test-double'"):
+        activation_bytes(shapes, "test-double", 10)
 
 
 def test_prefix_cache_pays_by_hand(tiny_llama):

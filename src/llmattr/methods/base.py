@@ -60,7 +60,8 @@ class AttributionMethod:
     signed: ClassVar[bool]
     cost: ClassVar[str]  # forward/backward passes, in words
     defaults: ClassVar[dict] = {}
-    memory_kind: ClassVar[str] = "forward"  # forward | backward | deeplift: see llmattr.models.memory
+    memory_kind: ClassVar[str] = "forward"  # a MemoryProfile's name (llmattr.models.memory.PROFILES): forward,
+    # backward, or one the method's module registers beside it (DeepLIFT's)
     objective: ClassVar[str | None] = None
     layer_param: ClassVar[str] = "layer"
     layer_sweep: ClassVar[str | None] = None

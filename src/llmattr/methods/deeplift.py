@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from fractions import Fraction
 from functools import partial
 
 import torch
@@ -36,7 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..models.forward import patched_blocks
 from ..models.loading import LoadedModel
-from ..models.memory import ATTENTION_BLOCK
+from ..models.memory import MemoryProfile, register_profile
 from ..models.probe import repeat_heads
 from ..targets import Target
 from .backprop import step_gradients
@@ -56,6 +57,7 @@ SOFTMAX = {torch.softmax, T.softmax, F.softmax}
 NORMALISERS = {torch.rsqrt, T.rsqrt, torch.reciprocal, T.reciprocal}
 NEAR_ZERO = 1e-7  # relative, about one float32 step: x and x0 equal or adjacent -> the gradient
 SCALE = "_llmattr_deeplift_scale"  # marks a normaliser's output (rsqrt / reciprocal)
+ATTENTION_BLOCK = 2**22  # score elements (batch x heads x rows x keys) per block of the attention multipliers
 
 
 def _grad_arg(x) -> bool:
@@ -370,6 +372,18 @@ def _linearised_block(mode: DeepLiftMode, forward, h0: T, hidden: T, *args, **kw
             return forward(hidden, *args, **kwargs)
 
 
+# DeepLIFT's memory profile (the guard's formulas: llmattr.models.memory). Plain passes: 2.5 backward graphs (the
+# reference pass's recorded operands, the input pass's linearised graph and its coefficients): an upper bound,
+# SmolLM2 measured 1.37 times the floor's activations at 1k tokens; the attention multipliers are computed
+# ATTENTION_BLOCK score elements at a time, no (S, S) tensor. Checkpointed (DeepLift.checkpointing, blockwise
+# passes): terms fitted to SmolLM2's measured peaks (1k tokens with 10 and 30 layers, 8k tokens with 30) and rounded
+# up: 7 L d per token (the blocks' inputs kept; measured 13.9 KB a token and layer, 6 d), 48 d + 24 f per token (one
+# block's linearised graph rebuilt), and about 26 float32 temporaries (104 bytes) per element of one block of
+# attention multipliers (0.43 GB); 1.11 GB at 1k tokens and 6.07 GB at 8k against 1.06 and 5.78 GB measured.
+MEMORY = register_profile(MemoryProfile("deeplift", copies=Fraction(5, 2), checkpointed=(7, 48, 24), score_bytes=104,
+                                        score_block=ATTENTION_BLOCK))
+
+
 @register
 class DeepLift(EmbeddingGradientMethod):
     """DeepLIFT with the rescale rule (Shrikumar et al. 2017) from a zero baseline (see module docs)."""
@@ -379,7 +393,7 @@ class DeepLift(EmbeddingGradientMethod):
     summary = "DeepLIFT: rescale rule for SiLU/GELU/norms, exact product rule, softmax decomposed; sums to F(x)-F(0)"
     signed = True
     cost = "2 forwards (reference + input) + 1 backward (all steps share them)"
-    memory_kind = "deeplift"
+    memory_kind = MEMORY.name
     defaults = {"baseline": "all", "objective": "probability", "reduction": "sum"}
 
     blockwise = False  # set by :meth:`checkpointing`

@@ -2,30 +2,26 @@
 
 The estimate counts the activations a method keeps on top of the resident model (bytes, ``e`` = bytes per
 element of the model's dtype, ``S`` tokens, ``R`` rows per pass, ``L`` layers, ``d`` hidden size, ``f`` MLP
-width, ``H``/``H_kv`` query/key-value heads of width ``D``)::
+width, ``H``/``H_kv`` query/key-value heads of width ``D``), by the method's :class:`MemoryProfile` (its
+``memory_kind``: a name in :data:`PROFILES`)::
 
     forward   (no gradients; one layer's transients alive):   R S e (4 d + 4 f)
     cache     (a key/value cache of the sequence):             S e 2 L H_kv D
-    backward  (every layer's saved activations):               R S e (L (8 d + 4 f) + 4 d + 4 f)
-    checkpointed backward (block inputs kept, one block redone): R S e (L d + 5 d + 6 f)
-    checkpointed DeepLIFT (blockwise passes; measured, see below):
-                                          R S e (7 L d + 48 d + 24 f) + 104 min(ATTENTION_BLOCK, R H S^2)
-    extra     (what a method holds beside its passes, ``memory_extra``; ReAGent's replacement
-               distributions over the vocabulary ``V``, 4 float32 copies, measured):   4 S V 4
+    backward  (every layer's saved activations):               copies R S e (L (8 d + 4 f) + 4 d + 4 f)
+    checkpointed backward (block inputs kept, blocks redone):  R S e (a L d + b d + c f)
+                                                               + score_bytes min(score_block, R H S^2)
+    extra     (what a method holds beside its passes: its ``memory_extra``)
     head      (weights not in float32: the LM head's float32 cast, :func:`~.loading.float32_head`;
                one block in a forward pass, every block kept for a backward):  min(V d 4, 256 MiB) / V d 4
 
 (the per-layer ``8 d + 4 f`` is what SmolLM2's forward+backward floor measured: 1.24 MB per token between 1k
 and 2k tokens over its 30 layers in float32, by ``benchmarks/bench_memory.py``; ``8 d + 4 f`` gives 1.29 MB).
-Forward-only methods use ``forward + cache``, gradient methods ``backward`` (or the checkpointed one),
-DeepLIFT 2.5 backward graphs (the reference pass's recorded operands, the input pass's linearised graph and its
-coefficients: an upper bound, SmolLM2 measured 1.37 times the floor's activations at 1k tokens; its attention
-multipliers are computed ``ATTENTION_BLOCK`` score elements at a time, no ``(S, S)`` tensor), or checkpointed
-DeepLIFT (:meth:`DeepLift.checkpointing <llmattr.methods.deeplift.DeepLift.checkpointing>`), whose terms were
-fitted to SmolLM2's measured peaks (1k tokens with 10 and 30 layers, 8k tokens with 30) and rounded up: ``7 L d``
-per token (the blocks' inputs kept; measured 13.9 KB a token and layer, 6 d), ``48 d + 24 f`` per token (one
-block's linearised graph rebuilt), and about 26 float32 temporaries of one block of attention multipliers (0.43 GB);
-it gives 1.11 GB at 1k tokens and 6.07 GB at 8k against 1.06 and 5.78 GB measured. The estimate is
+A profile without a backward graph (:data:`FORWARD`) costs ``forward + cache``; one with a graph ``backward``
+(:data:`BACKWARD`: one graph, ``copies = 1``), or its checkpointed line when checkpointing is on
+(:data:`BACKWARD`: ``(a, b, c) = (1, 5, 6)``, each block's input kept and one block redone, no score term). A
+method whose passes hold more declares its own profile beside its class and registers it
+(:func:`register_profile`): how many graphs' worth its plain passes keep, the coefficients of its checkpointed
+passes and the attention score blocks they hold. The estimate is
 compared with the memory the device has free: CPU available RAM (``psutil``), GPU free memory
 (``torch.cuda.mem_get_info`` plus what PyTorch's caching allocator holds reserved but unused), or the
 ``LLMATTR_MEMORY_LIMIT`` environment variable (e.g. ``2GB``), which lowers the budget for tests and shared
@@ -38,12 +34,14 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import partial
 
 import psutil
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..checks import register_once
 from ..errors import LlmattrError
 from .forward import patched_blocks
 from .loading import LoadedModel, head_block_rows
@@ -51,7 +49,6 @@ from .sizes import parse_size
 
 LIMIT_ENV = "LLMATTR_MEMORY_LIMIT"
 CHECKPOINTING = ("auto", "on", "off")
-ATTENTION_BLOCK = 2**22  # score elements (batch x heads x rows x keys) per block of DeepLIFT's attention multipliers
 PATH_BUDGET = 2 * 2**30  # bytes of activations one path-method chunk may hold (at most half the limit)
 
 
@@ -83,6 +80,43 @@ class Shapes:
         )
 
 
+@dataclass(frozen=True)
+class MemoryProfile:
+    """How a method's passes hold activations: the coefficients of the module docstring's formulas.
+
+    ``graph``: a backward pass keeps every layer's activations (checkpointing applies; the LM head's float32
+    cast keeps every block); without one, ``forward + cache``. ``copies``: backward graphs' worth of activations
+    the plain passes keep at once. ``checkpointed``: ``(a, b, c)`` of the checkpointed passes' bytes per token
+    and row, ``e (a L d + b d + c f)``, plus ``score_bytes`` per element of one block of at most ``score_block``
+    attention scores (``R H S^2`` elements in all)."""
+
+    name: str
+    graph: bool = True
+    copies: Fraction = Fraction(1)
+    checkpointed: tuple[int, int, int] = (1, 5, 6)
+    score_bytes: int = 0
+    score_block: int = 0
+
+
+PROFILES: dict[str, MemoryProfile] = {}  # memory_kind -> its profile
+
+
+def register_profile(profile: MemoryProfile) -> MemoryProfile:
+    """Make ``profile`` a ``memory_kind`` by its name (a different one under a taken name is refused)."""
+    return register_once(PROFILES, profile.name, profile, "memory profile")
+
+
+FORWARD = register_profile(MemoryProfile("forward", graph=False))
+BACKWARD = register_profile(MemoryProfile("backward"))
+
+
+def profile_of(kind: str) -> MemoryProfile:
+    """The registered profile named ``kind`` (a method's ``memory_kind``)."""
+    if kind not in PROFILES:
+        raise LlmattrError(f"unknown memory kind {kind!r}; valid: {', '.join(PROFILES)}")
+    return PROFILES[kind]
+
+
 def parse_bytes(text: str) -> int:
     """``LLMATTR_MEMORY_LIMIT``'s ``"2GB"``, ``"512 MB"``, ``"1.5G"`` or bytes (binary units, :mod:`.sizes`)."""
     size = parse_size(text)
@@ -109,20 +143,18 @@ def free_gpu_memory(device: torch.device) -> int:
 
 
 def activation_bytes(shapes: Shapes, kind: str, tokens: int, rows: int = 1, checkpointing: bool = False) -> int:
-    """The module docstring's formula for one method kind: ``forward``, ``backward`` or ``deeplift``."""
-    s = shapes
+    """The module docstring's formula for the memory profile named ``kind`` (:data:`PROFILES`)."""
+    s, profile = shapes, profile_of(kind)
     forward = s.element * (4 * s.hidden + 4 * s.mlp)
     cache = s.element * 2 * s.layers * s.kv_heads * s.head_dim
-    if kind == "forward":
+    if not profile.graph:
         return rows * tokens * forward + tokens * cache
-    if checkpointing and kind == "deeplift":
-        blocks = 104 * min(ATTENTION_BLOCK, rows * s.heads * tokens * tokens)
-        return rows * tokens * s.element * (7 * s.layers * s.hidden + 48 * s.hidden + 24 * s.mlp) + blocks
     if checkpointing:
-        per_token = s.element * (s.layers * s.hidden + 5 * s.hidden + 6 * s.mlp)
-    else:
-        per_token = s.element * s.layers * (8 * s.hidden + 4 * s.mlp) + forward
-    return (5 if kind == "deeplift" else 2) * rows * tokens * per_token // 2
+        a, b, c = profile.checkpointed
+        scores = profile.score_bytes * min(profile.score_block, rows * s.heads * tokens * tokens)
+        return rows * tokens * s.element * (a * s.layers * s.hidden + b * s.hidden + c * s.mlp) + scores
+    per_token = s.element * s.layers * (8 * s.hidden + 4 * s.mlp) + forward
+    return int(profile.copies * rows * tokens * per_token)
 
 
 def head_cast_bytes(lm: LoadedModel, graph: bool) -> int:
@@ -175,15 +207,16 @@ def _gb(n: float) -> str:
 def plan(lm: LoadedModel, method, tokens: int, checkpointing: str = "auto") -> bool:
     """Whether to checkpoint; raises a one-line :class:`LlmattrError` when the run cannot fit.
 
-    ``method`` gives ``memory_kind`` (``forward``, ``backward``, ``deeplift``), ``memory_rows(lm, tokens)`` and
-    ``memory_extra(lm, tokens)`` (bytes beside the activations, e.g. ReAGent's replacement distributions).
+    ``method`` gives ``memory_kind`` (a :class:`MemoryProfile`'s name: ``forward``, ``backward`` or one its module
+    registers), ``memory_rows(lm, tokens)`` and ``memory_extra(lm, tokens)`` (bytes beside the activations, e.g. a
+    sampler's distributions over the vocabulary).
     ``checkpointing``: ``on``, ``off``, or ``auto`` (on only when the plain backward does not fit).
     """
     check_checkpointing(checkpointing)
     shapes, kind = Shapes.of(lm), method.memory_kind
     limit, source = memory_limit(lm.device)
     rows = method.memory_rows(lm, tokens)
-    graph = kind in ("backward", "deeplift")
+    graph = profile_of(kind).graph
     head = head_cast_bytes(lm, graph)
 
     def need(n: int, checkpoint: bool) -> int:
@@ -216,7 +249,7 @@ def checkpointed(lm: LoadedModel, enable: bool = True,
     the backward pass keeps each block's input and recomputes the block. Not transformers' own
     ``gradient_checkpointing_enable``: that drops ``past_key_values``, which the shared template prefix needs
     (our prefix cache stores nothing, so recomputing a block with it is exact). ``recompute``: a context the
-    recomputation runs in (a method whose forward runs under its own rules, e.g. AttnLRP's, gives them again)."""
+    recomputation runs in (a method whose forward runs under its own rules gives them again)."""
     if not enable:
         yield
         return
