@@ -254,7 +254,7 @@ def test_registered_with_the_logit_objective():
     for name in ("attnlrp", "cp-lrp"):
         cls = methods.REGISTRY[name]
         assert cls.objective == "logit" and cls.needs_gradients and cls.signed and cls.memory_kind == "backward"
-    assert methods.get("cp-lrp", target="contrast", foil=" no").params["target"] == "contrast"
+    assert methods.get("cp-lrp", objective="contrast", foil=" no").params["objective"] == "contrast"
 
 
 def test_memory_guard_plans_the_backward_and_checkpoints_under_the_rules(tiny_llama, monkeypatch):

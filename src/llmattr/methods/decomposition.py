@@ -31,7 +31,7 @@ attention block adds to the logit of token w at position i
 
 (``U_w`` the unembedding row of w, ``F_i`` the final norm with its statistics frozen at row i), and each
 layer's update is traced to the input tokens through the ALTI rollout of the layers below it:
-``logit_{w <- x} = sum_l Delta^l R^{l-1}`` with ``R^{-1} = I``. The contrastive target (``target=contrast``)
+``logit_{w <- x} = sum_l Delta^l R^{l-1}`` with ``R^{-1} = I``. The contrastive objective (``objective=contrast``)
 explains ``z_w - z_f`` with ``U_w - U_f``.
 
 Precision: float32 (float64 for a float64 model). ALTI's proximity ``||y_i||_1 - ||y_i - T_i(x_j)||_1`` is a
@@ -548,8 +548,8 @@ class AltiLogit(AttributionMethod):
 
     def __init__(self, **params):
         super().__init__(**params)
-        if self.params.get("target", self.objective) not in self.LINEAR:
-            raise LlmattrError(f"alti-logit explains a logit: target must be one of {', '.join(self.LINEAR)}")
+        if self.params.get("objective", self.objective) not in self.LINEAR:
+            raise LlmattrError(f"alti-logit explains a logit: objective must be one of {', '.join(self.LINEAR)}")
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         a, b = target.span
