@@ -10,14 +10,13 @@ algorithm A.3) or for the content span only (``baseline="span"``: template and g
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 
 import numpy as np
 import torch
 
 from ..errors import LlmattrError
-from ..models.forward import PathPrefix
+from ..models.forward import PathPrefix, content_key
 from ..models.loading import LoadedModel
 from ..models.memory import PATH_BUDGET, Shapes, is_oom, path_batch, prefix_cache_pays
 from ..models.probe import Probe
@@ -132,8 +131,7 @@ def path_prefix(lm: LoadedModel, x: torch.Tensor, x0: torch.Tensor, alphas: torc
     eager = 4 * s.heads * length * length * s.element
     if stored > PATH_BUDGET // 8 or eager > PATH_BUDGET:
         return None
-    key = tuple(hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
-                for t in (x, x0, alphas))
+    key = content_key(x, x0, alphas)
     kept = lm.memo.setdefault("path-prefix", OrderedDict())
     if key not in kept:
         kept[key] = PathPrefix.compute(lm, x, x0, alphas, max(1, PATH_BUDGET // eager))

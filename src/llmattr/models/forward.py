@@ -49,14 +49,20 @@ def prefix_cache(lm: LoadedModel, prefix_embeds: torch.Tensor) -> Cache:
     so rerunning a block (activation checkpointing) sees the same prefix."""
     if hooks_active():
         return Cache(layers=[PrefixLayer(k, v) for k, v in prefix_key_values(lm, prefix_embeds)])
-    key = (tuple(prefix_embeds.shape), str(prefix_embeds.dtype), str(prefix_embeds.device),
-           hashlib.sha256(prefix_embeds.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest())
+    key = content_key(prefix_embeds)
     kept = lm.memo.setdefault("prefix-cache", OrderedDict())
     layers = kept.pop(key, None) or prefix_key_values(lm, prefix_embeds)
     kept[key] = layers  # the last used last
     while sum(k.nbytes + v.nbytes for entry in kept.values() for k, v in entry) > PREFIX_CACHE_BYTES:
         kept.popitem(last=False)  # the least recently used first; one over the budget alone is not kept
     return Cache(layers=[PrefixLayer(k, v) for k, v in layers])
+
+
+def content_key(*tensors: torch.Tensor) -> tuple:
+    """A key for the exact contents of ``tensors``: each one's shape, dtype, device and a SHA-256 of its bytes."""
+    return tuple((tuple(t.shape), str(t.dtype), str(t.device),
+                  hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest())
+                 for t in tensors)
 
 
 def prefix_key_values(lm: LoadedModel, prefix_embeds: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
