@@ -15,6 +15,7 @@ from llmattr.explanation import Explanation
 from llmattr.methods import integrated
 from llmattr.methods.deeplift import deeplift_attributions
 from llmattr.methods.gradient import baseline_embeds, score_fn
+from llmattr.models.forward import logits_at, prefix_key_values
 from llmattr.tasks import get_task
 
 EPS32 = torch.finfo(torch.float32).eps
@@ -133,3 +134,44 @@ def test_template_share_through_its_cache_is_its_summed_attribution(tiny_tokeniz
             template = full[:, :a].double().sum((1, 2))
             assert template.abs().max() > 1e-3 * full.abs().sum()  # the template's share is not negligible
     assert computed == [1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "gpt2"])
+def test_zero_input_logits_are_a_forward_of_zeros_and_share_one_kept_prefix(tiny_tokenizer, arch, monkeypatch):
+    """The zero baseline's logits come from a slice of one kept all-zero prefix: equal to a forward of the zeros at
+    every length asked, the prefix run again only when a longer one is needed (and never for position 0)."""
+    from llmattr.models import forward
+
+    lm = build_tiny(arch, tiny_tokenizer)
+    runs = []
+    monkeypatch.setattr(forward, "prefix_key_values", lambda *a: runs.append(a[1].shape[1]) or prefix_key_values(*a))
+    like = lm.embed(torch.tensor([[1, 2]])).detach()
+    for positions in (torch.arange(9, 12), torch.tensor([5]), torch.arange(0, 2), torch.tensor([14, 15])):
+        zeros = like.new_zeros(1, int(positions[-1]) + 1, like.shape[-1])
+        with torch.no_grad():
+            want = logits_at(lm, zeros, positions)
+        got = forward.zero_input_logits(lm, positions, like)
+        scale = want.abs().amax().item()  # float32 rounding of these logits
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * scale)
+    assert runs == [9, 14]
+
+
+def test_known_endpoints_run_no_forward(tiny_llama, monkeypatch):
+    """A generated target's F(x) is read off its generation's logits and the zero baseline's F(x0) off the kept
+    zero prefix: no endpoint row runs, and the delta is that of a forward of both; a forced answer runs x alone, the
+    span baseline (not all zero) runs x0 alone."""
+    lm, task = tiny_llama, get_task("generate")
+    ig = methods.get("integrated-gradients", n_steps=4)
+    generated = prepare(lm, "A terrific film.", task, max_new_tokens=3)
+    forced = prepare(lm, "A terrific film.", task, answer=" movie was")
+    assert generated.step_logits is not None and forced.step_logits is None
+    for target, baseline, rows in ((generated, "all", []), (forced, "all", [1]), (generated, "span", [1])):
+        f, x, _ = ig.inputs(lm, target, target.span[0])
+        x0 = integrated.baseline_embeds(lm, x, target, baseline)
+        seen = []
+        counted = lambda e, seen=seen, f=f: seen.append(len(e)) or f(e)  # noqa: E731
+        got = integrated.endpoint_delta(lm, target, *ig.explained(lm), counted, x, x0)
+        _, _, _, want, tol = endpoints(lm, target, baseline)
+        logit_scale = 1e-5 * (generated.step_logits.abs().amax().item() + 1)  # the generation's float32 rounding
+        assert seen == rows
+        assert got.double().cpu() == pytest.approx(want.cpu().tolist(), abs=tol + logit_scale)

@@ -35,7 +35,12 @@ class Target:
     forced: bool = False
     classification: dict | None = None  # record of :func:`label_target` (None without label words)
     scope: str = "span"  # what ``span`` covers: see :func:`with_scope`
-    step_probs: torch.Tensor | None = None  # (T,) p(target_ids[t]) read off the generation that chose them
+    step_logits: torch.Tensor | None = None  # (T, V) raw logits of each step, read off the generation that chose them
+
+    @property
+    def step_probs(self) -> torch.Tensor | None:
+        """``(T,)`` p(target_ids[t]) from :attr:`step_logits` (``None`` for a forced answer: no generation)."""
+        return None if self.step_logits is None else probability(self.step_logits, self.target_ids)
 
     @property
     def prompt_len(self) -> int:
@@ -109,7 +114,7 @@ def make_target(lm: LoadedModel, prompt: Prompt, max_new_tokens: int, answer: st
     if max_new_tokens < 1:
         raise LlmattrError("max_new_tokens must be at least 1")
     ids, logits = generate_with_logits(lm, prompt, max_new_tokens)
-    return Target(prompt=prompt, target_ids=ids, step_probs=probability(logits, ids))
+    return Target(prompt=prompt, target_ids=ids, step_logits=logits)
 
 
 def check_gold_word(task, word: str | None) -> None:
@@ -187,7 +192,7 @@ def label_target(lm: LoadedModel, prompt: Prompt, task, max_new_tokens: int, mod
     word = {"label": record["predicted"], "gold": record["gold"]}.get(mode)
     ids = free if word is None else label_ids[task.label_words.index(word)][None]
     return Target(prompt=prompt, target_ids=ids, classification=record,
-                  step_probs=probability(logits[: len(ids)], ids))
+                  step_logits=logits[: len(ids)])
 
 
 SCOPES = ("span", "prompt", "all")

@@ -22,7 +22,7 @@ from transformers.cache_utils import Cache
 
 from .. import objectives
 from ..errors import LlmattrError
-from ..models.forward import logits_at, prefix_cache
+from ..models.forward import logits_at, prefix_cache, zero_input_logits
 from ..models.loading import LoadedModel
 from ..models.memory import prefix_cache_pays
 from ..targets import Target
@@ -148,11 +148,25 @@ def convergence(attr: torch.Tensor, target_delta: torch.Tensor, rest: torch.Tens
     return {"target_delta": target_delta.tolist(), "convergence_delta": (total - target_delta).tolist()}
 
 
-def endpoint_delta(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-    """``F(x) - F(x0)`` per step ``(T,)``: one forward of the two endpoints as batch rows."""
-    with torch.no_grad():
-        ends = f(torch.cat([x, x0]))
-    return ends[0] - ends[1]
+@torch.no_grad()
+def endpoint_delta(lm: LoadedModel, target: Target, explained: objectives.Objective, foil_ids: torch.Tensor | None,
+                   f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """``F(x) - F(x0)`` per step ``(T,)``, running only the endpoints whose value is not known already.
+
+    ``F(x)``: the ``explained`` objective of the logits the generation read at each explained position
+    (``target.step_logits``; a forced answer has none). ``F(x0)`` of an all-zero baseline: that of
+    :func:`~..models.forward.zero_input_logits` (the zero input is the same in every example). What is left runs
+    through ``f`` as batch rows of one forward.
+    """
+    ids = target.target_ids.to(lm.device)
+    known = [None if target.step_logits is None else target.step_logits[None].to(lm.device),
+             None if x0.any() else zero_input_logits(lm, target.positions.to(lm.device), x0)]
+    ends = [None if logits is None else explained(logits, ids, foil_ids)[0] for logits in known]
+    missing = [i for i, end in enumerate(ends) if end is None]
+    if missing:
+        for i, row in zip(missing, f(torch.cat([(x, x0)[i] for i in missing])), strict=True):
+            ends[i] = row
+    return ends[0] - ends[1].to(ends[0])
 
 
 def span_scores(attr: torch.Tensor, target: Target, reduction: str) -> torch.Tensor:

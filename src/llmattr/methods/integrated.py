@@ -221,7 +221,8 @@ class PathMethod(EmbeddingGradientMethod):
             grads, share = integrate(after, x[:, p:], x0[:, p:], alphas, weights, rows, clip=self.clip(),
                                      prefix=prefix)
             attr = torch.cat([grads.new_zeros(grads.shape[0], p, grads.shape[2]), (x - x0)[:, p:] * grads], 1)
-        return span_scores(attr, target, self.params["reduction"]), convergence(attr, endpoint_delta(f, x, x0), share)
+        delta = endpoint_delta(lm, target, *self.explained(lm), f, x, x0)
+        return span_scores(attr, target, self.params["reduction"]), convergence(attr, delta, share)
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         return self.attribute_with_info(lm, target)[0]

@@ -58,6 +58,30 @@ def prefix_cache(lm: LoadedModel, prefix_embeds: torch.Tensor) -> Cache:
     return Cache(layers=[PrefixLayer(k, v) for k, v in layers])
 
 
+@torch.no_grad()
+def zero_input_logits(lm: LoadedModel, positions: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Logits ``(1, T, V)`` at the increasing ``positions`` ``(T,)`` of an input whose every embedding is zero.
+
+    That input is the path methods' zero baseline, the same in every example; a causal model's state at position
+    ``p`` depends on the inputs up to ``p`` alone, so the keys and values of the zeros before ``positions[0]`` are a
+    slice of one all-zero prefix kept on the model (the longest asked for, within ``PREFIX_CACHE_BYTES``; none is
+    kept or used while a probe or eager attention is in force) and only the rows from ``positions[0]`` on run.
+    ``like``: an embedding tensor ``(1, S, D)`` whose dtype and device the zeros take.
+    """
+    start = int(positions[0])
+    zeros = like.new_zeros(1, int(positions[-1]) + 1, like.shape[-1])
+    if hooks_active() or not start:
+        return logits_at(lm, zeros, positions)
+    key = content_key(zeros[:, :0])  # dtype, device and width; the length is the kept prefix's own
+    kept = lm.memo.get("zero-prefix")
+    if kept is None or kept[0] != key or kept[1][0][0].shape[-2] < start:
+        kept = (key, prefix_key_values(lm, zeros[:, :start]))
+        if sum(k.nbytes + v.nbytes for k, v in kept[1]) <= PREFIX_CACHE_BYTES:
+            lm.memo["zero-prefix"] = kept
+    cache = Cache(layers=[PrefixLayer(k[:, :, :start], v[:, :, :start]) for k, v in kept[1]])
+    return logits_at(lm, zeros[:, start:], positions - start, past_key_values=cache, use_cache=True)
+
+
 def content_key(*tensors: torch.Tensor) -> tuple:
     """A key for the exact contents of ``tensors``: each one's shape, dtype, device and a SHA-256 of its bytes."""
     return tuple((tuple(t.shape), str(t.dtype), str(t.device),
