@@ -187,14 +187,13 @@ def reference_matrices(lm, ids) -> dict[str, list[torch.Tensor]]:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_layers_and_rollout_equal_the_reference(arch, tiny_tokenizer, monkeypatch):
     """Per layer, every row equals the full-tensor reference; the rollout of the explained rows equals the product
-    of the reference's per-layer matrices, with blocks of 3 query rows for GlobEnc and rollout and 1 for ALTI
-    (the block loop is exercised)."""
+    of the reference's per-layer matrices, with blocks of 3 query rows (the block loop is exercised)."""
     lm = build_tiny(arch, tiny_tokenizer)
     ids = _ids(lm)
     n = ids.shape[1]
     width = {kind: dec.block_width(kind, Shapes.of(lm)) for kind in dec.KINDS}
     monkeypatch.setattr(dec, "BLOCK_BYTES", 3 * 4 * n * width["globenc"])
-    assert [dec.block_rows(n, width[kind]) for kind in dec.KINDS] == [1, 3, 3], width
+    assert [dec.block_rows(n, width[kind]) for kind in dec.KINDS] == [3, 3, 3], width
     reference = reference_matrices(lm, ids)
     positions = torch.tensor([n - 4, n - 1])
     for kind, matrices in reference.items():
@@ -204,6 +203,50 @@ def test_layers_and_rollout_equal_the_reference(arch, tiny_tokenizer, monkeypatc
         product = matrices[1] @ matrices[0]
         torch.testing.assert_close(dec.contribution_rows(lm, ids, positions, kind), product[positions],
                                    rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_alti_tiles_equal_the_reference(arch, tiny_tokenizer, monkeypatch):
+    """ALTI's rows formed in tiles of 2 query rows by 3 keys (several tiles per row group, the last one partial;
+    Gemma 3's window of 4 skips the keys before it) equal the full-tensor reference on every row of both layers,
+    and ``y_i`` from the attention output (:func:`dec.block_resultant`, no vector formed) equals the sum of the
+    transformed vectors ``sum_j T_i(x_j) + P_i(b_O)``."""
+    lm = build_tiny(arch, tiny_tokenizer)
+    ids = _ids(lm)
+    n = ids.shape[1]
+    monkeypatch.setattr(dec, "TILE_ROWS", 2)
+    monkeypatch.setattr(dec, "TILE_BYTES", 4 * 2 * 3 * lm.config.hidden_size)
+    assert dec.tile_shape(n, n, lm.config.hidden_size) == (2, 3)
+    reference = reference_matrices(lm, ids)["alti"]
+    tr = dec.trace(lm, ids, None, [0, 1], "alti")
+    rows = torch.arange(n)
+    for layer in (0, 1):
+        torch.testing.assert_close(dec.Layer(tr, lm, layer, "alti").rows(rows), reference[layer], rtol=1e-4, atol=1e-5)
+        decomposition = dec.Layer(tr, lm, layer, "alti")
+        vectors, resultant = decomposition.vectors(rows)
+        probs = dec._probs(decomposition.record, rows)
+        from_output, _, _ = dec.block_resultant(decomposition.record, decomposition.part, decomposition.residual,
+                                                rows, probs)
+        assert (from_output - resultant).abs().max() <= 1e-5 * vectors.abs().sum(1).max()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logit_updates_equal_the_vectors_along_the_direction(arch, tiny_tokenizer):
+    """``Delta_ij = sum_h A^h_ij (u^h_j . C(g s_i w_i))`` (:meth:`dec.Layer.logit_updates`, no vector formed)
+    equals the transformed vectors without the residual, ``T_i(x_j) - delta_ij x_i``, dotted with ``w_i``."""
+    lm = build_tiny(arch, tiny_tokenizer)
+    ids = _ids(lm)
+    n = ids.shape[1]
+    tr = dec.trace(lm, ids, None, [0, 1], "alti")
+    rows = torch.tensor([0, n // 2, n - 1])
+    direction = torch.randn(len(rows), lm.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    for layer in (0, 1):
+        decomposition = dec.Layer(tr, lm, layer, "alti")
+        vectors, _ = decomposition.vectors(rows)
+        vectors[torch.arange(len(rows)), rows] -= tr.inputs[layer][rows].float()
+        expected = torch.einsum("rjd,rd->rj", vectors, direction)
+        torch.testing.assert_close(decomposition.logit_updates(rows, direction), expected, rtol=1e-4,
+                                   atol=1e-5 * expected.abs().max().item())
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -283,7 +326,7 @@ def test_memory_guard_covers_the_tensors_alive(arch, tiny_tokenizer, monkeypatch
     targets = [prepare(lm, " ".join([TEXT] * k), get_task("generate"), answer=" the") for k in (2, 12)]
     lengths = [int(t.input_ids.shape[1]) for t in targets]
     alti = dec.block_width("alti", Shapes.of(lm))
-    assert dec.block_rows(lengths[0], alti) >= lengths[0] and lengths[1] > 4 * dec.block_rows(lengths[1], alti)
+    assert dec.block_rows(lengths[0], alti) >= lengths[0] and lengths[1] > 2 * dec.block_rows(lengths[1], alti)
     for name in ("alti", "globenc", "attention-rollout", "alti-logit"):
         method = methods.get(name)
         assert method.memory_kind == "forward" and method.memory_rows(lm, 1) == 1

@@ -35,7 +35,7 @@ layer's update is traced to the input tokens through the ALTI rollout of the lay
 explains ``z_w - z_f`` with ``U_w - U_f``.
 
 Precision: float32 (float64 for a float64 model). ALTI's proximity ``||y_i||_1 - ||y_i - T_i(x_j)||_1`` is a
-difference of two nearly equal numbers when ``T_i(x_j)`` is small beside the residual; :func:`alti_rows` sums it
+difference of two nearly equal numbers when ``T_i(x_j)`` is small beside the residual; :func:`proximity` sums it
 per coordinate without that cancellation.
 
 Cost: no tensor of size ``S x S``. One forward records q, k and v of every layer (linear in ``S``; attention
@@ -44,8 +44,9 @@ steps, and ``C^l`` is built a block of query rows at a time (at most ``BLOCK_BYT
 ``rows x S x`` :func:`block_width`); one layer's output projection and ``u^h_j`` are alive at a time. The
 per-layer variants need the explained rows only. :func:`memory_bytes` counts what is alive at the peak.
 Compute: every layer's attention scores recomputed, ``L S^2 H D`` multiply-adds (attention rollout: that alone);
-ALTI's L1 distances need every (i, j) vector, ``L S^2 H d``; GlobEnc's norms come from per-key Gram matrices of
-the heads' outputs, ``L S^2 H^2``.
+ALTI's L1 distances need every (i, j) vector, ``L S^2 H d``, halved by skipping the keys a row cannot see, formed
+a cache-sized tile at a time (:func:`alti_proximities`; ALTI-Logit's updates need none); GlobEnc's norms come
+from per-key Gram matrices of the heads' outputs, ``L S^2 H^2``.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ from .base import NOT_DEFINED, AttributionMethod, register
 from .logit import final_norm
 
 BLOCK_BYTES = 2**27  # float32 bytes one block of query rows holds at most: rows x S x block_width(kind)
+TILE_BYTES = 2**21  # float32 bytes of one tile of ALTI's transformed vectors (rows x keys x d): cache-sized
+TILE_ROWS = 64  # query rows of a tile
 ATTENTION_NAMES = ("self_attn", "attn")
 OUT_PROJ_NAMES = ("o_proj", "c_proj", "out_proj", "dense")
 KINDS = ("alti", "globenc", "attention")
@@ -251,7 +254,9 @@ def by_key(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def transformed_vectors(record: LayerRecord, part: LayerParts, residual: torch.Tensor, rows: torch.Tensor,
                         u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``T_i(x_j)`` ``(R, S, d)`` and ``y_i`` ``(R, d)`` for absolute positions ``rows`` (module docstring);
-    ``residual`` is the block input ``(S, d)``, ``u`` from :func:`_heads_out`."""
+    ``residual`` is the block input ``(S, d)``, ``u`` from :func:`_heads_out`. Every vector at once: the methods
+    never call this (:func:`alti_proximities` and :meth:`Layer.logit_updates` form them a cache-sized tile at a
+    time, or not at all); it is the plain statement of the decomposition that the tests check them against."""
     vectors = by_key(_probs(record, rows), u)  # (R, S, d)
     if part.post_norm is not None:
         gain, scale, centred, bias = post_attention(part, vectors.sum(1) + part.out_bias)
@@ -295,20 +300,104 @@ def globenc_norms(record: LayerRecord, part: LayerParts, residual: torch.Tensor,
     return squared.clamp_min(0).sqrt()
 
 
-def alti_rows(vectors: torch.Tensor, resultant: torch.Tensor) -> torch.Tensor:
-    """ALTI (Ferrando et al. 2022, eqs. 8-9): ``max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)`` over its row sum.
+def attention_output(record: LayerRecord, part: LayerParts, probs: torch.Tensor) -> torch.Tensor:
+    """``sum_j sum_h A^h_ij u^h_j = sum_h (A^h v^h) W_O^h`` ``(R, d)`` (no bias, no post-attention norm) from
+    ``probs`` ``(H, R, S)``: the sum over the keys taken before the output projection, ``R S H D + R H D d``
+    multiply-adds, no ``(R, S, d)`` vector. GQA: the query heads of a key/value head share its values, so
+    ``probs`` is read as ``(H_kv, groups R, S)`` (a view) and the values are not repeated."""
+    heads, n_rows, n_keys = probs.shape
+    values = wide(record.v[0])  # (H_kv, S, D)
+    mixed = probs.reshape(values.shape[0], -1, n_keys) @ values  # (H_kv, groups R, D)
+    return torch.einsum("hrd,hde->re", mixed.reshape(heads, n_rows, -1), part.out_proj.to(mixed))
+
+
+def block_resultant(record: LayerRecord, part: LayerParts, residual: torch.Tensor, rows: torch.Tensor,
+                    probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``y_i = x_i + P_i(sum_j sum_h A^h_ij u^h_j + b_O)`` ``(R, d)`` from :func:`attention_output` (the sum over
+    ``j`` of the transformed vectors, ``y_i = sum_j T_i(x_j) + P_i(b_O)``, without forming them) and the factor
+    ``gain * scale_i`` ``(R, d)`` of ``P_i`` (ones without a post-attention norm) and whether ``P_i`` centres."""
+    raw = attention_output(record, part, probs)
+    gain, scale, centred, bias = post_attention(part, raw + part.out_bias)
+    factor = gain * scale
+    return _centred(raw, centred) * factor + bias + wide(residual[rows]), factor, centred
+
+
+def proximity(vectors: torch.Tensor, sign: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
+    """``||y||_1 - ||y - T||_1`` over the last axis of ``vectors`` (overwritten), unclipped, from ``sign`` and
+    ``magnitude`` ``|y_k|`` broadcast against them: ``sign`` is ``sign(y_k)`` for vectors ``T``, or any factor that
+    turns the given vectors into ``t_k = sign(y_k) T_k`` (ALTI's tiles: ``g_k s_i sign(y_k)`` on the unscaled ones).
 
     Summed per coordinate without cancellation: with ``a_k = |y_k|`` and ``t_k = sign(y_k) T_k``,
     ``|y_k| - |y_k - T_k| = t_k`` where ``t_k <= a_k`` and ``2 a_k - t_k`` where ``t_k > a_k``, i.e.
-    ``t_k - 2 max(0, t_k - a_k)``; so a small ``T_i(x_j)`` beside a large residual keeps its own precision
-    instead of the rounding of ``||y_i||_1``. Over ``d``: ``sum_k t_k - 2 sum_k max(0, t_k - a_k)``, computed in
-    place in ``vectors`` (overwritten).
+    ``t_k - 2 max(0, t_k - a_k)``; so a small ``T`` beside a large residual keeps its own precision instead of
+    the rounding of ``||y||_1``. Over ``d``: ``sum_k t_k - 2 sum_k max(0, t_k - a_k)``, in place.
     """
-    sign = torch.where(resultant >= 0, 1.0, -1.0).to(vectors.dtype)
-    t = vectors.mul_(sign[:, None])
+    t = vectors.mul_(sign)
     signed = t.sum(-1)
-    excess = t.sub_(resultant.abs()[:, None]).clamp_min_(0).sum(-1)
-    return _row_normalised((signed - 2 * excess).clamp_min(0))
+    return signed - 2 * t.sub_(magnitude).clamp_min_(0).sum(-1)
+
+
+def alti_rows(vectors: torch.Tensor, resultant: torch.Tensor) -> torch.Tensor:
+    """ALTI (Ferrando et al. 2022, eqs. 8-9): ``max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)`` over its row sum, from
+    every vector ``T_i(x_j)`` ``(R, S, d)`` (overwritten) and ``y_i`` ``(R, d)``; :func:`proximity` per coordinate.
+    The methods use :func:`alti_proximities`, the same numbers a tile at a time."""
+    sign = torch.where(resultant >= 0, 1.0, -1.0).to(vectors.dtype)
+    return _row_normalised(proximity(vectors, sign[:, None], resultant.abs()[:, None]).clamp_min(0))
+
+
+def tile_shape(rows: int, keys: int, hidden: int, element: int = 4) -> tuple[int, int]:
+    """``(query rows, keys)`` of one tile of transformed vectors: ``TILE_ROWS`` rows (fewer if the block has fewer)
+    and as many keys as keep ``rows x keys x d`` numbers within ``TILE_BYTES`` (at least 1, at most ``keys``)."""
+    rows = min(rows, TILE_ROWS)
+    return rows, min(keys, max(1, TILE_BYTES // (element * rows * hidden)))
+
+
+def alti_proximities(record: LayerRecord, part: LayerParts, residual: torch.Tensor, rows: torch.Tensor,
+                     u: torch.Tensor) -> torch.Tensor:
+    """ALTI's proximities ``max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)`` ``(R, S)`` (eqs. 8-9, unnormalised) of
+    absolute positions ``rows``, the vectors formed a tile at a time (:func:`tile_shape`: a few query rows by a
+    few keys, ``TILE_BYTES``, so that each of :func:`proximity`'s passes over them reads the cache, not memory).
+
+    * ``y_i`` first, from :func:`block_resultant` (no vector needed), so each tile is complete on its own;
+    * off the diagonal ``T_i(x_j) = g s_i C(sum_h A^h_ij u^h_j)`` (``P_i`` as gain ``g``, per-row scale ``s_i``
+      and centring ``C``; ``g s_i = 1``, ``C = I`` without a post-attention norm): :func:`by_key`'s batched
+      product on the tile's slice of a heads-last copy of the probabilities, then ``g s_i sign(y_i)`` in one
+      multiply (``sign(y_i)`` cannot enter the product's operands: it scales each ``(rows, d)`` output of the
+      per-key ``(rows, H) @ (H, d)`` coordinate by coordinate);
+    * keys whose probability is 0 for every head and row of a tile have ``T_i(x_j) = 0`` and proximity
+      ``-2 sum_k max(0, -|y_k|) = 0``: a tile's keys run from its first to its last key with a non-zero
+      probability (causal masking halves the work; sliding windows skip more);
+    * the diagonal ``T_i(x_i)`` (which adds ``x_i``) is formed per row and overwrites the tile's value.
+    """
+    probs = _probs(record, rows)  # (H, R, S)
+    resultant, factor, centred = block_resultant(record, part, residual, rows, probs)
+    sign = torch.where(resultant >= 0, 1.0, -1.0).to(resultant.dtype)
+    magnitude = resultant.abs()
+    del resultant
+    factor = factor * sign  # g s_i sign(y_i): the vectors' scale and the sign of t in one factor
+    heads, n_rows, n_keys = probs.shape
+    index = torch.arange(n_rows, device=rows.device)
+    reach = probs.amax(0) > 0  # (R, S): keys with a non-zero probability in some head
+    # (R, S, H), heads last: a tile's (keys, rows, H) operand is a view the batched product reads as it is (one
+    # transpose of an (H, R S) matrix: half the time of a copy in by_key's (S, R, H) layout, on SmolLM2)
+    probs = probs.view(heads, -1).T.contiguous().view(n_rows, n_keys, heads)
+    tile_rows, tile_keys = tile_shape(n_rows, n_keys, u.shape[-1], u.element_size())
+    buffer = u.new_empty(tile_keys, tile_rows, u.shape[-1])
+    out = u.new_zeros(n_rows, n_keys)
+    for r in index.split(tile_rows):
+        a, b = int(r[0]), int(r[-1]) + 1
+        live = torch.nonzero(reach[a:b].any(0))
+        for k in range(int(live[0]), int(live[-1]) + 1, tile_keys) if len(live) else ():
+            j = slice(k, min(k + tile_keys, n_keys))
+            vectors = buffer.view(-1)[:(j.stop - k) * (b - a) * u.shape[-1]].view(j.stop - k, b - a, -1)
+            torch.bmm(probs[a:b, j].transpose(0, 1), u[j], out=vectors)  # (keys, rows, d): sum_h A^h_ij u^h_j
+            if centred:
+                vectors.sub_(vectors.mean(-1, keepdim=True))
+            out[a:b, j] = proximity(vectors, factor[a:b], magnitude[a:b]).T
+        own = torch.einsum("rh,rhd->rd", probs[index[a:b], rows[a:b]], u[rows[a:b]])  # sum_h A^h_ii u^h_i
+        own = _centred(own, centred) * factor[a:b] + wide(residual[rows[a:b]]) * sign[a:b]  # sign(y_i) T_i(x_i)
+        out[a:b][index[:b - a], rows[a:b]] = proximity(own, 1.0, magnitude[a:b])
+    return out.clamp_min_(0)
 
 
 def _row_normalised(scores: torch.Tensor) -> torch.Tensor:
@@ -324,14 +413,25 @@ def rollout_attention_rows(probs: torch.Tensor, rows: torch.Tensor) -> torch.Ten
 
 
 def block_width(kind: str, shapes: Shapes) -> int:
-    """Float32 numbers a block of query rows holds at once per (row, key), counted from the code: ALTI its
-    vectors ``T_i(x_j)`` (``d``; overwritten in place) beside the ``(H, R, S)`` probabilities and their per-key
-    copy (``2 H``); GlobEnc the probabilities, their per-key copy, its product with the Gram matrices and that
-    product's square (``4 H``); attention rollout the scores, a masked or softcapped copy and the probabilities
-    (``3 H``). Each ``+ 1``: the ``(R, S)`` visibility mask and row sums."""
-    if kind == "alti":
-        return shapes.hidden + 2 * shapes.heads + 1
+    """Float32 numbers a block of query rows holds at once per (row, key), counted from the code: attention
+    rollout the scores, a masked or softcapped copy and the probabilities (``3 H``); ALTI the same while its
+    probabilities are computed, then the probabilities and their per-key copy (``2 H``) and, in ALTI-Logit's
+    updates, the probabilities, the heads' dot products and their product (``3 H``) (its vectors exist a tile at
+    a time only: :func:`alti_extra`); GlobEnc the probabilities, their per-key copy, its product with the Gram
+    matrices and that product's square (``4 H``). Each ``+ 1``: the ``(R, S)`` visibility mask and rows."""
     return (4 if kind == "globenc" else 3) * shapes.heads + 1
+
+
+def alti_extra(shapes: Shapes, tokens: int, rows: int) -> int:
+    """Float32 numbers ALTI holds beside a block's ``rows x S x`` :func:`block_width`: per row of the block the
+    heads' mixed values ``(H, D)`` or, after them, about five ``(R, d)`` vectors (the attention output, ``y_i``,
+    its sign and magnitude, the factor ``g s_i sign(y_i)``, temporaries), and one tile of :func:`alti_proximities`
+    (its vectors, beside them the tile's rows of ``u^h_i`` and a few ``(rows, d)`` and ``(keys, rows)`` vectors,
+    and one ``(S,)`` maximum)."""
+    tile_rows, tile_keys = tile_shape(rows, tokens, shapes.hidden, max(shapes.element, 4))
+    per_row = max(shapes.heads * shapes.head_dim + shapes.hidden, 5 * shapes.hidden)
+    tile = tile_rows * (tile_keys * (shapes.hidden + 4) + (shapes.heads + 4) * shapes.hidden) + tokens
+    return rows * per_row + tile
 
 
 def block_rows(tokens: int, width: int) -> int:
@@ -363,7 +463,7 @@ class Layer:
             return rollout_attention_rows(_probs(self.record, rows), rows)
         if self.kind == "globenc":
             return _row_normalised(globenc_norms(self.record, self.part, self.residual, rows, self.u, self.gram))
-        return alti_rows(*self.vectors(rows))
+        return _row_normalised(alti_proximities(self.record, self.part, self.residual, rows, self.u))
 
     def rows(self, rows: torch.Tensor) -> torch.Tensor:
         """``C^l`` at absolute positions ``rows``: ``(R, S)``, each row summing to 1."""
@@ -377,14 +477,23 @@ class Layer:
         return out
 
     def logit_updates(self, rows: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
-        """ALTI-Logit's ``Delta^l`` ``(R, S)`` at absolute positions ``rows`` with their logit directions
-        ``(R, d)``: the transformed vectors without the residual, along the direction."""
+        """ALTI-Logit's ``Delta^l`` ``(R, S)`` at absolute positions ``rows`` with their logit directions ``w_i``
+        ``(R, d)``: the transformed vectors without the residual, along the direction, without forming them.
+        ``P_i(v) . w_i = (g s_i C(v)) . w_i = v . C(g s_i w_i)`` (``C`` is symmetric), so
+
+            Delta_ij = w_i . P_i(sum_h A^h_ij u^h_j) = sum_h A^h_ij (u^h_j . w'_i),   w'_i = C(g s_i w_i),
+
+        one ``(S H, d) @ (d, R)`` product and a sum over the heads, ``S H d`` per row instead of forming
+        ``S d`` numbers with ``S H d`` (the diagonal too: the update leaves ``x_i`` out)."""
         out = []
         for index in torch.arange(len(rows), device=rows.device).split(self.step):
             block = rows[index]
-            vectors, _ = self.vectors(block)
-            vectors[torch.arange(len(block)), block] -= wide(self.residual[block])  # the update only
-            out.append(torch.einsum("tjd,td->tj", vectors, direction[index]))
+            probs = _probs(self.record, block)  # (H, R, S)
+            _, factor, centred = block_resultant(self.record, self.part, self.residual, block, probs)
+            along = _centred(direction[index].to(factor) * factor, centred)  # w'_i (R, d)
+            heads, n_rows, n_keys = probs.shape
+            dots = (self.u.flatten(0, 1) @ along.T).view(n_keys, heads, n_rows)  # u^h_j . w'_i (S, H, R)
+            out.append((probs * dots.permute(1, 2, 0)).sum(0))
         return torch.cat(out)
 
 
@@ -449,7 +558,8 @@ def memory_bytes(lm: LoadedModel, tokens: int, kind: str, all_layers: bool, logi
     * one layer's output projection ``w (d + 1) d``, ``u^h_j`` ``w S H d`` and GlobEnc's Gram matrices
       ``w S H^2`` (none for the rollout), and each block's keys (and GlobEnc's values) repeated to the ``H`` query
       heads, ``2 w S H D``;
-    * one block of query rows, ``w min(S, rows) S`` :func:`block_width` (at most ``BLOCK_BYTES``).
+    * one block of query rows, ``w min(S, rows) S`` :func:`block_width` (at most ``BLOCK_BYTES``), and ALTI's
+      per-row vectors and tile (:func:`alti_extra`).
 
     The ``(T, S)`` rows of the ``T`` explained steps are left out."""
     s = Shapes.of(lm)
@@ -460,7 +570,8 @@ def memory_bytes(lm: LoadedModel, tokens: int, kind: str, all_layers: bool, logi
         layer = (s.hidden + 1) * s.hidden + tokens * s.heads * (s.hidden + s.heads)
     records = tokens * s.element * ((s.layers if all_layers else 1) * per_token + (s.hidden if logit else 0))
     width = block_width(kind, s)
-    block = min(tokens, block_rows(tokens, width)) * tokens * width
+    rows = min(tokens, block_rows(tokens, width))
+    block = rows * tokens * width + (alti_extra(s, tokens, rows) if kind == "alti" else 0)
     return records + max(s.element, 4) * (layer + 2 * tokens * s.heads * s.head_dim + block)
 
 
