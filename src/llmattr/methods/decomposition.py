@@ -216,7 +216,7 @@ def _probs(record: LayerRecord, rows: torch.Tensor) -> torch.Tensor:
 
 
 def _heads_out(record: LayerRecord, part: LayerParts) -> torch.Tensor:
-    """``u^h_j = v^h_j W_O^h``: ``(S, H, d)`` float32, keys first (the layout :func:`by_key` multiplies), one head
+    """``u^h_j = v^h_j W_O^h``: ``(S, H, d)`` float32, keys first (the layout the tiles' product reads), one head
     at a time (no repeated values for GQA, no second copy in another layout)."""
     weight = part.out_proj.to(record.v.device)
     heads, _, hidden = weight.shape
@@ -242,31 +242,6 @@ def post_attention(part: LayerParts, attn: torch.Tensor) -> tuple[torch.Tensor, 
 
 def _centred(x: torch.Tensor, centred: bool) -> torch.Tensor:
     return x - x.mean(-1, keepdim=True) if centred else x
-
-
-def by_key(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """``sum_h A^h_ij u^h_j`` ``(R, S, d)`` from ``probs`` ``(H, R, S)`` and ``u`` ``(S, H, d)``: one batched matrix
-    product over the keys ``j`` (``(R, H) @ (H, d)`` each; an einsum picks a far slower layout here), returned as a
-    transposed view of the ``(S, R, d)`` result (contiguous operands: a strided batch is far slower too)."""
-    return torch.bmm(probs.permute(2, 1, 0).contiguous(), u).transpose(0, 1)
-
-
-def transformed_vectors(record: LayerRecord, part: LayerParts, residual: torch.Tensor, rows: torch.Tensor,
-                        u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``T_i(x_j)`` ``(R, S, d)`` and ``y_i`` ``(R, d)`` for absolute positions ``rows`` (module docstring);
-    ``residual`` is the block input ``(S, d)``, ``u`` from :func:`_heads_out`. Every vector at once: the methods
-    never call this (:func:`alti_proximities` and :meth:`Layer.logit_updates` form them a cache-sized tile at a
-    time, or not at all); it is the plain statement of the decomposition that the tests check them against."""
-    vectors = by_key(_probs(record, rows), u)  # (R, S, d)
-    if part.post_norm is not None:
-        gain, scale, centred, bias = post_attention(part, vectors.sum(1) + part.out_bias)
-        if centred:
-            vectors.sub_(vectors.mean(-1, keepdim=True))
-        vectors.mul_((gain * scale)[:, None, :])
-    else:
-        bias = part.out_bias
-    vectors[torch.arange(len(rows)), rows] += wide(residual[rows])
-    return vectors, vectors.sum(1) + bias
 
 
 def head_grams(part: LayerParts, u: torch.Tensor) -> torch.Tensor:
@@ -337,14 +312,6 @@ def proximity(vectors: torch.Tensor, sign: torch.Tensor, magnitude: torch.Tensor
     return signed - 2 * t.sub_(magnitude).clamp_min_(0).sum(-1)
 
 
-def alti_rows(vectors: torch.Tensor, resultant: torch.Tensor) -> torch.Tensor:
-    """ALTI (Ferrando et al. 2022, eqs. 8-9): ``max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)`` over its row sum, from
-    every vector ``T_i(x_j)`` ``(R, S, d)`` (overwritten) and ``y_i`` ``(R, d)``; :func:`proximity` per coordinate.
-    The methods use :func:`alti_proximities`, the same numbers a tile at a time."""
-    sign = torch.where(resultant >= 0, 1.0, -1.0).to(vectors.dtype)
-    return _row_normalised(proximity(vectors, sign[:, None], resultant.abs()[:, None]).clamp_min(0))
-
-
 def tile_shape(rows: int, keys: int, hidden: int, element: int = 4) -> tuple[int, int]:
     """``(query rows, keys)`` of one tile of transformed vectors: ``TILE_ROWS`` rows (fewer if the block has fewer)
     and as many keys as keep ``rows x keys x d`` numbers within ``TILE_BYTES`` (at least 1, at most ``keys``)."""
@@ -360,8 +327,8 @@ def alti_proximities(record: LayerRecord, part: LayerParts, residual: torch.Tens
 
     * ``y_i`` first, from :func:`block_resultant` (no vector needed), so each tile is complete on its own;
     * off the diagonal ``T_i(x_j) = g s_i C(sum_h A^h_ij u^h_j)`` (``P_i`` as gain ``g``, per-row scale ``s_i``
-      and centring ``C``; ``g s_i = 1``, ``C = I`` without a post-attention norm): :func:`by_key`'s batched
-      product on the tile's slice of a heads-last copy of the probabilities, then ``g s_i sign(y_i)`` in one
+      and centring ``C``; ``g s_i = 1``, ``C = I`` without a post-attention norm): a batched ``(rows, H) @ (H, d)``
+      product per key on the tile's slice of a heads-last copy of the probabilities, then ``g s_i sign(y_i)`` in one
       multiply (``sign(y_i)`` cannot enter the product's operands: it scales each ``(rows, d)`` output of the
       per-key ``(rows, H) @ (H, d)`` coordinate by coordinate);
     * keys whose probability is 0 for every head and row of a tile have ``T_i(x_j) = 0`` and proximity
@@ -379,7 +346,7 @@ def alti_proximities(record: LayerRecord, part: LayerParts, residual: torch.Tens
     index = torch.arange(n_rows, device=rows.device)
     reach = probs.amax(0) > 0  # (R, S): keys with a non-zero probability in some head
     # (R, S, H), heads last: a tile's (keys, rows, H) operand is a view the batched product reads as it is (one
-    # transpose of an (H, R S) matrix: half the time of a copy in by_key's (S, R, H) layout, on SmolLM2)
+    # transpose of an (H, R S) matrix: half the time of a copy in an (S, R, H) layout, on SmolLM2)
     probs = probs.view(heads, -1).T.contiguous().view(n_rows, n_keys, heads)
     tile_rows, tile_keys = tile_shape(n_rows, n_keys, u.shape[-1], u.element_size())
     buffer = u.new_empty(tile_keys, tile_rows, u.shape[-1])
@@ -453,10 +420,6 @@ class Layer:
         self.u = None if kind == "attention" else _heads_out(self.record, self.part)
         self.gram = head_grams(self.part, self.u) if kind == "globenc" else None
         self.step = block_rows(self.record.k.shape[2], block_width(kind, Shapes.of(lm)))
-
-    def vectors(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`transformed_vectors` of one block of ``rows``."""
-        return transformed_vectors(self.record, self.part, self.residual, rows, self.u)
 
     def _block(self, rows: torch.Tensor) -> torch.Tensor:
         if self.kind == "attention":
