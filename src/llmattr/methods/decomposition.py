@@ -34,9 +34,10 @@ layer's update is traced to the input tokens through the ALTI rollout of the lay
 ``logit_{w <- x} = sum_l Delta^l R^{l-1}`` with ``R^{-1} = I``. The contrastive objective (``objective=contrast``)
 explains ``z_w - z_f`` with ``U_w - U_f``.
 
-Precision: float32 (float64 for a float64 model). ALTI's proximity ``||y_i||_1 - ||y_i - T_i(x_j)||_1`` is a
-difference of two nearly equal numbers when ``T_i(x_j)`` is small beside the residual; :func:`proximity` sums it
-per coordinate without that cancellation.
+Precision: float32 (float64 for a float64 model, except the attention probabilities, which
+:func:`~..models.probe.attention_probs` takes in float32 whatever the dtype). ALTI's proximity
+``||y_i||_1 - ||y_i - T_i(x_j)||_1`` is a difference of two nearly equal numbers when ``T_i(x_j)`` is small beside
+the residual; :func:`proximity` sums it per coordinate without that cancellation.
 
 Cost: no tensor of size ``S x S``. One forward records q, k and v of every layer (linear in ``S``; attention
 rollout: q and k); the rollout runs top-down, ``r <- r C^l`` with ``r`` the ``(T, S)`` rows of the explained
