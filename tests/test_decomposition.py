@@ -15,7 +15,7 @@ from llmattr.errors import LlmattrError
 from llmattr.faithfulness.alignment import per_layer_scores
 from llmattr.methods import decomposition as dec
 from llmattr.models.forward import decoder_blocks
-from llmattr.models.loading import wrap_model
+from llmattr.models.loading import LoadedModel, wrap_model
 from llmattr.models.memory import Shapes, activation_bytes, plan
 from llmattr.models.probe import Probe, eager_attention, repeat_heads
 from llmattr.tasks import get_task
@@ -127,6 +127,25 @@ def test_two_layers_by_hand(tiny_tokenizer):
 # --- identities on every architecture ---------------------------------------------------------------------------
 
 
+CENTRED = "gemma3-layernorm"  # Gemma 3 with a LayerNorm after attention: the centring C of P_i is exercised
+
+
+def build(arch: str, tokenizer) -> LoadedModel:
+    """:func:`build_tiny`, or for :data:`CENTRED` a tiny Gemma 3 whose post-attention norms are LayerNorms with
+    random gains (no architecture the tests build has a centring norm after attention; the norms' bias stays 0,
+    like the tiny models' output biases: a bias is no token's contribution, and the logit test sums tokens')."""
+    if arch != CENTRED:
+        return build_tiny(arch, tokenizer)
+    lm = build_tiny("gemma3", tokenizer)
+    generator = torch.Generator().manual_seed(1)
+    for block in decoder_blocks(lm.model):
+        norm = torch.nn.LayerNorm(lm.config.hidden_size, eps=1e-6)
+        with torch.no_grad():
+            norm.weight.copy_(1 + 0.3 * torch.randn(norm.weight.shape, generator=generator))
+        block.post_attention_layernorm = norm.requires_grad_(False).to(next(block.parameters()).device)  # as loaded
+    return lm
+
+
 def _ids(lm):
     return lm.tokenizer(TEXT, return_tensors="pt").input_ids
 
@@ -150,12 +169,12 @@ def _attention_updates(lm, ids):
     return updates, final[0]
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [*ARCHS, CENTRED])
 def test_decomposition_rebuilds_the_block_and_rows_sum_to_one(arch, tiny_tokenizer):
     """sum_j T_i(x_j) + P_i(b_O) equals the residual stream after the attention block (hooked), for every row
     of both layers; ALTI, GlobEnc and attention-rollout rows sum to 1 over the visible keys and are 0 elsewhere
     (Gemma3's sliding window of 4 included)."""
-    lm = build_tiny(arch, tiny_tokenizer)
+    lm = build(arch, tiny_tokenizer)
     ids = _ids(lm)
     n = ids.shape[1]
     updates, _ = _attention_updates(lm, ids)
@@ -230,36 +249,41 @@ def test_layers_and_rollout_equal_the_reference(arch, tiny_tokenizer, monkeypatc
                                    rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [*ARCHS, CENTRED])
 def test_alti_tiles_equal_the_reference(arch, tiny_tokenizer, monkeypatch):
     """ALTI's rows formed in tiles of 2 query rows by 3 keys (several tiles per row group, the last one partial;
-    Gemma 3's window of 4 skips the keys before it) equal the full-tensor reference on every row of both layers,
-    and ``y_i`` from the attention output (:func:`dec.block_resultant`, no vector formed) equals the sum of the
-    transformed vectors ``sum_j T_i(x_j) + P_i(b_O)``."""
-    lm = build_tiny(arch, tiny_tokenizer)
+    Gemma 3's window of 4 skips the keys before it) equal the plain statement (every vector formed) and, where the
+    post-attention norm is an RMSNorm or absent, the independent full-tensor reference (whose RMS reading cannot
+    hold a centring norm's mean and bias) on every row of both layers; ``y_i`` from the attention output
+    (:func:`dec.block_resultant`, no vector formed) equals the sum of the transformed vectors
+    ``sum_j T_i(x_j) + P_i(b_O)``."""
+    lm = build(arch, tiny_tokenizer)
     ids = _ids(lm)
     n = ids.shape[1]
     monkeypatch.setattr(dec, "TILE_ROWS", 2)
     monkeypatch.setattr(dec, "TILE_BYTES", 4 * 2 * 3 * lm.config.hidden_size)
     assert dec.tile_shape(n, n, lm.config.hidden_size) == (2, 3)
-    reference = reference_matrices(lm, ids)["alti"]
+    reference = None if arch == CENTRED else reference_matrices(lm, ids)["alti"]
     tr = dec.trace(lm, ids, None, [0, 1], "alti")
     rows = torch.arange(n)
     for layer in (0, 1):
-        torch.testing.assert_close(dec.Layer(tr, lm, layer, "alti").rows(rows), reference[layer], rtol=1e-4, atol=1e-5)
+        tiled = dec.Layer(tr, lm, layer, "alti").rows(rows)
+        if reference is not None:
+            torch.testing.assert_close(tiled, reference[layer], rtol=1e-4, atol=1e-5)
         decomposition = dec.Layer(tr, lm, layer, "alti")
         vectors, resultant = transformed_vectors(decomposition, rows)
+        torch.testing.assert_close(tiled, alti_rows(vectors, resultant), rtol=1e-4, atol=1e-5)
         probs = dec._probs(decomposition.record, rows)
         from_output, _, _ = dec.block_resultant(decomposition.record, decomposition.part, decomposition.residual,
                                                 rows, probs)
         assert (from_output - resultant).abs().max() <= 1e-5 * vectors.abs().sum(1).max()
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [*ARCHS, CENTRED])
 def test_logit_updates_equal_the_vectors_along_the_direction(arch, tiny_tokenizer):
     """``Delta_ij = sum_h A^h_ij (u^h_j . C(g s_i w_i))`` (:meth:`dec.Layer.logit_updates`, no vector formed)
     equals the transformed vectors without the residual, ``T_i(x_j) - delta_ij x_i``, dotted with ``w_i``."""
-    lm = build_tiny(arch, tiny_tokenizer)
+    lm = build(arch, tiny_tokenizer)
     ids = _ids(lm)
     n = ids.shape[1]
     tr = dec.trace(lm, ids, None, [0, 1], "alti")
@@ -274,12 +298,12 @@ def test_logit_updates_equal_the_vectors_along_the_direction(arch, tiny_tokenize
                                    atol=1e-5 * expected.abs().max().item())
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [*ARCHS, CENTRED])
 def test_alti_logit_sums_to_the_attention_updates_of_the_logit(arch, tiny_tokenizer):
     """ALTI rows sum to 1, so the ALTI-Logit scores of a row sum to U_w . F(sum_l (y^l - x^l)): the attention
     blocks' share of the target logit through the final norm frozen at that row (the norm's own gain over the
     centred state), from hooked updates."""
-    lm = build_tiny(arch, tiny_tokenizer)
+    lm = build(arch, tiny_tokenizer)
     ids = _ids(lm)
     n = ids.shape[1]
     positions = torch.tensor([n - 3, n - 1])
