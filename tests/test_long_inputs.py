@@ -181,6 +181,39 @@ def test_oversize_input_is_refused_before_the_model_runs(tiny_llama, monkeypatch
     assert calls
 
 
+def test_methods_side_by_side_are_guarded_before_the_generation(tiny_llama, monkeypatch):
+    """Several methods: none fits -> one line naming each, and neither the generation nor a method ran; one fits
+    -> the generation runs, the one is explained and the other is named as refused."""
+    monkeypatch.setenv(LIMIT_ENV, "20KB")
+    calls = []
+    tiny_llama.model.register_forward_pre_hook(lambda *args: calls.append(1))
+    with pytest.warns(UserWarning) as caught:
+        out = llmattr.explain(TEXT, model=tiny_llama, method=["saliency", "integrated-gradients"], task="sentiment")
+    assert not calls and len(out) == 0
+    why = out.failed[0]
+    assert "\n" not in why and why.startswith("no method fits in memory: saliency on")
+    assert "; integrated-gradients on" in why and why.count("needs about") == 2
+    assert "item 0: no method fits in memory" in str(caught[0].message)
+    tokens = prepare(tiny_llama, TEXT, get_task("sentiment")).input_ids.shape[1]
+    calls.clear()
+    limit = 20_000
+    while not fits(tiny_llama, methods.get("random"), tokens):  # the least that random's forward pass needs
+        limit = limit * 21 // 20
+        monkeypatch.setenv(LIMIT_ENV, str(limit))
+    assert not fits(tiny_llama, methods.get("saliency"), tokens)
+    with pytest.warns(UserWarning, match="item 0: saliency: saliency on"):
+        out = llmattr.explain(TEXT, model=tiny_llama, method=["saliency", "random"], task="sentiment")
+    assert calls and [e.method for e in out] == ["random"]
+
+
+def fits(lm, method, tokens: int) -> bool:
+    try:
+        plan(lm, method, tokens)
+    except LlmattrError:
+        return False
+    return True
+
+
 def test_auto_checkpointing_when_only_the_checkpointed_backward_fits(tiny_llama, monkeypatch):
     """20 tokens: plain backward 112,640 bytes, checkpointed 48,640; a 60 KB limit takes the checkpointed one,
     ``off`` refuses and suggests it, and checkpointing changes no score."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import time
 import warnings
+from collections.abc import Sequence
 from functools import lru_cache
 
 import torch
@@ -45,7 +46,8 @@ def resolve_model(model: str | LoadedModel, device: str = "auto", dtype: str | N
 
 def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int | None = None,
             answer: str | None = None, demonstrations: str = "", target: str = "label",
-            gold: str | None = None, scope: str = "span", method: methods.AttributionMethod | None = None,
+            gold: str | None = None, scope: str = "span",
+            method: methods.AttributionMethod | Sequence[methods.AttributionMethod] | None = None,
             checkpointing: str = "auto") -> Target:
     """Prompt + target for one input: the shared first half of every explanation.
 
@@ -55,7 +57,8 @@ def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int |
     the gold word (:func:`llmattr.targets.word_target`). A forced ``answer`` is explained as given.
     ``scope`` (``span``, ``prompt``, ``all``): what is attributed and perturbed
     (:func:`llmattr.targets.with_scope`).
-    With ``method``, the memory guard runs before the model does (:func:`llmattr.models.memory.plan`).
+    With ``method`` (one, or several explained side by side), the memory guard runs before the model does
+    (:func:`guard`).
     """
     if isinstance(text, str) and not text.strip():
         raise LlmattrError("empty text: give the text to explain")
@@ -67,13 +70,30 @@ def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int |
     n_new = task.max_new_tokens if max_new_tokens is None else max_new_tokens
     tokens = prompt.length + max(n_new, 1) - 1
     if method is not None and tokens < lm.max_length:  # longer than the context: make_target says so
-        memory.plan(lm, method, tokens, checkpointing)
+        guard(lm, [method] if isinstance(method, methods.AttributionMethod) else method, tokens, checkpointing)
     gold = example.get("label") if gold is None else gold
     if answer is None and task.explains_label_word:
         return with_scope(label_target(lm, prompt, task, n_new, target, gold), scope)
     if answer is None and task.next_word and target == "gold":
         return with_scope(word_target(lm, prompt, task, gold), scope)
     return with_scope(make_target(lm, prompt, n_new, answer), scope)
+
+
+def guard(lm: LoadedModel, method_objs: Sequence[methods.AttributionMethod], tokens: int,
+          checkpointing: str) -> None:
+    """The memory guard before the generation (:func:`llmattr.models.memory.plan`): passes where at least one
+    of the methods fits in ``tokens`` tokens, else raises the one method's refusal, or one line naming each.
+    Of several methods, those that do not fit are refused one by one in :func:`attribute`, and the others kept."""
+    refusals = []
+    for method_obj in method_objs:
+        try:
+            memory.plan(lm, method_obj, tokens, checkpointing)
+            return
+        except LlmattrError as err:  # each refusal names its method: "saliency on 97 tokens needs ..."
+            refusals.append(err)
+    if len(refusals) == 1:
+        raise refusals[0]
+    raise LlmattrError("no method fits in memory: " + "; ".join(map(str, refusals)))
 
 
 def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod, task: Task | None = None,
@@ -233,9 +253,8 @@ def explain_text(lm: LoadedModel, text: str | dict, method_objs: list[methods.At
     example = task.example_from_text(text)
     if shots:
         demonstrations += few_shot(task, shots, shots_seed, exclude=[{"id": None, **example}], source=shots_from)
-    guard = method_objs[0] if len(method_objs) == 1 else None  # several: each is guarded in attribute()
     prepared_target = prepare(lm, text, task, max_new_tokens, answer, demonstrations, target, gold,
-                              scope, guard, checkpointing)
+                              scope, method_objs, checkpointing)
     prepared = time.perf_counter()
     timings = {"load_s": float(lm.info.get("load_s", 0.0)), "generate_s": prepared - loaded}
     explained = []
