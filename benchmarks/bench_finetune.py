@@ -2,7 +2,8 @@
 
     python benchmarks/bench_finetune.py --tasks sst2 --out /tmp/ft [--figure docs/img/finetune_loss.png]
 
-For each task: ``llmattr.finetune`` with its defaults (3 epochs, AdamW lr 1e-5, batch 8, 80 held-out rows), the
+For each task: ``llmattr.finetune`` with its defaults (3 epochs, AdamW lr 1e-5, batch 8, 80 held-out rows; ``--epochs``
+and ``--held-out`` change those two), the
 fine-tuned model's held-out accuracy with its 95% bootstrap interval and the majority-class rate, wall time, and
 the 1-minute load average before and after (``os.getloadavg``; on a shared machine other work slows the run).
 With ``--base``, the base model's accuracy on the same held-out rows afterwards. The loss curves go to one figure.
@@ -38,6 +39,8 @@ def main() -> None:
     parser.add_argument("--tasks", default="sst2")
     parser.add_argument("--out", default="/tmp/llmattr-finetune")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--held-out", type=int, default=FinetuneConfig.held_out,
+                        help="rows kept out of training (more: a narrower interval, fewer training rows)")
     parser.add_argument("--figure", default=None)
     parser.add_argument("--base", action="store_true", help="also score the base model on the held-out rows "
                                                             "(after the timed fine-tune)")
@@ -45,7 +48,7 @@ def main() -> None:
 
     results = {}
     for name in args.tasks.split(","):
-        cfg = FinetuneConfig(task=name, epochs=args.epochs)
+        cfg = FinetuneConfig(task=name, epochs=args.epochs, held_out=args.held_out)
         load_before = os.getloadavg()[0]
         start = time.perf_counter()
         card = finetune("default", Path(args.out) / name, cfg, device="cpu")
