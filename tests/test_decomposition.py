@@ -267,10 +267,10 @@ def test_alti_tiles_equal_the_reference(arch, tiny_tokenizer, monkeypatch):
     tr = dec.trace(lm, ids, None, [0, 1], "alti")
     rows = torch.arange(n)
     for layer in (0, 1):
-        tiled = dec.Layer(tr, lm, layer, "alti").rows(rows)
+        decomposition = dec.Layer(tr, lm, layer, "alti")
+        tiled = decomposition.rows(rows)
         if reference is not None:
             torch.testing.assert_close(tiled, reference[layer], rtol=1e-4, atol=1e-5)
-        decomposition = dec.Layer(tr, lm, layer, "alti")
         vectors, resultant = transformed_vectors(decomposition, rows)
         torch.testing.assert_close(tiled, alti_rows(vectors, resultant), rtol=1e-4, atol=1e-5)
         probs = dec._probs(decomposition.record, rows)
