@@ -317,3 +317,32 @@ def test_cli_explain_methods_side_by_side(tiny_llama, tmp_path, monkeypatch):
                                        str(tmp_path / "m.png")])
     assert isinstance(refused.exception, LlmattrError) and "--figure draws one method" in str(refused.exception)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.html", "out.json"]
+
+
+def test_cli_explain_side_by_side_names_the_refused_methods(tiny_llama, tmp_path, monkeypatch):
+    """One text, several methods: one refused -> the others written, the refused one named in the error line;
+    every one refused -> that one line and no file written (it used to fail with an IndexError)."""
+    monkeypatch.setattr("llmattr.models.loading.load_model", lambda *a, **k: tiny_llama)
+    attribute = api.attribute
+
+    def failing(lm, target, method, *args, **kwargs):
+        if method.name == "saliency":
+            raise LlmattrError("would not fit in memory")
+        return attribute(lm, target, method, *args, **kwargs)
+
+    monkeypatch.setattr(api, "attribute", failing)
+    data = tmp_path / "out.json"
+    args = ["explain", TEXT, "--task", "generate", "--answer", ANSWER, "--json", str(data), "--method"]
+    with pytest.warns(UserWarning):
+        partial = CliRunner().invoke(app, [*args, "saliency,random"])
+    assert isinstance(partial.exception, LlmattrError)
+    assert str(partial.exception) == "not explained: saliency: would not fit in memory"
+    assert [r["method"] for r in json.loads(data.read_text())] == ["random"]
+    data.unlink()
+    monkeypatch.setenv("LLMATTR_MEMORY_LIMIT", "1KB")
+    with pytest.warns(UserWarning):
+        refused = CliRunner().invoke(app, [*args, "saliency,random"])
+    assert isinstance(refused.exception, LlmattrError)
+    message = str(refused.exception)
+    assert message.startswith("not explained: no method fits in memory: saliency on") and "; random on" in message
+    assert "\n" not in message and not data.exists()

@@ -229,6 +229,9 @@ def explain(
                                 max_new_tokens=max_new_tokens, answer=answer, shots=shots, shots_from=shots_from,
                                 target=target, scope=scope, checkpointing=checkpointing, method_params=params)
     expls = list(explained) if many else [explained]
+    failed = getattr(explained, "failed", {})
+    if not expls:  # every method refused (the memory guard, say) or every row failed: nothing to show or write
+        raise LlmattrError(not_explained(failed, data))
     for expl in expls:
         if format == "text":
             print_explanation(expl, console, numbers=numbers, shared_scale=shared_scale)
@@ -242,10 +245,17 @@ def explain(
         typer.echo(dumps(records if many else records[0], ensure_ascii=False))
     write_outputs(explained, records if many else records[0], results if many else results[0],
                   outputs, console, numbers=bool(numbers), shared_scale=shared_scale)
-    failed = getattr(explained, "failed", {})
     if failed:  # every good row is written above; the bad ones are named, and the exit code says so
-        raise LlmattrError(f"{len(failed)} row(s) of {data} not explained: "
-                           + "; ".join(f"row {i + 1}: {why}" for i, why in failed.items()))
+        raise LlmattrError(not_explained(failed, data))
+
+
+def not_explained(failed: dict[int, str], data: Path | None) -> str:
+    """One line naming what :func:`llmattr.explain` left out: ``--data``'s rows by number, or for one text the
+    methods that refused it (``"saliency: ..."``, or ``"no method fits in memory: ..."``)."""
+    if data is None:
+        return f"not explained: {failed[0]}"
+    return (f"{len(failed)} row(s) of {data} not explained: "
+            + "; ".join(f"row {i + 1}: {why}" for i, why in failed.items()))
 
 
 def file_texts(texts: list, n: int | None, field: list[str], target: str, check_texts) -> list:
