@@ -93,7 +93,8 @@ def test_batch_keeps_the_good_results_and_names_the_bad_items(tiny_llama, monkey
     assert "Boring." in out[1].text and "item 1 not explained" in out._repr_html_()
 
 
-def test_a_method_that_fails_on_a_text_keeps_the_other_methods(tiny_llama, monkeypatch):
+def refuse_saliency(monkeypatch) -> None:
+    """Make :func:`api.attribute` refuse saliency as the memory guard would, and run every other method."""
     attribute = api.attribute
 
     def failing(lm, target, method, *args, **kwargs):
@@ -102,6 +103,10 @@ def test_a_method_that_fails_on_a_text_keeps_the_other_methods(tiny_llama, monke
         return attribute(lm, target, method, *args, **kwargs)
 
     monkeypatch.setattr(api, "attribute", failing)
+
+
+def test_a_method_that_fails_on_a_text_keeps_the_other_methods(tiny_llama, monkeypatch):
+    refuse_saliency(monkeypatch)
     with pytest.warns(UserWarning, match="item 0: saliency: would not fit in memory"):
         out = llmattr.explain("A fine film.", model=tiny_llama, method=["random", "saliency", "attention"])
     assert [e.method for e in out] == ["random", "attention"] and out.failed == {0: "saliency: would not fit in "
@@ -323,14 +328,7 @@ def test_cli_explain_side_by_side_names_the_refused_methods(tiny_llama, tmp_path
     """One text, several methods: one refused -> the others written, the refused one named in the error line;
     every one refused -> that one line and no file written (it used to fail with an IndexError)."""
     monkeypatch.setattr("llmattr.models.loading.load_model", lambda *a, **k: tiny_llama)
-    attribute = api.attribute
-
-    def failing(lm, target, method, *args, **kwargs):
-        if method.name == "saliency":
-            raise LlmattrError("would not fit in memory")
-        return attribute(lm, target, method, *args, **kwargs)
-
-    monkeypatch.setattr(api, "attribute", failing)
+    refuse_saliency(monkeypatch)
     data = tmp_path / "out.json"
     args = ["explain", TEXT, "--task", "generate", "--answer", ANSWER, "--json", str(data), "--method"]
     with pytest.warns(UserWarning):
