@@ -66,7 +66,8 @@ def strata(method: str, *datasets: str) -> dict:
 def test_table1_means_intervals_tests_and_shared_ranks(tmp_path):
     fill(tmp_path / "r.sqlite")
     known = catalog()
-    table = paper_tables(Results([tmp_path / "r.sqlite"], datasets=known.datasets), "tiny", tables=known.tables)[0]
+    table = paper_tables(Results([tmp_path / "r.sqlite"], datasets=known.datasets), "tiny", tables=known.tables,
+                         controls=known.controls)[0]
     assert table.name == "table1_pi_soft_auc"
     assert table.columns == ["attention", "grad-ellm", "saliency", "random"] and table.control == ("random",)
     rows = dict(table.sections[0].rows)
@@ -118,7 +119,8 @@ def test_exact_ties_share_a_rank(tmp_path):
                             0.1, [MetricOutput("pi-soft", "dynamic", 0.1, [Row("pi_soft_ns_auc", 0.1 * i),
                                                                           Row("pi_soft_nc_auc", 0.1 * i)])])
     known = catalog()
-    table = paper_tables(Results([tmp_path / "r.sqlite"], datasets=known.datasets), "tiny", tables=known.tables)[0]
+    table = paper_tables(Results([tmp_path / "r.sqlite"], datasets=known.datasets), "tiny", tables=known.tables,
+                         controls=known.controls)[0]
     avg = dict(table.sections[0].rows)["Avg"]
     assert [c.rank for c in avg] == [1, 1] and avg[0].p_next == 1.0 and table.control == ()
 
