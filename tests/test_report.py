@@ -93,6 +93,11 @@ def test_table1_means_intervals_tests_and_shared_ranks(tmp_path):
     assert "| Dataset | attention | grad-ellm | saliency | random (control) |" in md
     assert "| *AUC π-Soft-NC ↑* | | | | |" in md
     assert "| Dataset | attention | grad-ellm | saliency | 1st vs 2nd |" in md  # the p-value grid
+    # the control is whatever the catalog says (AttributionMethod.control), not a name the report knows
+    other = paper_tables(Results([tmp_path / "r.sqlite"], datasets=known.datasets), "tiny", tables=known.tables,
+                         controls=("saliency",))[0]
+    assert other.columns == ["attention", "grad-ellm", "random", "saliency"] and other.control == ("saliency",)
+    assert [c.rank for c in dict(other.sections[0].rows)["Avg"]][-1] is None
     sd = statistics.mean(statistics.stdev(values) for values in NS.values())  # NC = 1 - NS: the same spread
     assert (f"Mean Monte-Carlo standard error per example: AUC π-Soft-NS 0.010, SD over examples {sd:.3f}; "
             f"AUC π-Soft-NC 0.030, SD over examples {sd:.3f}.") in md
