@@ -202,8 +202,8 @@ def layer_curves(results: Results, model: str, out: Path, tables: Sequence[Table
                 layers = sorted(layer for layer, lab in per_metric[m.metric] if lab == label)
                 ests = [stats.estimate(per_metric[m.metric][(layer, label)], resamples) for layer in layers]
                 counts += [e.n for e in ests]
-                style = dict(linestyle="--", marker=None) if is_control(label, controls) else dict(marker="o",
-                                                                                                      markersize=3)
+                dashed = is_control(label, controls)
+                style = dict(linestyle="--", marker=None) if dashed else dict(marker="o", markersize=3)
                 ax.plot(layers, [e.mean for e in ests], color=colors[label], label=label, **style)
                 ax.fill_between(layers, [e.mean if e.low is None else e.low for e in ests],
                                 [e.mean if e.high is None else e.high for e in ests], color=colors[label],

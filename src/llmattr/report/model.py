@@ -85,6 +85,7 @@ class Stats:
     controls: tuple[str, ...] = ()
 
     def is_control(self, label: str) -> bool:
+        """Whether ``label``'s method is one of the controls."""
         return is_control(label, self.controls)
 
 
