@@ -17,7 +17,6 @@ from llmattr.faithfulness.alignment import (
 )
 from llmattr.methods import get as get_method
 from llmattr.tasks import get_task
-from llmattr.tasks.blimp import pair_example
 
 # A.4: "Karla thinks/think about it", tokens [Karla, thinks, about, it], evidence Karla
 E = [1, 0, 0, 0]
@@ -44,8 +43,8 @@ def test_ap_with_several_evidence_tokens_and_rows():
 
 def test_blimp_evidence_maps_to_tokens_and_per_layer_rows(tiny_llama):
     task = get_task("blimp-darn")
-    row = pair_example({"one_prefix_prefix": "The sister of doctors", "one_prefix_word_good": "writes",
-                        "one_prefix_word_bad": "write"}, "darn")
+    row = task.pair({"one_prefix_prefix": "The sister of doctors", "one_prefix_word_good": "writes",
+                     "one_prefix_word_bad": "write"})
     target = prepare(tiny_llama, row, task, max_new_tokens=1)
     expl = attribute(tiny_llama, target, get_method("logat"), task, row)
     e = evidence_vector(expl, row["evidence_words"])

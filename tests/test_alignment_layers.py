@@ -24,10 +24,9 @@ from llmattr.methods import get as get_method
 from llmattr.methods.value_zeroing import value_zeroing_distances
 from llmattr.plotting import method_colors
 from llmattr.tasks import get_task
-from llmattr.tasks.blimp import pair_example
 
-ROW = pair_example({"one_prefix_prefix": "The sister of doctors", "one_prefix_word_good": "writes",
-                    "one_prefix_word_bad": "write"}, "darn")  # evidence: "sister"
+ROW = get_task("blimp-darn").pair({"one_prefix_prefix": "The sister of doctors", "one_prefix_word_good": "writes",
+                                   "one_prefix_word_bad": "write"})  # evidence: "sister"
 
 
 def hand_average_precision(scores: list[float], evidence: list[int]) -> float:

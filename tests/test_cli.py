@@ -17,7 +17,7 @@ def run_cli(*args, timeout=300):
     (["explain", "fine", "--method", "no-such-method"], "unknown method"),
     (["explain", "fine", "--task", "no-such-task"], "unknown task"),
     (["explain", "fine", "--model", "/nonexistent/x.gguf"], "model file not found"),
-    (["evaluate", "--coupling", "shared"], "unknown coupling 'shared'"),
+    (["evaluate", "--coupling", "shared"], "--coupling must be one of coupled, independent; got 'shared'"),
     (["report", "none.sqlite", "--bootstrap", "0"], "--bootstrap must be at least 1"),
 ])
 def test_user_errors_exit_2_with_one_line(args, fragment):

@@ -66,7 +66,8 @@ def strata(method: str, *datasets: str) -> dict:
 def test_table1_means_intervals_tests_and_shared_ranks(tmp_path):
     fill(tmp_path / "r.sqlite")
     known = catalog()
-    table = paper_tables(Results([tmp_path / "r.sqlite"], datasets=known.datasets), "tiny", tables=known.tables)[0]
+    table = paper_tables(Results([tmp_path / "r.sqlite"], datasets=known.datasets), "tiny", tables=known.tables,
+                         controls=known.controls)[0]
     assert table.name == "table1_pi_soft_auc"
     assert table.columns == ["attention", "grad-ellm", "saliency", "random"] and table.control == ("random",)
     rows = dict(table.sections[0].rows)
@@ -92,6 +93,11 @@ def test_table1_means_intervals_tests_and_shared_ranks(tmp_path):
     assert "| Dataset | attention | grad-ellm | saliency | random (control) |" in md
     assert "| *AUC π-Soft-NC ↑* | | | | |" in md
     assert "| Dataset | attention | grad-ellm | saliency | 1st vs 2nd |" in md  # the p-value grid
+    # the control is whatever the catalog says (AttributionMethod.control), not a name the report knows
+    other = paper_tables(Results([tmp_path / "r.sqlite"], datasets=known.datasets), "tiny", tables=known.tables,
+                         controls=("saliency",))[0]
+    assert other.columns == ["attention", "grad-ellm", "random", "saliency"] and other.control == ("saliency",)
+    assert [c.rank for c in dict(other.sections[0].rows)["Avg"]][-1] is None
     sd = statistics.mean(statistics.stdev(values) for values in NS.values())  # NC = 1 - NS: the same spread
     assert (f"Mean Monte-Carlo standard error per example: AUC π-Soft-NS 0.010, SD over examples {sd:.3f}; "
             f"AUC π-Soft-NC 0.030, SD over examples {sd:.3f}.") in md
@@ -118,7 +124,8 @@ def test_exact_ties_share_a_rank(tmp_path):
                             0.1, [MetricOutput("pi-soft", "dynamic", 0.1, [Row("pi_soft_ns_auc", 0.1 * i),
                                                                           Row("pi_soft_nc_auc", 0.1 * i)])])
     known = catalog()
-    table = paper_tables(Results([tmp_path / "r.sqlite"], datasets=known.datasets), "tiny", tables=known.tables)[0]
+    table = paper_tables(Results([tmp_path / "r.sqlite"], datasets=known.datasets), "tiny", tables=known.tables,
+                         controls=known.controls)[0]
     avg = dict(table.sections[0].rows)["Avg"]
     assert [c.rank for c in avg] == [1, 1] and avg[0].p_next == 1.0 and table.control == ()
 

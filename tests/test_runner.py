@@ -100,7 +100,7 @@ def test_unknown_names_list_the_valid_ones():
         run(EvalConfig(datasets=["nope"]))
     with pytest.raises(LlmattrError, match="unknown routing"):
         run(EvalConfig(routing="sideways"))
-    with pytest.raises(LlmattrError, match="unknown coupling 'shared'; valid: coupled, independent"):
+    with pytest.raises(LlmattrError, match="--coupling must be one of coupled, independent; got 'shared'"):
         run(EvalConfig(coupling="shared"))
 
 

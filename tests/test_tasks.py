@@ -10,7 +10,6 @@ import pytest
 from llmattr.errors import LlmattrError
 from llmattr.prompting import build_prompt
 from llmattr.tasks import TASKS, Task, get_task, load_examples, load_split
-from llmattr.tasks.blimp import pair_example
 from llmattr.tasks.datasets import few_shot
 
 # Paper 000, appendix D (Table 3), verbatim.
@@ -113,13 +112,13 @@ def _row(prefix, good, bad):
     ("rpsv", _row("The pedestrian", "has", "have"), "pedestrian"),
 ])
 def test_blimp_evidence_rules(paradigm, row, evidence):
-    ex = pair_example(row, paradigm)
+    ex = get_task(f"blimp-{paradigm}").pair(row)
     assert ex["evidence"] == [evidence]
     assert ex["text"].split()[ex["evidence_words"][0]] == evidence
 
 
 def test_blimp_shared_words_move_into_the_prefix():
-    ex = pair_example(_row("Lori hasn't returned to these", "movie theaters", "movie theater"), "dna")
+    ex = get_task("blimp-dna").pair(_row("Lori hasn't returned to these", "movie theaters", "movie theater"))
     assert (ex["text"], ex["target"], ex["foil"], ex["evidence"]) == (
         "Lori hasn't returned to these movie", "theaters", "theater", ["these"])
 

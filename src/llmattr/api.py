@@ -356,8 +356,9 @@ def evaluate(explanation: Explanation | list, model: str | LoadedModel = "defaul
 
 def catalog() -> Catalog:
     """What ``llmattr report`` needs from the registries: every registered metric's tables and each
-    method's defaults (for method labels)."""
+    method's defaults (for method labels), and the control methods (``AttributionMethod.control``)."""
     return Catalog(faithfulness.table_specs(), {name: cls.defaults for name, cls in methods.REGISTRY.items()},
                    faithfulness.figure_specs(),
                    {name: cls.layer_sweep for name, cls in methods.REGISTRY.items() if cls.layer_sweep},
-                   {name: (task.report_order, task.display or name) for name, task in TASKS.items()})
+                   {name: (task.report_order, task.display or name) for name, task in TASKS.items()},
+                   tuple(name for name, cls in methods.REGISTRY.items() if cls.control))

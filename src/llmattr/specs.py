@@ -103,7 +103,8 @@ class FigureSpec:
 class Catalog:
     """What the report knows beyond the store: the tables and figures of the registered metrics, each method's default
     parameters (for labels), the parameter a method's layer sweep varies (``AttributionMethod.layer_sweep``) and
-    each task's place and display name in the report (``Task.report_order``, ``Task.display``).
+    each task's place and display name in the report (``Task.report_order``, ``Task.display``) and the controls,
+    the methods every other one is tested against and never ranked (``AttributionMethod.control``: ``random``).
     :func:`llmattr.api.catalog` builds it from the registries."""
 
     tables: tuple[TableSpec, ...] = ()
@@ -111,6 +112,7 @@ class Catalog:
     figures: tuple[FigureSpec, ...] = ()
     layer_sweeps: Mapping[str, str] | None = None
     datasets: Mapping[str, tuple[float, str]] | None = None  # task name -> (report_order, display name)
+    controls: tuple[str, ...] = ()  # method names
 
     def label(self, name: str, params: dict | str) -> str:
         return method_label(name, params, (self.method_defaults or {}).get(name))

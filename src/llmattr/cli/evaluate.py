@@ -12,22 +12,25 @@ from .app import DERIVED, app, plugin_command
 
 
 def registered_help() -> dict[str, str]:
-    """``--datasets``' and ``--metrics``' help, naming every registered task with a sample file and every metric."""
-    from ..evaluation.run_datasets import GROUPS, dataset_names
+    """``--datasets``' and ``--metrics``' help, naming every registered task with a sample file, every group of them
+    with its datasets (``Task.group``) and every metric."""
+    from ..evaluation.run_datasets import dataset_groups, dataset_names
     from ..faithfulness import METRICS
 
-    return {"datasets": f"Comma-separated datasets (default sst2): {', '.join([*dataset_names(), *GROUPS])}.",
+    groups = [f"{group} ({', '.join(names)})" for group, names in dataset_groups().items()]
+    return {"datasets": f"Comma-separated datasets (default sst2): {', '.join([*dataset_names(), *groups])}.",
             "metrics": f"Comma-separated metrics (default pi-soft): {', '.join(sorted(METRICS))}."}
 
 
 def metric_options() -> list[inspect.Parameter]:
-    """An option ``--NAME`` per option a registered metric declares (``Metric.declares``), typed by its default."""
+    """An option ``--NAME`` per option a registered metric declares (``Metric.declares``: the built-in metrics'
+    samples, step_stride, coupling and removal, and any plugin's), typed by its default."""
     from ..faithfulness import declared_options
 
     return [inspect.Parameter(
         name, inspect.Parameter.KEYWORD_ONLY,
         annotation=type(option.default) if isinstance(option.default, int | float | str) else str,
-        default=typer.Option(None, f"--{name.replace('_', '-')}", rich_help_panel="Metric options",
+        default=typer.Option(None, option.flag, rich_help_panel="Metric options",
                              help=f"{option.help} (default {option.default}"
                                   + (f"; one of {', '.join(map(str, option.valid))})" if option.valid else ")")))
         for name, option in sorted(declared_options().items())]
@@ -47,20 +50,13 @@ def evaluate(
     routing: str = typer.Option(None, help="Soft-metric protocol: dynamic (default), fixed or both."),
     n: int = typer.Option(None, "--n", "-n", "--examples", help="Examples per dataset (balanced per class; default "
                           "50). Under torchrun write -n or --examples (torchrun takes --n for its own --nnodes)."),
-    samples: int = typer.Option(None, help="Monte-Carlo samples per pi (default 15)."),
-    coupling: str = typer.Option(None, help="Soft-metric masks: coupled (default; every method perturbed "
-                                            "with the same random numbers) or independent (a stream per "
-                                            "method)."),
     seed: int = typer.Option(None, help="Seed of example sampling, attributions and perturbations "
                                         "(default 0)."),
     layers: str = typer.Option(None, help="Sweep of the parameter a method names as its layer sweep (Grad-ELLM: "
                                           "the number of aggregated layers), e.g. 1,4,8,16,all."),
-    step_stride: int = typer.Option(None, help="Open generation: evaluate every k-th step (default 5)."),
     max_new_tokens: int = typer.Option(None, help="Tokens to generate and explain (task default if unset)."),
     scope: str = typer.Option(None, help="What is attributed, perturbed and zeroed: span (default), prompt "
                                          "(every prompt token: paper 000's pipeline) or all (+ generated prefix)."),
-    removal: str = typer.Option(None, help="Ranking metrics (deletion-insertion, comp-suff, log-odds): zero the "
-                                           "embeddings (default) or delete the tokens (paper 003 sec. 4.2.1)."),
     target: str = typer.Option(None, help="Tasks with label words: explain the predicted label word (label, "
                                           "default), the free greedy answer (generated) or the gold label (gold)."),
     out: Path = typer.Option(None, help="Results store (default results.sqlite; shard i writes "
@@ -89,9 +85,8 @@ def evaluate(
     from ..evaluation import EvalConfig, run
 
     cli = {"model": model, "datasets": datasets, "methods": methods, "metrics": metrics, "routing": routing,
-           "n": n, "samples": samples, "coupling": coupling, "seed": seed, "layers": layers,
-           "step_stride": step_stride, "max_new_tokens": max_new_tokens, "target": target, "scope": scope,
-           "removal": removal, "out": None if out is None else str(out), "shard": shard,
+           "n": n, "seed": seed, "layers": layers, "max_new_tokens": max_new_tokens, "target": target,
+           "scope": scope, "out": None if out is None else str(out), "shard": shard,
            "device": device, "dtype": dtype, "device_map": device_map, "max_memory": max_memory,
            "load_in_4bit": load_in_4bit, "data": None if data is None else str(data), "task": task,
            "text_field": text_field, "label_field": label_field, "labels": labels, **ctx.meta.get(DERIVED, {})}

@@ -32,7 +32,7 @@ def report(
                                     formats, bootstrap, catalog=known)
     console = Console()
     for model in results.models():
-        for table in paper_tables(results, model, bootstrap, tables=known.tables):
+        for table in paper_tables(results, model, bootstrap, tables=known.tables, controls=known.controls):
             if table.name in ("table_accuracy", "table1_pi_soft_auc"):
                 console.print(to_markdown(table), markup=False, highlight=False, soft_wrap=True)
     folders = sorted({str(p.parent) for p in written})

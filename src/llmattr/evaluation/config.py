@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
-from ..checks import ROUTINGS, member, one_of, positive_int, writable_file
+from ..checks import ROUTINGS, member, positive_int, writable_file
 from ..errors import LlmattrError
-from ..faithfulness.ranking import REMOVALS
-from ..faithfulness.registry import BUILT_IN, MetricOptions, declared_options
-from ..faithfulness.soft import COUPLINGS
+from ..faithfulness.registry import MetricOptions, declared_options
 from ..models.loading import parse_max_memory, resolve_dtype
 from ..targets import SCOPES, TARGET_MODES
 
@@ -18,8 +16,9 @@ from ..targets import SCOPES, TARGET_MODES
 @dataclass
 class EvalConfig:
     """Everything ``llmattr evaluate`` needs; the CLI options and the TOML config file hold the same keys. An
-    option a registered metric declares (:class:`~llmattr.faithfulness.registry.Option`) is a key too, kept in
-    ``options``."""
+    option a registered metric declares (:class:`~llmattr.faithfulness.registry.Option`: the soft metrics'
+    ``samples``, ``step_stride`` and ``coupling``, the ranking metrics' ``removal``, a plugin's own) is a key and a
+    keyword too (``EvalConfig(samples=2)``), kept in ``options``."""
 
     model: str = "default"
     datasets: list[str] = field(default_factory=lambda: ["sst2"])
@@ -27,15 +26,11 @@ class EvalConfig:
     metrics: list[str] = field(default_factory=lambda: ["pi-soft"])
     routing: str = "dynamic"
     n: int = 50
-    samples: int = 15
     seed: int = 0
-    coupling: str = "coupled"
     layers: list[str] | None = None
-    step_stride: int = 5
     max_new_tokens: int | None = None
     target: str = "label"
     scope: str = "span"
-    removal: str = "zero"
     out: str = "results.sqlite"
     shard: str | None = None
     device: str = "auto"
@@ -50,19 +45,28 @@ class EvalConfig:
     labels: str | None = None
     options: dict = field(default_factory=dict)  # values of the options the metrics declare (registry.Option)
 
+    def __init__(self, **values):
+        """Every field at its default but those in ``values``; a keyword naming an option a metric declares
+        (``samples=2``) is kept in ``options``, over the ones given there."""
+        declared = {key: values.pop(key) for key in list(values) if key in declared_options() and key not in FIELDS}
+        unknown = sorted(set(values) - FIELDS)
+        if unknown:
+            raise TypeError(f"EvalConfig got unknown keyword(s) {', '.join(unknown)}")
+        for f in fields(EvalConfig):
+            setattr(self, f.name, values[f.name] if f.name in values
+                    else f.default_factory() if f.default is MISSING else f.default)
+        self.options = {**self.options, **declared}
+
     @classmethod
     def from_mapping(cls, data: dict, base: EvalConfig | None = None) -> EvalConfig:
         """A config from a dict (TOML file or CLI values); ``None`` values keep ``base``'s."""
-        names = {f.name for f in fields(cls)} - {"options"}
+        names = FIELDS - {"options"}
         declared = declared_options()
         data = {k.replace("-", "_"): v for k, v in data.items() if v is not None}
-        given = {k: data.pop(k) for k in list(data) if k in declared and k not in names}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(set(data) - names - set(declared))
         if unknown:
             valid = ", ".join(sorted([*names, *declared]))
             raise LlmattrError(f"unknown config key(s) {', '.join(unknown)}; valid: {valid}")
-        if given:
-            data["options"] = {**(base.options if base else {}), **given}
         for key in ("datasets", "methods", "metrics", "layers"):
             if isinstance(data.get(key), str | int):
                 data[key] = split_list(str(data[key]))
@@ -80,15 +84,13 @@ class EvalConfig:
 
     def validate(self) -> None:
         """Refuse bad values before the model loads and before anything is stored."""
-        for name in ("n", "samples", "step_stride"):
-            positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
+        positive_int(self.n, "--n")
         if self.max_new_tokens is not None:
             positive_int(self.max_new_tokens, "--max-new-tokens")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise LlmattrError(f"--seed must be a whole number, got {self.seed!r}")
-        for key, valid in (("target", TARGET_MODES), ("scope", SCOPES), ("removal", REMOVALS)):
+        for key, valid in (("target", TARGET_MODES), ("scope", SCOPES)):
             member(getattr(self, key), valid, key)
-        one_of(self.coupling, COUPLINGS, "coupling")
         declared = declared_options()
         self.options = {name: declared[name].check(value) for name, value in self.options.items()}
         parse_max_memory(self.max_memory)
@@ -105,13 +107,16 @@ class EvalConfig:
 
     def metric_options(self) -> MetricOptions:
         """The options the metrics read (:class:`~llmattr.faithfulness.registry.MetricOptions`)."""
-        return MetricOptions(**{name: getattr(self, name) for name in BUILT_IN}, extra=dict(self.options))
+        return MetricOptions(seed=self.seed, values=dict(self.options))
 
     def option(self, name: str) -> object:
         """A setting by name: a field, or a metric's declared option (its default where not given)."""
         if name in self.options:
             return self.options[name]
         return getattr(self, name) if hasattr(self, name) else declared_options()[name].default
+
+
+FIELDS = {f.name for f in fields(EvalConfig)}
 
 
 def split_list(text: str) -> list[str]:

@@ -9,11 +9,8 @@ from pathlib import Path
 from ..errors import LlmattrError
 from ..models.card import content_hash
 from ..tasks import TASKS, Task, get_task, load_examples
-from ..tasks.blimp import PARADIGMS
 from ..tasks.datasets import sample
 from ..tasks.files import read_file_examples
-
-GROUPS = {"blimp": tuple(f"blimp-{short}" for short in PARADIGMS)}  # paper 003 Table 3's five paradigms
 
 
 @dataclass
@@ -56,17 +53,28 @@ def dataset_names() -> list[str]:
     return sorted(name for name, task in TASKS.items() if getattr(task, "data", None))
 
 
+def dataset_groups() -> dict[str, tuple[str, ...]]:
+    """Each group of datasets (``Task.group``; ``blimp``: ``blimp-ana``, ``-dna``, ``-dnaa``, ``-darn``, ``-rpsv``)
+    and its datasets, in registration order."""
+    groups: dict[str, list[str]] = {}
+    for name, task in TASKS.items():
+        if task.group and task.data:
+            groups.setdefault(task.group, []).append(name)
+    return {group: tuple(names) for group, names in groups.items()}
+
+
 def expand_datasets(names: list[str]) -> list[str]:
-    """``names`` with each group (``blimp``: ``blimp-ana``, ``-dna``, ``-dnaa``, ``-darn``, ``-rpsv``) replaced
-    by its datasets, each once, in order."""
-    return list(dict.fromkeys(member for name in names for member in GROUPS.get(name, (name,))))
+    """``names`` with each group (:func:`dataset_groups`) replaced by its datasets, each once, in order."""
+    groups = dataset_groups()
+    return list(dict.fromkeys(member for name in names for member in groups.get(name, (name,))))
 
 
 def load_dataset(name: str, n: int, seed: int, exclude: Exclude | None = None) -> Dataset:
     """``n`` examples of dataset ``name`` (its task's sample file in llmattr/data), balanced, seeded; with
     ``exclude``, drawn from the rows it does not exclude."""
     if name not in dataset_names():
-        raise LlmattrError(f"unknown dataset {name!r}; valid: {', '.join(sorted([*dataset_names(), *GROUPS]))}")
+        valid = sorted([*dataset_names(), *dataset_groups()])
+        raise LlmattrError(f"unknown dataset {name!r}; valid: {', '.join(valid)}")
     task = get_task(name)
     if exclude is None:
         return Dataset(name, task, load_examples(task, n=n, seed=seed))

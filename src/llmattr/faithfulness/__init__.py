@@ -74,23 +74,23 @@ def evaluate(explanation: Explanation, lm: LoadedModel, metrics=("pi-soft-nc", "
     ``pi-soft``, ``soft``, ``deletion-insertion``, ``alignment``, ...) or their outputs' names (``pi-soft-nc``,
     ``pi-soft-ns``, ``soft-nc``, ``soft-ns``: parts of ``pi-soft``), mixed freely.
 
-    ``options``: the :class:`MetricOptions` (samples, seed, step_stride, coupling, removal), the options the asked
-    metrics declare (:class:`~.registry.Option`) and their ``keywords`` (the soft metrics': pis, mode, scope,
-    batch_size; :func:`~.soft.evaluate_explanation`). One metric with its own result object (the soft metrics':
-    a :class:`SoftResult`) gives that object; otherwise a :class:`MetricResult` holds every asked metric's rows
-    or result."""
+    ``options``: the seed, the options the metrics declare (:class:`~.registry.Option`: samples, step_stride,
+    coupling, removal, ...; :func:`declared_options`) and the asked metrics' ``keywords`` (the soft metrics': pis,
+    mode, scope, batch_size; :func:`~.soft.evaluate_explanation`). One metric with its own result object (the soft
+    metrics': a :class:`SoftResult`) gives that object; otherwise a :class:`MetricResult` holds every asked metric's
+    rows or result."""
     names = [metrics] if isinstance(metrics, str) else list(metrics)
     check_explanation(explanation)
     chosen = select(names)
     keywords = {key for metric in chosen for key in metric.keywords}
-    declared = {option.name: option for metric in chosen for option in metric.declares}
+    declared = declared_options()
     valid = [*BUILT_IN, *sorted(declared), *sorted(keywords)]
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise LlmattrError(f"unknown option {', '.join(unknown)}; valid: {', '.join(valid)}")
-    extra = {name: declared[name].check(value) for name, value in options.items() if name in declared}
+    values = {name: declared[name].check(value) for name, value in options.items() if name in declared}
     ctx = MetricContext(lm, explanation, MetricOptions(**{k: v for k, v in options.items() if k in BUILT_IN},
-                                                       extra=extra),
+                                                       values=values),
                         keywords={k: v for k, v in options.items() if k in keywords})
     parts = {metric: metric.evaluate(ctx, routing, outputs) for metric, outputs in chosen.items()}
     if len(parts) == 1 and next(iter(parts)).result is not None:

@@ -1,7 +1,7 @@
 """Alignment of attributions with gold evidence (paper 003 sec. 5.2, worked example A.4).
 
-The gold evidence is a binary vector E over the content tokens (1 = evidence, e.g. BLiMP's
-determiner or subject, see :mod:`llmattr.tasks.blimp`), the explanation a score vector S:
+The gold evidence is a binary vector E over the content tokens (1 = evidence, e.g. BLiMP's determiner or
+subject: a task's ``evidence`` rule, :mod:`llmattr.tasks.blimp`), the explanation a score vector S:
 
 - dot product ``E . S``: the attribution mass on the evidence; S is first made non-negative and
   normalised to sum 1 (``normalize="sum"``, as the A.4 example's S = [0.3, 0.1, 0.5, 0.1]), so it
@@ -28,6 +28,7 @@ from ..explanation import Explanation
 from ..scores import check_finite, pos_norm
 from ..specs import MetricRow, TableSpec
 from ..store import Row
+from ..tasks import TASKS
 from .inputs import target_from_explanation
 from .registry import Metric, MetricContext, register
 
@@ -112,11 +113,14 @@ def alignment(scores, evidence, normalize: str | None = "sum", level: str = "tok
 
 
 def gold_evidence(expl: Explanation, evidence_words: list[int] | None = None) -> list[int]:
-    """The evidence word indices: ``evidence_words``, else the example's (``example["evidence_words"]`` of a
-    BLiMP row); one line if there are none."""
+    """The evidence word indices: ``evidence_words``, else the example's (``example["evidence_words"]``, which
+    the loader stores for a task with an evidence rule: ``Task.evidence``); one line naming those tasks if there
+    are none."""
     words = evidence_words if evidence_words is not None else expl.example.get("evidence_words")
     if not words:
-        raise LlmattrError("no gold evidence: pass evidence_words or explain a BLiMP example from the loader")
+        tasks = ", ".join(name for name, task in TASKS.items() if task.evidence is not None)
+        raise LlmattrError(f"no gold evidence: pass evidence_words or explain an example loaded for a task with "
+                           f"gold evidence ({tasks})")
     return words
 
 

@@ -43,10 +43,12 @@ from ..targets import Target, visible
 from ..tasks import TASKS, get_task
 from .engine import PerturbationEngine
 from .inputs import target_from_explanation
-from .registry import Metric, MetricContext, register
+from .registry import Metric, MetricContext, Option, register
 from .soft import curve_auc
 
 REMOVALS = ("zero", "delete")
+REMOVAL = Option("removal", "zero", "Ranking metrics (deletion-insertion, comp-suff, log-odds): zero the embeddings "
+                 "or delete the tokens (paper 003 sec. 4.2.1)", valid=REMOVALS)  # the three declare this one
 DI_STEPS = 20
 K_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 TOP_K = 0.2
@@ -298,7 +300,7 @@ def aggregate(results: list[RankingMetrics], gold: list | None = None) -> dict:
 def _shared(ctx: MetricContext) -> RankingMetrics:
     """All ranking metrics of the explanation's first step in one batched call, shared by the three
     ranking metrics of one explanation."""
-    removal = ctx.options.removal
+    removal = ctx.options.get(REMOVAL.name)
     return ctx.shared(("ranking", removal), lambda: ranking_metrics(ctx.explanation, ctx.lm, removal=removal))
 
 
@@ -344,7 +346,7 @@ def _log_odds_rows(ctx: MetricContext, routing: str) -> list[Row]:
 
 PER_COLUMN = "Averaged over all perturbation ratios; ranks per column."
 register(Metric(
-    "deletion-insertion", _deletion_insertion_rows, options=("removal",),
+    "deletion-insertion", _deletion_insertion_rows, declares=(REMOVAL,),
     summary="deletion/insertion flip-probability AUC (paper 000 app. E; Table 4)",
     tables=(TableSpec("table4_deletion_insertion", "Table 4: deletion and insertion AUC",
                       "Flip probability along 5% steps by rank, and its change from the clean input "
@@ -355,7 +357,7 @@ register(Metric(
                        MetricRow("insertion_change_auc", "Insertion Δ", False, ".4f")),
                       order=40, mark_all_rows=True),)))
 register(Metric(
-    "comp-suff", _comp_suff_rows, options=("removal",),
+    "comp-suff", _comp_suff_rows, declares=(REMOVAL,),
     summary="comprehensiveness/sufficiency per K with accuracy (paper 003 Tables 1, 4-6)",
     tables=(TableSpec("table_comprehensiveness", "Comprehensiveness (paper 003 Tables 1 and 4)", PER_COLUMN,
                       "methods_by_datasets", (MetricRow("comprehensiveness", "Comp CD", True),
@@ -364,7 +366,7 @@ register(Metric(
                       "methods_by_datasets", (MetricRow("sufficiency", "Suff CD", False),
                                               MetricRow("sufficiency_acc", "Suff Acc", True)), order=60))))
 register(Metric(
-    "log-odds", _log_odds_rows, options=("removal",),
+    "log-odds", _log_odds_rows, declares=(REMOVAL,),
     summary="log-odds, comprehensiveness, sufficiency at top 20% (paper 004 A.4)",
     tables=(TableSpec("table_log_odds", "Log-odds, comprehensiveness and sufficiency at the top 20% "
                       "(paper 004 appendix A.4)", "Ranks per column.", "methods_by_datasets",

@@ -2,16 +2,17 @@
 
 A :class:`Metric` turns one Explanation into store rows (:class:`~llmattr.store.Row`): ``compute(ctx,
 routing)`` with a :class:`MetricContext` (the model, the explanation, the user's options and a memo shared
-by the metrics of one explanation). ``options`` names the :class:`MetricOptions` fields that change its
-numbers (recorded in a store's settings), ``declares`` the options of its own (:class:`Option`: ``llmattr
-evaluate --NAME``, a config key, recorded too), ``routed`` whether it is computed once per routing (dynamic /
-fixed) or once in all (routing ``none``), ``tables`` the report tables it feeds (:class:`~llmattr.specs.TableSpec`)
-and ``figures`` the report figures it draws (:class:`~llmattr.specs.FigureSpec`). ``outputs`` are further names
-the Python API accepts for parts of the metric (``pi-soft-nc`` asks the ``pi-soft`` metric for its NC curve) and
-``result`` gives the Python API's own result object (a :class:`~llmattr.faithfulness.soft.SoftResult`) instead of
-the rows, taking the ``keywords`` options beyond :class:`MetricOptions`. ``llmattr evaluate --metrics``,
-``llmattr.evaluate(expl, metrics=[...])`` and ``llmattr report`` all read this registry (:func:`select`), so a
-new metric is one module that calls :func:`register`.
+by the metrics of one explanation). ``declares`` names the options that change its numbers (:class:`Option`:
+``llmattr evaluate --NAME``, a config key, recorded in a store's settings; an option several metrics read is
+one object they all declare), ``options`` the :class:`MetricOptions` fields it reads beside them (``seed``),
+``routed`` whether it is computed once per routing (dynamic / fixed) or once in all (routing ``none``),
+``tables`` the report tables it feeds (:class:`~llmattr.specs.TableSpec`) and ``figures`` the report figures it
+draws (:class:`~llmattr.specs.FigureSpec`). ``outputs`` are further names the Python API accepts for parts of
+the metric (``pi-soft-nc`` asks the ``pi-soft`` metric for its NC curve) and ``result`` gives the Python API's
+own result object (a :class:`~llmattr.faithfulness.soft.SoftResult`) instead of the rows, taking the
+``keywords`` options beyond the declared ones. ``llmattr evaluate --metrics``, ``llmattr.evaluate(expl,
+metrics=[...])`` and ``llmattr report`` all read this registry (:func:`select`), so a new metric is one module
+that calls :func:`register`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..checks import register_once
+from ..checks import positive_int, register_once
 from ..errors import LlmattrError
 from ..specs import FigureSpec, TableSpec
 from ..store import Row
@@ -34,15 +35,23 @@ NO_ROUTING = "none"
 
 @dataclass(frozen=True)
 class Option:
-    """An option a metric declares beside :class:`MetricOptions`: ``llmattr evaluate --NAME`` (a "Metric
-    options" option derived from this declaration), a key of the TOML config and of :class:`EvalConfig`, and a
-    keyword of ``llmattr.evaluate``; ``valid`` lists the values it takes (empty: any value of the default's
-    type). A metric reads it as ``ctx.options.get(name)``."""
+    """An option a metric declares (the built-in metrics' ``samples``, ``step_stride``, ``coupling`` and
+    ``removal`` too): ``llmattr evaluate --NAME`` (a "Metric options" option derived from this declaration), a key
+    of the TOML config and of :class:`EvalConfig`, a keyword of ``llmattr.evaluate`` and a recorded setting of the
+    store. ``valid`` lists the values it takes (empty: any value of the default's type); ``positive`` asks for a
+    whole number >= 1 (a count). Metrics that share an option declare the one object. A metric reads it as
+    ``ctx.options.get(name)``."""
 
     name: str
     default: object
     help: str
     valid: tuple = ()
+    positive: bool = False
+
+    @property
+    def flag(self) -> str:
+        """The command-line spelling: ``--step-stride`` for ``step_stride``."""
+        return f"--{self.name.replace('_', '-')}"
 
     def check(self, value: object) -> object:
         """``value`` if valid (a text of a number default converted), else one line naming the option."""
@@ -50,32 +59,30 @@ class Option:
             try:
                 value = type(self.default)(value)
             except ValueError:
-                raise LlmattrError(f"--{self.name} must be a number, got {value!r}") from None
+                raise LlmattrError(f"{self.flag} must be a number, got {value!r}") from None
+        if self.positive:
+            positive_int(value, self.flag)
         if self.valid and value not in self.valid:
-            raise LlmattrError(f"--{self.name} must be one of {', '.join(map(str, self.valid))}; got {value!r}")
+            raise LlmattrError(f"{self.flag} must be one of {', '.join(map(str, self.valid))}; got {value!r}")
         return value
 
 
 @dataclass(frozen=True)
 class MetricOptions:
-    """The user's settings a metric may read (``llmattr evaluate``'s options of the same names); ``extra`` holds
-    the values given for options the metrics declare (:class:`Option`), read with :meth:`get`."""
+    """The user's settings a metric may read: the run's ``seed`` (``llmattr evaluate --seed``) and, in ``values``,
+    the values given for the options the metrics declare (:class:`Option`), read with :meth:`get`."""
 
-    samples: int = 15
     seed: int = 0
-    step_stride: int = 5
-    coupling: str = "coupled"
-    removal: str = "zero"
-    extra: dict = field(default_factory=dict)
+    values: dict = field(default_factory=dict)
 
     def get(self, name: str) -> object:
-        """The value of a built-in option or of a declared one (its default where not given)."""
+        """The seed, or the value of a declared option (its default where not given)."""
         if name in BUILT_IN:
             return getattr(self, name)
-        return self.extra[name] if name in self.extra else declared_options()[name].default
+        return self.values[name] if name in self.values else declared_options()[name].default
 
 
-BUILT_IN = ("samples", "seed", "step_stride", "coupling", "removal")  # MetricOptions' own fields
+BUILT_IN = ("seed",)  # MetricOptions' own field: the run's seed, which also draws the examples and attributions
 
 
 @dataclass
@@ -114,7 +121,7 @@ class Metric:
 
     @property
     def option_names(self) -> tuple[str, ...]:
-        """Every option that changes its numbers: the built-in ones it names and the ones it declares."""
+        """Every option that changes its numbers: the ones it names (``seed``) and the ones it declares."""
         return (*self.options, *(option.name for option in self.declares))
 
     def evaluate(self, ctx: MetricContext, routing: str, outputs: tuple[str, ...] = ()) -> object:

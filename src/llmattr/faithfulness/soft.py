@@ -45,7 +45,7 @@ from .inputs import (
     example_key,
     target_from_explanation,
 )
-from .registry import Metric, MetricContext, register
+from .registry import Metric, MetricContext, Option, register
 
 PI_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05, 0.10, ..., 0.95 (paper 000 sec. 4.3)
 ALPHA_TOL = 1e-4
@@ -54,6 +54,13 @@ MODES = ("paper", "reagent")
 OUTPUTS = ("pi-soft-nc", "pi-soft-ns", "soft-nc", "soft-ns")  # the pi-soft metric's parts, by family
 COUPLINGS = ("coupled", "independent")
 LOG_ALPHA_RANGE = (-30.0, 30.0)  # alpha in [1e-13, 1e13]: covers every pi in (0, 1) after clipping
+
+# the options of the soft metrics (pi-soft and soft read all three: one declaration each, :class:`Option`)
+SAMPLES = Option("samples", 15, "Monte-Carlo samples per pi", positive=True)
+STEP_STRIDE = Option("step_stride", 5, "Open generation: evaluate every k-th step", positive=True)
+COUPLING = Option("coupling", "coupled", "Soft-metric masks: coupled, every method perturbed with the same random "
+                  "numbers, or independent, a stream per method", valid=COUPLINGS)
+SOFT_OPTIONS = (SAMPLES, STEP_STRIDE, COUPLING)
 
 
 # ---------------------------------------------------------------------------------------- distances
@@ -262,9 +269,9 @@ def check_scores(scores: torch.Tensor, target: Target) -> torch.Tensor:
 
 
 def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps: list[int],
-                    metrics=("pi-soft-nc", "pi-soft-ns"), routing: str = "dynamic", samples: int = 15,
+                    metrics=("pi-soft-nc", "pi-soft-ns"), routing: str = "dynamic", samples: int = SAMPLES.default,
                     seed: int = 0, pis=None, mode: str = "paper", example: str = "", method: str = "",
-                    batch_size: int | None = None, coupling: str = "coupled") -> SoftResult:
+                    batch_size: int | None = None, coupling: str = COUPLING.default) -> SoftResult:
     """pi-Soft-NC/NS (eq. 7) and Soft-NC/NS (alpha = 1) of ``scores`` at ``steps``, averaged over steps.
 
     ``scores``: retain probabilities ``(n_steps, m)``. Masks are drawn from a generator seeded per
@@ -338,9 +345,9 @@ def mc_errors(per_step: list[StepSamples], pis: list[float]) -> dict:
 
 # ---------------------------------------------------------------------------------------- explanations
 def evaluate_explanation(explanation: Explanation, lm: LoadedModel,
-             metrics=("pi-soft-nc", "pi-soft-ns"), routing: str = "dynamic", samples: int = 15, seed: int = 0,
-             pis=None, step_stride: int = 5, mode: str = "paper", batch_size: int | None = None,
-             coupling: str = "coupled", scope: str | None = None) -> SoftResult:
+             metrics=("pi-soft-nc", "pi-soft-ns"), routing: str = "dynamic", samples: int = SAMPLES.default,
+             seed: int = 0, pis=None, step_stride: int = STEP_STRIDE.default, mode: str = "paper",
+             batch_size: int | None = None, coupling: str = COUPLING.default, scope: str | None = None) -> SoftResult:
     """pi-Soft-NC/NS curves and AUCs, Soft-NC/NS (alpha = 1) and E[R] of an Explanation (paper 000 sec. 3.1).
 
     Args:
@@ -376,16 +383,20 @@ def evaluate_explanation(explanation: Explanation, lm: LoadedModel,
     return result
 
 
+def soft_options(ctx: MetricContext) -> dict:
+    """The options the soft metrics read (the run's seed and their declared :data:`SOFT_OPTIONS`), as keywords of
+    :func:`evaluate_explanation`."""
+    return {"seed": ctx.options.seed, **{option.name: ctx.options.get(option.name) for option in SOFT_OPTIONS}}
+
+
 def _rows(ctx: MetricContext, routing: str, curves: bool) -> list[Row]:
     """pi-Soft-NC/NS curves and AUCs (``curves``) or Soft-NC/NS at alpha = 1 and E[R] (eqs. 4-7) as store rows.
 
     Soft-NC/NS and E[R] come from a one-point grid, so ``soft`` costs 2 instead of 20 perturbation
     rows per sample; the two metric families never share rows, so either can be added to a store later.
     """
-    opt = ctx.options
     result = evaluate_explanation(ctx.explanation, ctx.lm, metrics=("pi-soft-nc", "pi-soft-ns"), routing=routing,
-                                  samples=opt.samples, seed=opt.seed, pis=None if curves else (0.5,),
-                                  step_stride=opt.step_stride, coupling=opt.coupling).to_dict()
+                                  pis=None if curves else (0.5,), **soft_options(ctx)).to_dict()
     values, se = result["metrics"], result["mc_se"]
     if not curves:
         return [Row(name, values[name], se=se.get(name)) for name in ("soft_ns", "soft_nc", "expected_retained")]
@@ -400,17 +411,15 @@ def _rows(ctx: MetricContext, routing: str, curves: bool) -> list[Row]:
 def _result(ctx: MetricContext, routing: str, outputs: tuple[str, ...]) -> SoftResult:
     """``llmattr.evaluate``'s result for the soft metrics: one :func:`evaluate_explanation` of the asked families
     (``outputs``, default both), the curves and Soft-NC/NS (alpha = 1) together."""
-    opt = ctx.options
     return evaluate_explanation(ctx.explanation, ctx.lm, metrics=outputs or ("pi-soft-nc", "pi-soft-ns"),
-                                routing=routing, samples=opt.samples, seed=opt.seed, step_stride=opt.step_stride,
-                                coupling=opt.coupling, **ctx.keywords)
+                                routing=routing, **soft_options(ctx), **ctx.keywords)
 
 
 CURVE_ROWS = (MetricRow("pi_soft_ns", "π-Soft-NS", True), MetricRow("pi_soft_nc", "π-Soft-NC", True))
 AUC_ROWS = (MetricRow("pi_soft_ns_auc", "AUC π-Soft-NS", True), MetricRow("pi_soft_nc_auc", "AUC π-Soft-NC", True))
 register(Metric(
     "pi-soft", lambda ctx, routing: _rows(ctx, routing, curves=True),
-    options=("samples", "step_stride", "coupling"), routed=True, outputs=OUTPUTS, result=_result,
+    options=("seed",), declares=SOFT_OPTIONS, routed=True, outputs=OUTPUTS, result=_result,
     keywords=("pis", "mode", "scope", "batch_size"),
     summary="pi-Soft-NC/NS curves over pi = 0.05..0.95 and their AUC (paper 000 eq. 7; Tables 1, 8)",
     tables=(TableSpec("table1_pi_soft_auc", "Table 1: AUC of π-Soft-NC/NS curves (dynamic routing)",
@@ -426,7 +435,7 @@ register(Metric(
                         "number of aggregated layers", "dynamic", kind="layer_sweep"))))
 register(Metric(
     "soft", lambda ctx, routing: _rows(ctx, routing, curves=False),
-    options=("samples", "step_stride", "coupling"), routed=True,
+    options=("seed",), declares=SOFT_OPTIONS, routed=True,
     summary="original Soft-NC/NS (alpha = 1) and E[R] (paper 000 eqs. 4-5; Table 2)",
     tables=(TableSpec("table2_soft", "Table 2: original Soft-NC/NS and E[R] (dynamic routing)",
                       "No transformation of the scores (α = 1); E[R] = expected number of retained tokens.",

@@ -49,6 +49,9 @@ class AttributionMethod:
     attributions: NormXLogit and LogAt at layer l, value zeroing of layer l); per-layer alignment
     (:mod:`llmattr.faithfulness.alignment`) sweeps it over the layers of every method whose ``defaults`` hold it.
 
+    ``control``: the method is the control every other one is tested against in the report, its own grey column
+    or row, never ranked (the random baseline, family ``control``).
+
     ``layer_sweep``: the parameter ``llmattr evaluate --layers`` sweeps (Grad-ELLM's ``layers``, the number of last
     layers aggregated: paper 000 Fig. 5) and the report's layer-sweep figure plots along; ``None``: no sweep.
     """
@@ -65,6 +68,7 @@ class AttributionMethod:
     objective: ClassVar[str | None] = None
     layer_param: ClassVar[str] = "layer"
     layer_sweep: ClassVar[str | None] = None
+    control: ClassVar[bool] = False
 
     def __init__(self, **params):
         params = current_params(params, f"method {self.name}")  # target=: the objective's earlier name

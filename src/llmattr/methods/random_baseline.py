@@ -20,12 +20,13 @@ class RandomBaseline(AttributionMethod):
     """
 
     name = "random"
-    family = "baseline"
+    family = "control"
     summary = "uniform random scores in [0, 1), seeded per input (the floor every method must beat)"
     needs_gradients = False
     signed = False
     cost = "no forward"
     defaults = {"seed": 0}
+    control = True  # the report's control: every method is tested against it, never ranked
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         ids = target.input_ids[0].to(torch.int64).numpy().tobytes()

@@ -44,7 +44,7 @@ def write_model_report(results: Results, model: str, out: Path, formats: list[st
                        resamples: int = RESAMPLES, *, catalog: Catalog) -> list[Path]:
     """Write one model's tables (``catalog.tables``), figures and HTML into ``out``; return the paths written."""
     out.mkdir(parents=True, exist_ok=True)
-    all_tables = layouts.paper_tables(results, model, resamples, tables=catalog.tables)
+    all_tables = layouts.paper_tables(results, model, resamples, tables=catalog.tables, controls=catalog.controls)
     fixed = [t for t in all_tables if t.deterministic]
     timing = [t for t in all_tables if not t.deterministic]
     figs = figures.all_figures(results, model, out, catalog, resamples)

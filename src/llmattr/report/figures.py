@@ -183,7 +183,7 @@ def score_distributions(results: Results, model: str, out: Path) -> list[Figure]
 
 
 def layer_curves(results: Results, model: str, out: Path, tables: Sequence[TableSpec],
-                 resamples: int = stats.RESAMPLES) -> list[Figure]:
+                 resamples: int = stats.RESAMPLES, controls: Sequence[str] = ()) -> list[Figure]:
     """Paper 003 Figs. 4-5: the metrics of each ``layers_by_methods`` table vs the layer, a panel per metric, a
     line per method (mean over the datasets of their mean over examples, band = 95% bootstrap interval
     within datasets, as the table's cells); a method without layers (the Random control) is a flat dashed line."""
@@ -193,7 +193,7 @@ def layer_curves(results: Results, model: str, out: Path, tables: Sequence[Table
         keys = {key for values in per_metric.values() for key in values}
         if not keys:
             continue
-        labels = method_order(label for _, label in keys)
+        labels = method_order((label for _, label in keys), controls)
         colors = method_colors(labels)
         fig, axes = plt.subplots(1, len(spec.rows), figsize=(5.5 * len(spec.rows), 4.2), squeeze=False)
         counts = []
@@ -202,7 +202,8 @@ def layer_curves(results: Results, model: str, out: Path, tables: Sequence[Table
                 layers = sorted(layer for layer, lab in per_metric[m.metric] if lab == label)
                 ests = [stats.estimate(per_metric[m.metric][(layer, label)], resamples) for layer in layers]
                 counts += [e.n for e in ests]
-                style = dict(linestyle="--", marker=None) if is_control(label) else dict(marker="o", markersize=3)
+                dashed = is_control(label, controls)
+                style = dict(linestyle="--", marker=None) if dashed else dict(marker="o", markersize=3)
                 ax.plot(layers, [e.mean for e in ests], color=colors[label], label=label, **style)
                 ax.fill_between(layers, [e.mean if e.low is None else e.low for e in ests],
                                 [e.mean if e.high is None else e.high for e in ests], color=colors[label],
@@ -225,7 +226,7 @@ def layer_curves(results: Results, model: str, out: Path, tables: Sequence[Table
 
 
 def metric_curves(results: Results, model: str, out: Path, spec: FigureSpec,
-                  resamples: int = stats.RESAMPLES) -> list[Figure]:
+                  resamples: int = stats.RESAMPLES, controls: Sequence[str] = ()) -> list[Figure]:
     """A metric's declared figure (:class:`~llmattr.specs.FigureSpec`) per dataset: a panel per row, its values
     against the stored x, a line per method (mean over examples, band = 95% bootstrap interval at each x)."""
     curves = {m.metric: curve_values(results, model, m.metric, spec.routing) for m in spec.rows}
@@ -233,7 +234,7 @@ def metric_curves(results: Results, model: str, out: Path, spec: FigureSpec,
     colors = method_colors(label for _, label in keys)
     figures = []
     for dataset in sorted({d for d, _ in keys}, key=results.dataset_key):
-        labels = method_order(label for d, label in keys if d == dataset)
+        labels = method_order((label for d, label in keys if d == dataset), controls)
         fig, axes = plt.subplots(1, len(spec.rows), figsize=(5.5 * len(spec.rows), 4.2), squeeze=False)
         counts = []
         for ax, m in zip(axes[0], spec.rows, strict=True):
@@ -263,5 +264,7 @@ def all_figures(results: Results, model: str, out: Path, catalog: Catalog,
     figures = [f for spec in kinds["pi_curves"] for routing in ROUTINGS
                for f in pi_curves(results, model, routing, out, spec, resamples)]
     figures += [f for spec in kinds["layer_sweep"] for f in layer_sweep(results, model, out, catalog, spec, resamples)]
-    figures += layer_curves(results, model, out, catalog.tables, resamples) + score_distributions(results, model, out)
-    return figures + [f for spec in kinds["curves"] for f in metric_curves(results, model, out, spec, resamples)]
+    figures += (layer_curves(results, model, out, catalog.tables, resamples, catalog.controls)
+                + score_distributions(results, model, out))
+    return figures + [f for spec in kinds["curves"]
+                      for f in metric_curves(results, model, out, spec, resamples, catalog.controls)]

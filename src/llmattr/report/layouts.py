@@ -24,7 +24,6 @@ from .model import (
     cell_text,
     format_p,
     group_cells,
-    is_control,
     layer_grid,
     method_order,
     metric_grid,
@@ -53,15 +52,15 @@ TESTS_CAPTION = ("Paired two-sided sign-flip permutation test over the examples 
 
 
 def _tests_table(name: str, corner: str, columns: list[str], sections: list[Section], by_row: bool,
-                 best: dict) -> Table:
+                 best: dict, control: tuple[str, ...]) -> Table:
     """The p-value grid under a table: the table's cells (control removed) hold their p vs control; the
     best-vs-2nd p of each group is an extra column (``by_row``) or an extra row per section."""
-    keep = [i for i, c in enumerate(columns) if not is_control(c)]
+    keep = [i for i, c in enumerate(columns) if c not in control]
     out = []
     for section in sections:
         rows = []
         for row, cells in section.rows:
-            if not by_row and is_control(row):
+            if not by_row and row in control:
                 continue
             texts = [Cell(cells[i].p_control, format_p(cells[i].p_control)) for i in (keep if by_row
                                                                                        else range(len(cells)))]
@@ -167,7 +166,7 @@ def timing_table(results: Results, model: str, cfg: Stats = Stats()) -> Table | 
     if not times:
         return None
     datasets = sorted({d for d, _ in times}, key=results.dataset_key)
-    labels = method_order(label for _, label in times)
+    labels = method_order((label for _, label in times), cfg.controls)
     rows = []
     for label in labels:
         per = [{d: times[(d, label)]} if (d, label) in times else None for d in datasets]
@@ -181,7 +180,7 @@ def timing_table(results: Results, model: str, cfg: Stats = Stats()) -> Table | 
                  "examples. Varies run to run: excluded from report.md and the byte-compared output.",
                  "Method",
                  [*map(results.dataset_name, datasets), "All"], [Section("Seconds per example ↓", rows)],
-                 deterministic=False, control=tuple(filter(is_control, labels)))
+                 deterministic=False, control=tuple(filter(cfg.is_control, labels)))
 
 
 def accuracy_table(results: Results, model: str, cfg: Stats = Stats()) -> Table | None:
@@ -224,15 +223,15 @@ def card_notes(card: dict | None) -> list[str]:
 def metric_table(results: Results, model: str, spec: TableSpec, cfg: Stats) -> Table | None:
     """The table ``spec`` (a registered metric's :class:`~llmattr.specs.TableSpec`) in its layout."""
     rows = list(spec.rows)
-    grid = (layer_grid if spec.layout == "layers_by_methods" else metric_grid)(results, model, rows, spec.routing)
+    grid = (layer_grid if spec.layout == "layers_by_methods" else metric_grid)(results, model, rows, spec.routing,
+                                                                               cfg.controls)
     if grid is None:
         return None
     layout = LAYOUTS[spec.layout]
     corner, columns, sections, best, by_row = layout(grid, rows, cfg, spec.mark_all_rows)
-    labels = grid[2]
-    return Table(spec.name, spec.title, spec.caption, corner, columns, sections,
-                 control=tuple(filter(is_control, labels)),
-                 tests=_tests_table(spec.name, corner, columns, sections, by_row, best),
+    control = tuple(filter(cfg.is_control, grid[2]))
+    return Table(spec.name, spec.title, spec.caption, corner, columns, sections, control=control,
+                 tests=_tests_table(spec.name, corner, columns, sections, by_row, best, control),
                  notes=mc_notes(results, model, rows, spec.routing))
 
 
@@ -241,10 +240,11 @@ LAYOUTS = {"datasets_by_methods": datasets_by_methods, "metrics_by_methods": met
 
 
 def paper_tables(results: Results, model: str, resamples: int = stats.RESAMPLES, *,
-                 tables: Sequence[TableSpec]) -> list[Table]:
+                 tables: Sequence[TableSpec], controls: Sequence[str] = ()) -> list[Table]:
     """Task accuracy, then every table of ``tables`` (the registered metrics', in report order) whose
-    metrics are in the store, then the timings; ``resamples`` bootstrap resamples per confidence interval."""
-    cfg = Stats(resamples=resamples)
+    metrics are in the store, then the timings; ``resamples`` bootstrap resamples per confidence interval, every
+    method tested against the ``controls`` (:class:`~llmattr.specs.Catalog`'s)."""
+    cfg = Stats(resamples=resamples, controls=tuple(controls))
     built = [accuracy_table(results, model, cfg), *(metric_table(results, model, spec, cfg) for spec in tables),
              timing_table(results, model, cfg)]
     return [t for t in built if t is not None and any(c.value is not None for s in t.sections

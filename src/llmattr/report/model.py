@@ -4,13 +4,14 @@ the methods of one group.
 Every cell is a mean over its n examples of a per-example value with a 95% bootstrap confidence interval over
 examples (:mod:`llmattr.stats`). Methods are compared paired, over the examples both hold: each method against the
 Random control, and neighbours in the order of means, Holm-adjusted across the group; a rank mark (best / 2nd /
-3rd) is given only where the difference to the method before is significant, otherwise the rank is shared. Random
-is the control: its own (last, grey) column or row, never ranked. Resampling is seeded.
+3rd) is given only where the difference to the method before is significant, otherwise the rank is shared. The
+control (a method whose class says so, ``AttributionMethod.control``: Random; :class:`~llmattr.specs.Catalog`'s
+``controls``) has its own (last, grey) column or row, never ranked. Resampling is seeded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from .. import stats
@@ -21,17 +22,14 @@ from .queries import example_values, layer_values
 MARKS = {1: "¹", 2: "²", 3: "³"}
 
 
-CONTROL = "random"  # the method every other one is tested against; never ranked
+def is_control(label: str, controls: Collection[str]) -> bool:
+    """Whether the method of ``label`` (any parameters) is one of the ``controls`` (method names)."""
+    return label.split(":")[0] in controls
 
 
-def is_control(label: str) -> bool:
-    """The Random baseline (any parameters) is the control."""
-    return label.split(":")[0] == CONTROL
-
-
-def method_order(labels) -> list[str]:
+def method_order(labels, controls: Collection[str]) -> list[str]:
     """Methods sorted by label, the control(s) last."""
-    return sorted(set(labels), key=lambda label: (is_control(label), label))
+    return sorted(set(labels), key=lambda label: (is_control(label, controls), label))
 
 
 @dataclass
@@ -79,10 +77,16 @@ class Table:
 
 @dataclass(frozen=True)
 class Stats:
-    """How cells are summarised: bootstrap resamples for the intervals, and the seed."""
+    """How cells are summarised and compared: bootstrap resamples for the intervals, the seed, and the control
+    methods every other one is tested against (:class:`~llmattr.specs.Catalog`'s ``controls``)."""
 
     resamples: int = stats.RESAMPLES
     seed: int = stats.SEED
+    controls: tuple[str, ...] = ()
+
+    def is_control(self, label: str) -> bool:
+        """Whether ``label``'s method is one of the controls."""
+        return is_control(label, self.controls)
 
 
 def format_p(p: float | None) -> str:
@@ -105,13 +109,13 @@ def group_cells(data: Mapping[str, stats.Strata | None], labels: list[str], fmt:
     the methods with Holm-adjusted neighbour tests (rank marks if ``ranked``). Also returns the
     "best vs 2nd" text of the group."""
     ests = {label: stats.estimate(data[label], cfg.resamples, cfg.seed) for label in labels if data.get(label)}
-    controls = [label for label in labels if is_control(label) and label in ests]
+    controls = [label for label in labels if cfg.is_control(label) and label in ests]
     cells = {label: Cell(est.mean, cell_text(est, fmt), estimate=est) for label, est in ests.items()}
     for label, cell in cells.items():
-        if controls and not is_control(label):
+        if controls and not cfg.is_control(label):
             cell.p_control = stats.paired_test(data[label], data[controls[0]], seed=cfg.seed)
     best = "–"
-    compared = {label: est.mean for label, est in ests.items() if not is_control(label)}
+    compared = {label: est.mean for label, est in ests.items() if not cfg.is_control(label)}
     if higher is not None and len(compared) > 1:
         ranking = stats.significance_ranks({k: data[k] for k in compared}, compared, higher, seed=cfg.seed)
         for label, p in zip(ranking.order, ranking.p_next, strict=False):
@@ -125,7 +129,8 @@ def group_cells(data: Mapping[str, stats.Strata | None], labels: list[str], fmt:
 Grid = tuple[dict, list, list[str], dict]  # per-metric values by (dataset, label); datasets; labels; display names
 
 
-def metric_grid(results: Results, model: str, metrics: list[MetricRow], routing: str) -> Grid | None:
+def metric_grid(results: Results, model: str, metrics: list[MetricRow], routing: str,
+                controls: Collection[str]) -> Grid | None:
     """Per-example values of each metric per (dataset, method label), with the sorted datasets and
     labels (control last); None if empty."""
     data = {m.metric: example_values(results, model, m.metric, routing) for m in metrics}
@@ -133,10 +138,12 @@ def metric_grid(results: Results, model: str, metrics: list[MetricRow], routing:
     if not keys:
         return None
     datasets = sorted({d for d, _ in keys}, key=results.dataset_key)
-    return data, datasets, method_order(label for _, label in keys), {d: results.dataset_name(d) for d in datasets}
+    labels = method_order((label for _, label in keys), controls)
+    return data, datasets, labels, {d: results.dataset_name(d) for d in datasets}
 
 
-def layer_grid(results: Results, model: str, metrics: list[MetricRow], routing: str) -> Grid | None:
+def layer_grid(results: Results, model: str, metrics: list[MetricRow], routing: str,
+               controls: Collection[str]) -> Grid | None:
     """Per-layer values of each metric per (layer, method label) as strata by dataset, with the layers and
     the sorted labels (control last); None if no method was stored per layer."""
     data, layers = {}, set()
@@ -146,4 +153,4 @@ def layer_grid(results: Results, model: str, metrics: list[MetricRow], routing: 
     keys = {key for values in data.values() for key in values}
     if not layers:
         return None
-    return data, sorted(layers), method_order(label for _, label in keys), {}
+    return data, sorted(layers), method_order((label for _, label in keys), controls), {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +35,17 @@ KINDS = {
 
 
 @dataclass(frozen=True)
+class Pairing:
+    """Where a row holds a minimal pair (BLiMP's one-prefix method): the prefix column and the columns of the good
+    and the bad continuation. The example is the prefix extended by the words both continuations share, its label
+    the good continuation's next word and its foil the bad one's (:meth:`Task.pair`)."""
+
+    prefix: str
+    good: str
+    bad: str
+
+
+@dataclass(frozen=True)
 class Task:
     """Prompt recipe of one task (paper 000 appendix D, Table 3).
 
@@ -45,7 +57,12 @@ class Task:
     ``sst2.jsonl``), ``columns`` maps a task field to a file column or a ``{column}`` format string,
     ``hf`` is the Hugging Face ``datasets`` recipe (path, name, split, columns, labels),
     ``select`` keeps only rows whose fields equal the given values (BLiMP paradigms),
-    ``label_field`` is the gold column and ``label_map`` maps its values to label words. ``chat=False``
+    ``label_field`` is the gold column and ``label_map`` maps its values to label words. ``group`` names the
+    dataset group ``llmattr evaluate --datasets GROUP`` runs with the other tasks of that group, in registration
+    order (BLiMP's five paradigms: ``blimp``). ``pairing`` says where a row holds a minimal pair
+    (:class:`Pairing`; BLiMP), ``evidence`` the gold evidence rule of such a task: the prefix's words -> the
+    indices of the words that decide the answer (BLiMP's paradigm rules), stored with the example as
+    ``evidence_words`` (and the words as ``evidence``), which the alignment metric reads. ``chat=False``
     renders the raw text without the chat template (language-modelling tasks such as BLiMP).
     ``first_token=True`` scores multi-token label words by their first token; otherwise every label
     word must be one token. ``head`` is the output head the task needs (``"lm"`` for a causal LM).
@@ -69,6 +86,9 @@ class Task:
     select: dict = field(default_factory=dict)
     label_field: str | None = None
     label_map: dict = field(default_factory=dict)
+    group: str = ""
+    pairing: Pairing | None = None
+    evidence: Callable[[list[str]], list[int]] | None = None
     chat: bool = True
     first_token: bool = False
     head: str = "lm"
@@ -109,6 +129,23 @@ class Task:
     def has_gold_word(self) -> bool:
         """Whether an example's ``label`` names a word ``target="gold"`` can explain (a label word or the next word)."""
         return bool(self.label_words) or self.next_word
+
+    def pair(self, row: dict) -> dict:
+        """A row's minimal pair (``pairing``) as example fields: the first field (the prefix extended by the words
+        both continuations share), the label column (the good continuation's next word), ``foil`` (the bad one's)
+        and, with an ``evidence`` rule, ``evidence_words`` (indices into the prefix's words) and ``evidence``."""
+        words = row[self.pairing.prefix].split()
+        good, bad = row[self.pairing.good].split(), row[self.pairing.bad].split()
+        shared = 0
+        while shared < min(len(good), len(bad)) and good[shared] == bad[shared]:
+            shared += 1
+        if shared == min(len(good), len(bad)):
+            raise LlmattrError(f"task {self.name}: pair {row.get('pairID')}: good and bad continuations do not differ")
+        fields = {self.fields[0]: " ".join(words + good[:shared]), self.label_field: good[shared], "foil": bad[shared]}
+        if self.evidence is None:
+            return fields
+        evidence = self.evidence(words)
+        return {**fields, "evidence_words": evidence, "evidence": [words[i] for i in evidence]}
 
     def example_from_text(self, text: str | dict) -> dict:
         """Accept a plain string for the first field, or a dict with every field."""

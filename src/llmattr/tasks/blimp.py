@@ -1,4 +1,6 @@
-"""BLiMP minimal pairs as next-word tasks: prefix, target vs foil word, and gold evidence words.
+"""BLiMP minimal pairs as next-word tasks: prefix, target vs foil word, and gold evidence words. Every BLiMP fact
+is here: the five tasks (:data:`BLIMP`, registered by :mod:`.catalog`), their group ``blimp``, the pair's columns
+(:data:`PAIRING`) and the evidence rules; the loaders, ``evaluate`` and the alignment metric read them from the task.
 
 Paper 003 (sec. 5.1, Table 3) uses five agreement paradigms of BLiMP and locates the *evidence* (the
 word that decides the correct form) with spaCy: the coreferent of the anaphor (ana), the determiner of
@@ -17,7 +19,10 @@ generates each paradigm with (docs/tasks.md gives the rules and their hand-check
 
 from __future__ import annotations
 
+from functools import partial
+
 from ..errors import LlmattrError
+from .base import Pairing, Task
 
 PARADIGMS = {
     "ana": "anaphor_number_agreement",
@@ -65,28 +70,25 @@ def evidence_index(paradigm: str, words: list[str]) -> int:
     raise LlmattrError(f"unknown BLiMP paradigm {paradigm!r}; valid: {', '.join(PARADIGMS)}")
 
 
-def pair_example(row: dict, paradigm: str) -> dict:
-    """A BLiMP row (upstream fields) as a next-word example.
+def evidence_words(paradigm: str, words: list[str]) -> list[int]:
+    """The gold evidence of ``paradigm`` in ``words`` (the prefix split on spaces): one word index
+    (:func:`evidence_index`); a BLiMP task's ``evidence`` rule."""
+    return [evidence_index(paradigm, words)]
 
-    ``text`` is the one-prefix prefix extended by the words the good and bad continuations share
-    (``these`` + ``movie theaters``/``movie theater`` -> prefix ``... these movie``), ``target`` and
-    ``foil`` are the first words where they differ, ``evidence_words`` the evidence's word indices in
-    ``text.split()`` and ``evidence`` the words themselves.
-    """
-    words = row["one_prefix_prefix"].split()
-    good, bad = row["one_prefix_word_good"].split(), row["one_prefix_word_bad"].split()
-    shared = 0
-    while shared < min(len(good), len(bad)) and good[shared] == bad[shared]:
-        shared += 1
-    if shared == min(len(good), len(bad)):
-        raise LlmattrError(f"BLiMP pair {row.get('pairID')}: good and bad continuations do not differ")
-    evidence = evidence_index(paradigm, words)
-    return {
-        "text": " ".join(words + good[:shared]),
-        "target": good[shared],
-        "foil": bad[shared],
-        "evidence_words": [evidence],
-        "evidence": [words[evidence]],
-        "sentence_good": row.get("sentence_good"),
-        "sentence_bad": row.get("sentence_bad"),
-    }
+
+PAIRING = Pairing(prefix="one_prefix_prefix", good="one_prefix_word_good", bad="one_prefix_word_bad")
+
+
+def blimp_task(short: str) -> Task:
+    """``blimp-<short>``: the BLiMP paradigm as next-word prediction, target vs foil word (its minimal pair), with
+    the paradigm's gold evidence; one dataset of the group ``blimp``."""
+    return Task(
+        name=f"blimp-{short}", user_template="{text}", fields=("text",), kind="lm", max_new_tokens=1,
+        answer_prefix="", chat=False, data="blimp", select={"paradigm_short": short}, label_field="target",
+        hf={"path": "nyu-mll/blimp", "name": PARADIGMS[short], "split": "train"},
+        group="blimp", pairing=PAIRING, evidence=partial(evidence_words, short),
+        description=f"BLiMP {PARADIGMS[short]} (paper 003 Table 3): next word, target vs foil, gold evidence",
+    )
+
+
+BLIMP = {f"blimp-{short}": blimp_task(short) for short in PARADIGMS}  # paper 003 Table 3's five paradigms

@@ -13,7 +13,7 @@ from dataclasses import replace
 from ..checks import register_once
 from ..errors import LlmattrError
 from .base import BUILTIN, GENERATE, SENTIMENT, Task
-from .blimp import PARADIGMS
+from .blimp import BLIMP
 
 GLUE = "nyu-mll/glue"
 
@@ -80,19 +80,8 @@ STSB_REGRESSION = replace(
 )
 
 
-def blimp_task(short: str) -> Task:
-    """``blimp-<short>``: the BLiMP paradigm as next-word prediction, target vs foil word."""
-    return Task(
-        name=f"blimp-{short}", user_template="{text}", fields=("text",), kind="lm", max_new_tokens=1,
-        answer_prefix="", chat=False, data="blimp", select={"paradigm_short": short}, label_field="target",
-        hf={"path": "nyu-mll/blimp", "name": PARADIGMS[short], "split": "train"},
-        extra={"blimp": short},
-        description=f"BLiMP {PARADIGMS[short]} (paper 003 Table 3): next word, target vs foil, gold evidence",
-    )
-
-
 PAPER_TASKS = {t.name: t for t in (IMDB, SST2, TELLMEWHY, WIKIBIO, MNLI, QNLI, STSB, STSB_REGRESSION)}
-PAPER_TASKS.update({f"blimp-{short}": blimp_task(short) for short in PARADIGMS})
+PAPER_TASKS.update(BLIMP)
 
 
 TASKS: dict[str, Task] = {**BUILTIN, **PAPER_TASKS}  # every task by name

@@ -2,9 +2,10 @@
 
 Every loader returns plain dicts, one per example: ``id``, the task's fields (``text``, or
 ``passage``/``question``, ...), ``label`` (a label word, a float for regression, the target word for
-BLiMP, or None) and task extras (BLiMP: ``foil``, ``evidence_words``, ``evidence``). Sampling is
-deterministic (``seed``) and balanced per class for classification tasks, as paper 000 appendix C
-samples IMDb and SST2. Few-shot demonstrations come from the examples that were not sampled.
+BLiMP, or None) and task extras (a minimal pair's ``foil``, ``evidence_words`` and ``evidence``:
+``Task.pairing``, ``Task.evidence``). Sampling is deterministic (``seed``) and balanced per class for
+classification tasks, as paper 000 appendix C samples IMDb and SST2. Few-shot demonstrations come from the
+examples that were not sampled.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from pathlib import Path
 
 from ..errors import LlmattrError
 from .base import Task
-from .blimp import pair_example
 from .catalog import get_task
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
@@ -102,9 +102,10 @@ def resolve_rows(task: Task, source: str | Path | None = None,
 
 
 def to_example(task: Task, row: dict, index: int, columns: dict | None = None) -> dict:
-    """One raw row as a task example (fields renamed by ``columns``, label mapped, BLiMP pair split)."""
-    if task.extra.get("blimp"):
-        row = {**row, **pair_example(row, task.extra["blimp"])}
+    """One raw row as a task example (fields renamed by ``columns``, label mapped, a minimal pair split:
+    :meth:`Task.pair`)."""
+    if task.pairing is not None:
+        row = {**row, **task.pair(row)}
     mapping = {**task.columns, **(columns or {})}
     example = {"id": str(row.get("id", f"{task.name}-{index}"))}
     for name in task.fields:
