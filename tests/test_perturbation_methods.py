@@ -13,7 +13,8 @@ from llmattr import methods
 from llmattr.api import explain, prepare
 from llmattr.errors import LlmattrError
 from llmattr.methods.lime import WeightedRidge, span_forward
-from llmattr.methods.value_zeroing import BlockTap, decoder_blocks
+from llmattr.methods.value_zeroing import BlockTap
+from llmattr.models.anatomy import decoder_blocks
 from llmattr.models.loading import LoadedModel
 from llmattr.models.probe import Probe, eager_attention
 from llmattr.prompting import build_prompt
