@@ -25,9 +25,13 @@ from conftest import build_tiny
 from llmattr import methods
 from llmattr.api import prepare
 from llmattr.errors import LlmattrError
+from llmattr.methods.lrp import relevance_rules
+from llmattr.methods.value_zeroing import BlockTap
 from llmattr.models import anatomy
+from llmattr.models.intercept import innermost, intercepted
 from llmattr.models.loading import wrap_model
 from llmattr.models.memory import checkpointed
+from llmattr.models.probe import Probe, eager_attention
 from llmattr.tasks import get_task
 
 TEXT = "the quick brown fox jumps over the lazy dog"
@@ -184,11 +188,25 @@ def test_checkpointed_methods_find_the_toys_blocks(twins, name):
     assert torch.equal(scores[0], scores[1])
 
 
-def test_a_registration_is_checked(twins):
+def test_a_registration_is_checked():
+    """A role that does not exist, or other names under a registered class, is one line."""
     with pytest.raises(LlmattrError, match="unknown part role"):
         anatomy.register_parts("Other", heads="x")
     with pytest.raises(LlmattrError, match="already registered"):
         anatomy.register_parts("ToyForCausalLM", head="lm_out")
-    with checkpointed(twins[1], True):
-        assert "forward" in vars(twins[1].model.model.blocks[0])
-    assert "forward" not in vars(twins[1].model.model.blocks[0])
+
+
+def test_one_stack_says_whether_a_forward_is_intercepted(twins):
+    """Probes, eager attention and patched forwards that record or change a pass make ``intercepted()`` true (the
+    kept caches stand aside); checkpointing and the LRP rules, transparent to passes without gradients, do not."""
+    _, toy = twins
+    assert not intercepted()
+    with checkpointed(toy, True), relevance_rules(toy.model):
+        assert not intercepted()
+        with Probe(record=("q",)) as probe:
+            assert intercepted() and innermost(Probe) is probe
+        with eager_attention():
+            assert intercepted()
+        with BlockTap(anatomy.decoder_blocks(toy.model), [0], torch.tensor([1])):
+            assert intercepted()
+        assert not intercepted() and innermost(Probe) is None

@@ -99,10 +99,12 @@ def patched_blocks(model: torch.nn.Module, wrap: Callable[[int, Callable], Calla
 
 class Rules(Interception):
     """``mode`` (a ``TorchFunctionMode``) in force for the duration: it sees every torch call made meanwhile.
-    ``transparent``: it acts on tensors that require a gradient only."""
+    Transparent: llmattr's rules act on tensors that require a gradient only."""
 
-    def __init__(self, mode: TorchFunctionMode, transparent: bool = True):
-        self.mode, self.transparent = mode, transparent
+    transparent = True
+
+    def __init__(self, mode: TorchFunctionMode):
+        self.mode = mode
 
     def start(self) -> None:
         self.mode.__enter__()
@@ -111,10 +113,10 @@ class Rules(Interception):
         self.mode.__exit__(None, None, None)
 
 
-def ruled(model: torch.nn.Module, rules: Callable[[], TorchFunctionMode], transparent: bool = True) -> Patched:
-    """Each call of ``model``'s forward run under a fresh ``rules()`` for the duration (what is computed on its
-    outputs, an objective on the logits, keeps its own gradient)."""
-    return Patched([model], lambda _, forward: partial(_under, rules, forward), transparent)
+def ruled(model: torch.nn.Module, rules: Callable[[], TorchFunctionMode]) -> Patched:
+    """Each call of ``model``'s forward run under a fresh ``rules()`` (:class:`Rules`) for the duration; what is
+    computed on its outputs (an objective on the logits) keeps its own gradient."""
+    return Patched([model], lambda _, forward: partial(_under, rules, forward), transparent=True)
 
 
 def _under(rules: Callable[[], TorchFunctionMode], forward: Callable, *args, **kwargs):
