@@ -14,7 +14,7 @@ from llmattr.api import prepare
 from llmattr.errors import LlmattrError
 from llmattr.faithfulness.alignment import per_layer_scores
 from llmattr.methods import decomposition as dec
-from llmattr.models.forward import decoder_blocks
+from llmattr.models.anatomy import decoder_blocks, final_norm
 from llmattr.models.loading import LoadedModel, wrap_model
 from llmattr.models.memory import Shapes, activation_bytes, plan
 from llmattr.models.probe import Probe, eager_attention, repeat_heads
@@ -160,7 +160,7 @@ def _attention_updates(lm, ids):
             getattr(block, "self_attn", None) or block.attn
         hooks.append(module.register_forward_hook(
             lambda m, a, out, layer=layer: updates.__setitem__(layer, (out[0] if isinstance(out, tuple) else out)[0])))
-    norm = methods.logit.final_norm(lm.model)
+    norm = final_norm(lm.model)
     hooks.append(norm.register_forward_pre_hook(lambda m, a: final.__setitem__(0, a[0][0])))
     with torch.no_grad():
         lm.model(ids)
@@ -311,7 +311,7 @@ def test_alti_logit_sums_to_the_attention_updates_of_the_logit(arch, tiny_tokeni
     scores = dec.alti_logit(lm, ids, positions, targets)
     updates, final = _attention_updates(lm, ids)
     total = sum(updates[k][positions].float() for k in updates)
-    norm = methods.logit.final_norm(lm.model)
+    norm = final_norm(lm.model)
     h = final[positions].float()
     with torch.no_grad():
         normed = norm(final[positions]).float()

@@ -21,7 +21,8 @@ from llmattr.methods import deeplift, integrated
 from llmattr.methods.gradient import baseline_embeds, embedding_gradients, score_fn
 from llmattr.methods.value_zeroing import value_zeroing_distances
 from llmattr.models import memory
-from llmattr.models.forward import decoder_blocks, logits_at
+from llmattr.models.anatomy import decoder_blocks
+from llmattr.models.forward import logits_at
 from llmattr.models.memory import (
     LIMIT_ENV,
     Shapes,

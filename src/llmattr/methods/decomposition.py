@@ -52,26 +52,23 @@ from per-key Gram matrices of the heads' outputs, ``L S^2 H^2``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from ..errors import LlmattrError
-from ..models.forward import decoder_blocks
+from ..models.anatomy import attention_parts, decoder_blocks, final_norm, output_head
+from ..models.intercept import Patched
 from ..models.loading import LoadedModel
 from ..models.memory import Shapes
 from ..models.probe import LayerRecord, Probe, attention_probs, repeat_heads
 from ..targets import Target
 from .base import NOT_DEFINED, AttributionMethod, register
-from .logit import final_norm
 
 BLOCK_BYTES = 2**27  # float32 bytes one block of query rows holds at most: rows x S x block_width(kind)
 TILE_BYTES = 2**21  # float32 bytes of one tile of ALTI's transformed vectors (rows x keys x d): cache-sized
 TILE_ROWS = 64  # query rows of a tile
-ATTENTION_NAMES = ("self_attn", "attn")
-OUT_PROJ_NAMES = ("o_proj", "c_proj", "out_proj", "dense")
 KINDS = ("alti", "globenc", "attention")
 
 
@@ -81,14 +78,6 @@ def wide(x: torch.Tensor) -> torch.Tensor:
 
 
 # --- the model's pieces -------------------------------------------------------------------------------------------
-
-
-def _child(module: torch.nn.Module, names: tuple[str, ...], what: str) -> torch.nn.Module:
-    for name in names:
-        found = getattr(module, name, None)
-        if isinstance(found, torch.nn.Module):
-            return found
-    raise LlmattrError(f"cannot find the {what} of {type(module).__name__} (looked for {', '.join(names)})")
 
 
 @dataclass
@@ -114,14 +103,10 @@ def out_projection(proj: torch.nn.Module, heads: int) -> tuple[torch.Tensor, tor
 
 def layer_part(lm: LoadedModel, layer: int) -> LayerParts:
     """Block ``layer``'s :class:`LayerParts` (built when the layer is decomposed, so one layer's float32 ``W_O``
-    is alive at a time). A block with a ``pre_feedforward_layernorm`` normalises the attention output with its
-    ``post_attention_layernorm`` (Gemma 2/3); elsewhere that name is the pre-MLP norm (Llama)."""
-    block = decoder_blocks(lm.model)[layer]
-    attention = _child(block, ATTENTION_NAMES, "attention module")
-    weight, bias = out_projection(_child(attention, OUT_PROJ_NAMES, "attention output projection"),
-                                  lm.config.get_text_config().num_attention_heads)
-    sandwich = hasattr(block, "pre_feedforward_layernorm")
-    return LayerParts(weight, bias, block.post_attention_layernorm if sandwich else None)
+    is alive at a time), its parts found by :func:`~..models.anatomy.attention_parts`."""
+    proj, post_norm = attention_parts(lm.model, decoder_blocks(lm.model)[layer])
+    weight, bias = out_projection(proj, lm.config.get_text_config().num_attention_heads)
+    return LayerParts(weight, bias, post_norm)
 
 
 def frozen_norm(module: torch.nn.Module, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -158,36 +143,24 @@ class Trace:
     final: torch.Tensor | None
 
 
-@contextmanager
-def _hooked(hooks: list[tuple[torch.nn.Module, str, object]]) -> Iterator[None]:
-    """``(module, "pre" or "post", hook)`` forward hooks (the pre-hooks with kwargs) for the duration."""
-    handles = [m.register_forward_pre_hook(h, with_kwargs=True) if when == "pre" else m.register_forward_hook(h)
-               for m, when, h in hooks]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+def _keeping(store: dict[int, torch.Tensor], key: int, forward, *args, **kwargs):
+    """A module's forward that first keeps its first input (batch row 0) in ``store[key]``."""
+    hidden = args[0] if args else kwargs["hidden_states"]
+    store[key] = hidden[0].detach()
+    return forward(*args, **kwargs)
 
 
-def _keep_input(store: dict[int, torch.Tensor], key: int):
-    """A pre-hook keeping the module's first input (batch row 0) in ``store[key]``."""
-    def keep(module, args, kwargs):
-        hidden = args[0] if args else kwargs["hidden_states"]
-        store[key] = hidden[0].detach()
-    return keep
-
-
-def _own_storage(probe: Probe, layer: int):
-    """A hook run after block ``layer``: its recorded k and v get storages of their own size where they are views
-    of a larger one (a fused q/k/v projection, GPT-2's ``c_attn``, would keep its whole ``(S, 3 d)`` output)."""
-    def compact(*_):
-        record = probe.layers.get(layer)
-        for name in ("k", "v"):
-            x = getattr(record, name, None)
-            if x is not None and x.untyped_storage().nbytes() > x.numel() * x.element_size():
-                setattr(record, name, x.clone())
-    return compact
+def _traced_block(probe: Probe, inputs: dict[int, torch.Tensor] | None, layer: int, forward, *args, **kwargs):
+    """Block ``layer``'s forward keeping its input in ``inputs`` (unless ``None``); afterwards its recorded k and v
+    get storages of their own size where they are views of a larger one (a fused q/k/v projection, GPT-2's
+    ``c_attn``, would keep its whole ``(S, 3 d)`` output)."""
+    out = forward(*args, **kwargs) if inputs is None else _keeping(inputs, layer, forward, *args, **kwargs)
+    record = probe.layers.get(layer)
+    for name in ("k", "v"):
+        x = getattr(record, name, None)
+        if x is not None and x.untyped_storage().nbytes() > x.numel() * x.element_size():
+            setattr(record, name, x.clone())
+    return out
 
 
 def trace(lm: LoadedModel, input_ids: torch.Tensor, rows: torch.Tensor | None, layers: list[int], kind: str,
@@ -198,10 +171,12 @@ def trace(lm: LoadedModel, input_ids: torch.Tensor, rows: torch.Tensor | None, l
     inputs: dict[int, torch.Tensor] = {}
     rollout = kind == "attention"  # probabilities only: no values, no residual stream
     with torch.no_grad(), Probe(record=("q", "k") if rollout else ("q", "k", "v"), rows=rows, layers=layers) as probe:
-        hooks = [(blocks[k], "post", _own_storage(probe, k)) for k in layers]
-        hooks += [] if rollout else [(blocks[k], "pre", _keep_input(inputs, k)) for k in layers]
-        hooks += [(final_norm(lm.model), "pre", _keep_input(inputs, -1))] if final else []
-        with _hooked(hooks):
+        kept = None if rollout else inputs
+        traced = Patched([blocks[k] for k in layers],
+                         lambda k, forward: partial(_traced_block, probe, kept, layers[k], forward))
+        last = Patched([final_norm(lm.model)] if final else [],
+                       lambda _, forward: partial(_keeping, inputs, -1, forward))
+        with traced, last:
             lm.model.base_model(input_ids=input_ids.to(lm.device), use_cache=False)
     return Trace(probe.layers, inputs, inputs.pop(-1, None))
 
@@ -481,7 +456,7 @@ def logit_directions(lm: LoadedModel, target_ids: torch.Tensor, foil_id: torch.T
                      final: torch.Tensor) -> torch.Tensor:
     """``w'_t`` ``(T, d)`` with ``w'_t . v = F_{p_t}(v) . U_{y_t}`` (minus ``U_f`` if contrastive), ``F`` the final
     norm frozen at the explained rows ``final`` ``(T, d)``; the head's bias adds a constant and is left out."""
-    head = lm.model.get_output_embeddings().weight
+    head = output_head(lm.model).weight
     unembed = wide(head[target_ids.to(head.device)])
     if foil_id is not None:
         unembed = unembed - wide(head[foil_id.to(head.device)])

@@ -35,7 +35,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
-from ..models.forward import patched_blocks
+from ..models.intercept import Rules, patched_blocks
 from ..models.loading import LoadedModel
 from ..models.memory import MemoryProfile, register_profile
 from ..models.probe import repeat_heads
@@ -311,11 +311,12 @@ def deeplift_attributions(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> tupl
     :func:`llmattr.models.probe.eager_attention` (and for softcapped models) the eager attention's own calls go
     through the rules instead: every layer's ``(S, S)`` probabilities, the same multipliers.
     """
-    with torch.enable_grad(), DeepLiftMode() as ref_mode, saved_tensors_hooks(_drop, _drop):
+    ref_mode = DeepLiftMode()
+    with torch.enable_grad(), Rules(ref_mode), saved_tensors_hooks(_drop, _drop):
         f0 = f(x0.detach().requires_grad_(True)).detach()  # requires_grad marks the input-dependent calls
     xg = x.detach().requires_grad_(True)
     with torch.enable_grad():
-        with DeepLiftMode(ref_mode.operands):
+        with Rules(DeepLiftMode(ref_mode.operands)):
             out = f(xg)
         (multipliers,) = step_gradients(out.sum(0), [xg])  # (T, 1, ...)
     return ((x - x0) * multipliers[:, 0]).detach(), (out.detach() - f0)[0]
@@ -333,12 +334,14 @@ def blockwise_attributions(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor, model:
     forward runs three times and their input forward twice (plain DeepLIFT: once each).
     """
     ref_inputs: list[torch.Tensor] = []
-    with torch.enable_grad(), DeepLiftMode() as ref_mode, saved_tensors_hooks(_drop, _drop), \
+    ref_mode = DeepLiftMode()
+    with torch.enable_grad(), Rules(ref_mode), saved_tensors_hooks(_drop, _drop), \
             patched_blocks(model, lambda _, forward: partial(_reference_block, ref_mode, forward, ref_inputs)):
         f0 = f(x0.detach().requires_grad_(True)).detach()
     xg = x.detach().requires_grad_(True)
+    mode = DeepLiftMode(ref_mode.operands)
     with torch.enable_grad():
-        with DeepLiftMode(ref_mode.operands) as mode, patched_blocks(model, lambda k, forward: partial(
+        with Rules(mode), patched_blocks(model, lambda k, forward: partial(
                 checkpoint, _linearised_block, mode, forward, ref_inputs[k], use_reentrant=False)):
             out = f(xg)
         (multipliers,) = step_gradients(out.sum(0), [xg])
@@ -365,10 +368,11 @@ def _reference_block(mode: DeepLiftMode, forward, inputs: list, hidden: T, *args
 def _linearised_block(mode: DeepLiftMode, forward, h0: T, hidden: T, *args, **kwargs):
     """One block of the input pass with its own DeepLIFT rules: the block's reference operands recorded from
     ``h0``, then replayed on ``hidden`` (the pass-wide ``mode`` steps aside meanwhile)."""
+    block_ref = DeepLiftMode()
     with _paused(mode):
-        with DeepLiftMode() as block_ref, saved_tensors_hooks(_drop, _drop):
+        with Rules(block_ref), saved_tensors_hooks(_drop, _drop):
             forward(h0.detach().requires_grad_(True), *args, **kwargs)
-        with DeepLiftMode(block_ref.operands):
+        with Rules(DeepLiftMode(block_ref.operands)):
             return forward(hidden, *args, **kwargs)
 
 

@@ -17,21 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import LlmattrError
+from ..models.anatomy import final_norm, output_head, part
 from ..models.loading import LoadedModel
 from ..targets import Target
 from .base import AttributionMethod, register
-
-NORM_NAMES = ("norm", "ln_f", "final_layernorm", "norm_f")
-
-
-def final_norm(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The normalisation applied after the last block (``None`` for post-norm encoders such as BERT)."""
-    base = model.base_model
-    for name in NORM_NAMES:
-        module = getattr(base, name, None)
-        if isinstance(module, torch.nn.Module):
-            return module
-    return None
 
 
 def layer_states(model: torch.nn.Module, layer: int | None, **inputs) -> torch.Tensor:
@@ -64,7 +53,7 @@ def lm_head_logits(model: torch.nn.Module, states: torch.Tensor, token_ids: torc
 
     The LM head restricted to the T target rows: W[y_t] . h_i (+ bias), then Gemma's soft-capping.
     """
-    head = model.get_output_embeddings()
+    head = output_head(model)
     token_ids = token_ids.to(states.device)
     logits = head.weight[token_ids].to(states.dtype) @ states.mT
     if getattr(head, "bias", None) is not None:
@@ -163,13 +152,13 @@ def classification_head(model: torch.nn.Module):
     classifiers (BERT pooler + classifier, RoBERTa classification head) pool the first ([CLS]). Each
     token is fed to the encoder head as its own length-1 sequence, so the head's own pooling reads it.
     """
-    score = getattr(model, "score", None)
-    if isinstance(score, torch.nn.Module):
+    score = part(model, "score")
+    if score is not None:
         return score, -1
-    classifier = getattr(model, "classifier", None)
-    if not isinstance(classifier, torch.nn.Module):
+    classifier = part(model, "classifier")
+    if classifier is None:
         raise LlmattrError(f"{type(model).__name__} has no classification head (score or classifier)")
-    pooler = getattr(model, "pooler", None) or getattr(model.base_model, "pooler", None)
+    pooler = part(model, "pooler")
 
     def hot(states: torch.Tensor) -> torch.Tensor:
         x = states[:, None, :]

@@ -33,7 +33,8 @@ conserve exactly; ``tests/test_attnlrp.py`` checks the identity with every bias 
 One implementation for every architecture: the rules are a :class:`torch.overrides.TorchFunctionMode` active
 inside the model's forward only (the objective on the logits keeps its own gradient), which sees the torch calls
 of llmattr's one attention function (sdpa, or its eager path), of every RMSNorm (``rsqrt``) and LayerNorm and of
-the gated products, plus the activation modules (``transformers.activations``) patched by type.
+the gated products, plus the activation modules (``transformers.activations``) patched by type; both enter
+through :mod:`llmattr.models.intercept` (``ruled``, ``Patched``), transparent to passes without gradients.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from torch.overrides import TorchFunctionMode
 from transformers.activations import ACT2CLS
 
 from ..models import memory
-from ..models.forward import patched_modules
+from ..models.intercept import Patched, Rules, ruled
 from ..models.loading import LoadedModel
 from ..targets import Target
 from .base import register
@@ -169,18 +170,13 @@ class RelevanceRules(TorchFunctionMode):
         return tuple(scaled(t, share) if _relevant(t) else t for t, share in ((q, 0.25), (k, 0.25), (v, 0.5)))
 
 
-def _under_rules(constant_attention: bool, forward: Callable, *args, **kwargs):
-    with RelevanceRules(constant_attention):
-        return forward(*args, **kwargs)
-
-
 @contextmanager
 def relevance_rules(model: torch.nn.Module, constant_attention: bool = False) -> Iterator[None]:
     """For the duration, ``model``'s forward runs under :class:`RelevanceRules` and its activation modules under
     the identity rule; a backward pass then propagates relevance (``input x gradient = R``)."""
     activations = [m for m in model.modules() if isinstance(m, ACTIVATIONS)]
-    with patched_modules(activations, lambda _, forward: partial(identity_rule, forward)), \
-            patched_modules([model], lambda _, forward: partial(_under_rules, constant_attention, forward)):
+    with Patched(activations, lambda _, forward: partial(identity_rule, forward), transparent=True), \
+            ruled(model, partial(RelevanceRules, constant_attention)):
         yield
 
 
@@ -208,7 +204,7 @@ class AttnLRP(EmbeddingGradientMethod):
 
     def checkpointing(self, lm: LoadedModel, enable: bool):
         """Block checkpointing whose recomputation runs under the same rules."""
-        return memory.checkpointed(lm, enable, recompute=lambda: RelevanceRules(self.constant_attention))
+        return memory.checkpointed(lm, enable, recompute=lambda: Rules(RelevanceRules(self.constant_attention)))
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         embeds = lm.embed(target.input_ids).detach()

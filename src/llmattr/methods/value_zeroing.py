@@ -23,12 +23,14 @@ token, a zeroed row costs one block at one position.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from functools import partial
 
 import torch
 
 from ..errors import LlmattrError
-from ..models.forward import decoder_blocks, logits_and_prefix
+from ..models.anatomy import decoder_blocks
+from ..models.forward import logits_and_prefix
+from ..models.intercept import Patched
 from ..models.loading import LoadedModel
 from ..models.probe import Probe
 from ..scores import pos_norm
@@ -38,8 +40,8 @@ from .base import AttributionMethod, register
 NOISE_FLOOR = 1e-6  # float32 cosine distances of identical states reach ~6e-8: below this they are 0
 
 
-class BlockTap:
-    """Forward hooks on chosen blocks: keep their output at ``positions``; optionally patch it.
+class BlockTap(Patched):
+    """Chosen blocks' forwards wrapped to keep their output at ``positions``; optionally patch it.
 
     ``patch`` maps a block index to the clean output ``(1, S, d)`` that replaces the block's output
     (so the next block sees clean inputs); without it the outputs pass unchanged. ``keep_from``: keep the
@@ -48,33 +50,23 @@ class BlockTap:
 
     def __init__(self, blocks: torch.nn.ModuleList, layers: list[int], positions: torch.Tensor,
                  patch: dict[int, torch.Tensor] | None = None, keep_from: int | None = None):
-        self.blocks, self.layers, self.positions = blocks, layers, positions
-        self.patch, self.keep_from = patch, keep_from
+        super().__init__([blocks[k] for k in layers], lambda k, forward: partial(self._tap, layers[k], forward))
+        self.positions, self.patch, self.keep_from = positions, patch, keep_from
         self.outputs: dict[int, torch.Tensor] = {}
         self.raw: dict[int, object] = {}  # the blocks' own output objects (keep_from only)
-        self._handles: list = []
 
-    def _hook(self, layer: int):
-        def hook(module, args, output):
-            hidden = output[0] if isinstance(output, tuple) else output
-            if self.keep_from is None:
-                self.outputs[layer] = hidden[:, self.positions]
-            else:  # a slice copied out, so the full sequence's output is not kept alive
-                self.raw[layer] = map_hidden(output, lambda h: h[:, self.keep_from:].clone())
-                self.outputs[layer] = self.raw[layer][0] if isinstance(output, tuple) else self.raw[layer]
-            if self.patch is None or layer not in self.patch:
-                return None
-            clean = self.patch[layer].expand_as(hidden)
-            return (clean, *output[1:]) if isinstance(output, tuple) else clean
-        return hook
-
-    def __enter__(self) -> BlockTap:
-        self._handles = [self.blocks[k].register_forward_hook(self._hook(k)) for k in self.layers]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
+    def _tap(self, layer: int, forward, *args, **kwargs):
+        output = forward(*args, **kwargs)
+        hidden = output[0] if isinstance(output, tuple) else output
+        if self.keep_from is None:
+            self.outputs[layer] = hidden[:, self.positions]
+        else:  # a slice copied out, so the full sequence's output is not kept alive
+            self.raw[layer] = map_hidden(output, lambda h: h[:, self.keep_from:].clone())
+            self.outputs[layer] = self.raw[layer][0] if isinstance(output, tuple) else self.raw[layer]
+        if self.patch is None or layer not in self.patch:
+            return output
+        clean = self.patch[layer].expand_as(hidden)
+        return (clean, *output[1:]) if isinstance(output, tuple) else clean
 
 
 def map_hidden(output, fn):
@@ -84,31 +76,16 @@ def map_hidden(output, fn):
     return fn(output)
 
 
-class CleanReplay(torch.nn.Module):
-    """Stands in for a block whose input is the same in every batch row: returns its clean output, expanded
-    to the batch, without computing anything."""
-
-    def __init__(self, output):
-        super().__init__()
-        self.output = output
-
-    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
-        return map_hidden(self.output, lambda h: h.expand(hidden_states.shape[0], -1, -1))
+def _clean_replay(output, forward, hidden_states: torch.Tensor, *args, **kwargs):
+    """A block whose input is the same in every batch row: its clean ``output``, expanded to the batch, without
+    computing anything."""
+    return map_hidden(output, lambda h: h.expand(hidden_states.shape[0], -1, -1))
 
 
-@contextmanager
-def replayed(blocks: torch.nn.ModuleList, outputs: dict[int, object]):
-    """Blocks ``k in outputs`` replaced by :class:`CleanReplay` of ``outputs[k]`` for the duration."""
-    original = {k: blocks[k] for k in outputs}
-    try:
-        for k, output in outputs.items():
-            blocks[k] = CleanReplay(output)
-        yield
-    finally:
-        for k, block in original.items():
-            blocks[k] = block
-
-
+def replayed(blocks: torch.nn.ModuleList, outputs: dict[int, object]) -> Patched:
+    """Blocks ``k in outputs`` replay ``outputs[k]`` (:func:`_clean_replay`) for the duration."""
+    chosen = list(outputs)
+    return Patched([blocks[k] for k in chosen], lambda i, forward: partial(_clean_replay, outputs[chosen[i]], forward))
 
 
 def value_zeroing_distances(lm: LoadedModel, input_ids: torch.Tensor, positions: torch.Tensor,

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 
 import torch
 import torch.autograd.forward_ad as fwad
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from ..errors import LlmattrError
+from .intercept import intercepted
 from .loading import LoadedModel
-from .probe import eager_attention, hooks_active
+from .probe import eager_attention
 
 PREFIX_CACHE_BYTES = 256 * 2**20  # template keys and values kept per model, the last used first (see prefix_cache)
 
@@ -47,7 +45,7 @@ def prefix_cache(lm: LoadedModel, prefix_embeds: torch.Tensor) -> Cache:
     first, within ``PREFIX_CACHE_BYTES``; none is kept or used while a probe or eager attention is in force (the
     pass then does more than compute them). Its layers are :class:`PrefixLayer`: a forward through it stores nothing,
     so rerunning a block (activation checkpointing) sees the same prefix."""
-    if hooks_active():
+    if intercepted():
         return Cache(layers=[PrefixLayer(k, v) for k, v in prefix_key_values(lm, prefix_embeds)])
     key = content_key(prefix_embeds)
     kept = lm.memo.setdefault("prefix-cache", OrderedDict())
@@ -70,7 +68,7 @@ def zero_input_logits(lm: LoadedModel, positions: torch.Tensor, like: torch.Tens
     """
     start = int(positions[0])
     zeros = like.new_zeros(1, int(positions[-1]) + 1, like.shape[-1])
-    if hooks_active() or not start:
+    if intercepted() or not start:
         return logits_at(lm, zeros, positions)
     key = content_key(zeros[:, :0])  # dtype, device and width; the length is the kept prefix's own
     kept = lm.memo.get("zero-prefix")
@@ -214,47 +212,6 @@ def logits_and_prefix(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: t
     logits = logits_at(lm, inputs_embeds, positions, past_key_values=cache, use_cache=True)
     return logits, SharedPrefix.from_cache(cache, length)
 
-
-
-@contextmanager
-def patched_blocks(model: torch.nn.Module, wrap: Callable[[int, Callable], Callable]) -> Iterator[torch.nn.ModuleList]:
-    """Every decoder block's ``forward`` replaced by ``wrap(layer index, original forward)`` for the duration."""
-    with patched_modules(decoder_blocks(model), wrap) as blocks:
-        yield blocks
-
-
-@contextmanager
-def patched_modules(modules: Sequence[torch.nn.Module], wrap: Callable[[int, Callable], Callable]
-                    ) -> Iterator[Sequence[torch.nn.Module]]:
-    """Each module's ``forward`` replaced by ``wrap(its index, its forward)`` for the duration; a forward the
-    instance already had (another patch, an accelerate hook) is put back afterwards."""
-    before = [module.__dict__.get("forward") for module in modules]
-    try:
-        for k, module in enumerate(modules):
-            module.forward = wrap(k, module.forward)
-        yield modules
-    finally:
-        for module, forward in zip(modules, before, strict=True):
-            if forward is None:
-                module.__dict__.pop("forward", None)
-            else:
-                module.forward = forward
-
-
-def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The stack of transformer blocks, read from the model's own structure: the child of its decoder
-    (``model.get_decoder()``: ``layers`` in Llama-style models, ``h`` in GPT-2) that is a ModuleList of the
-    block class transformers keeps whole on one device (``_no_split_modules``), one block per hidden layer."""
-    n_layers = model.config.get_text_config().num_hidden_layers
-    decoder = model.get_decoder()
-    block_types = set(getattr(model, "_no_split_modules", None) or ())
-    stacks = [child for child in decoder.children()
-              if isinstance(child, torch.nn.ModuleList) and len(child) == n_layers
-              and (not block_types or type(child[0]).__name__ in block_types)]
-    if len(stacks) != 1:
-        raise LlmattrError(f"cannot find the {n_layers} transformer blocks of {type(model).__name__} "
-                           f"({len(stacks)} candidate stacks in its decoder {type(decoder).__name__})")
-    return stacks[0]
 
 
 @torch.no_grad()

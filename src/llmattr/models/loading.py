@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..errors import LlmattrError
+from .anatomy import output_head
 from .probe import install_probe
 from .sizes import parse_size
 
@@ -266,7 +267,7 @@ def float32_head(model: torch.nn.Module) -> None:
     (Llama-3.1-8B: 8 blocks of 16,384 rows), so the float32 copy never exceeds one block. A float32 model computes
     exactly what it did (the casts are no-ops); a head that is not an ``nn.Linear`` (quantized) is left alone.
     """
-    head = model.get_output_embeddings()
+    head = output_head(model)
     if type(head) is not torch.nn.Linear:
         return
     forward = types.MethodType(_float32_linear, head)  # a bound method: a deepcopy binds the copy

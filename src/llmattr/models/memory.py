@@ -43,7 +43,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..checks import register_once
 from ..errors import LlmattrError
-from .forward import patched_blocks
+from .anatomy import output_head
+from .intercept import patched_blocks
 from .loading import LoadedModel, head_block_rows
 from .sizes import parse_size
 
@@ -160,7 +161,7 @@ def activation_bytes(shapes: Shapes, kind: str, tokens: int, rows: int = 1, chec
 def head_cast_bytes(lm: LoadedModel, graph: bool) -> int:
     """The float32 copy of a non-float32 LM head's weight (:func:`~.loading.float32_head`): one vocabulary block
     at a time in a forward pass, every block at once where a backward pass keeps them (``graph``); 0 in float32."""
-    head = lm.model.get_output_embeddings()
+    head = output_head(lm.model)
     if head is None or head.weight.dtype == torch.float32:
         return 0
     vocabulary, width = head.weight.shape
@@ -254,5 +255,6 @@ def checkpointed(lm: LoadedModel, enable: bool = True,
         yield
         return
     options = {} if recompute is None else {"context_fn": lambda: (nullcontext(), recompute())}
-    with patched_blocks(lm.model, lambda _, forward: partial(checkpoint, forward, use_reentrant=False, **options)):
+    with patched_blocks(lm.model, lambda _, forward: partial(checkpoint, forward, use_reentrant=False, **options),
+                        transparent=True):
         yield

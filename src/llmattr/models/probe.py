@@ -17,21 +17,23 @@ function): no tensor grows with the square of the input length. Inside ``with Pr
 Models with logit softcapping (Gemma-2), which sdpa cannot run, and code inside :func:`eager_attention`
 take the full eager path: every row's ``(S, S)`` probabilities, the computation of transformers' eager
 attention (the reference the tests compare the sdpa path with).
+
+A :class:`Probe` and :class:`EagerAttention` are interceptions (:mod:`.intercept`): the attention function reads
+the innermost probe and whether eager attention is in force off the one interception stack.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from .intercept import Interception, innermost
+
 PROBE_NAME = "llmattr_probe"
 FIELDS = ("q", "k", "v", "probs", "out")
-_ACTIVE: list[Probe] = []
-_EAGER: list[bool] = []
 
 
 @dataclass
@@ -72,8 +74,8 @@ class LayerRecord:
         return repeat_heads(self.v, self.q.shape[1])
 
 
-class Probe:
-    """Context manager that tells the attention function what to record or change.
+class Probe(Interception):
+    """The interception that tells the attention function what to record or change.
 
     Args:
         record: ``True`` (every field) or the names of the fields to keep (``FIELDS``); ``False`` keeps none.
@@ -105,13 +107,6 @@ class Probe:
         self.value_layers = value_layers
         self.layers: dict[int, LayerRecord] = {}
 
-    def __enter__(self) -> Probe:
-        _ACTIVE.append(self)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        _ACTIVE.remove(self)
-
     def records(self, layer: int | None) -> bool:
         return bool(self.fields) and (self.record_layers is None or layer in self.record_layers)
 
@@ -120,20 +115,13 @@ class Probe:
         return torch.stack([getattr(self.layers[i], name) for i in sorted(self.layers)])
 
 
-def hooks_active() -> bool:
-    """Whether a :class:`Probe` or :func:`eager_attention` is in force (a forward pass then records or computes
-    something beyond its outputs)."""
-    return bool(_ACTIVE or _EAGER)
-
-
-@contextmanager
-def eager_attention() -> Iterator[None]:
+class EagerAttention(Interception):
     """Inside, every layer computes full eager attention (all ``(S, S)`` probabilities): the reference path."""
-    _EAGER.append(True)
-    try:
-        yield
-    finally:
-        _EAGER.pop()
+
+
+def eager_attention() -> EagerAttention:
+    """``with eager_attention():`` every layer on the eager path (:class:`EagerAttention`)."""
+    return EagerAttention()
 
 
 def repeat_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -189,7 +177,7 @@ def probe_attention(
     Returns the output ``(B, Q, H, D)`` (transformers' layout) and, on the eager path only, the probabilities
     ``(B, H, Q, S)`` (``output_attentions``).
     """
-    probe = _ACTIVE[-1] if _ACTIVE else None
+    probe = innermost(Probe)
     layer = getattr(module, "layer_idx", None)
     batch, n_heads, n_queries = query.shape[:3]
     n_keys = key.shape[2]
@@ -203,7 +191,7 @@ def probe_attention(
     if replay is not None:  # fixed routing: the clean pass's q and k set the probabilities
         query = replay.q[:, :, torch.searchsorted(replay.rows.to(query.device), query_rows)].expand(batch, -1, -1, -1)
         key = replay.k[:, :, :n_keys].expand(batch, -1, -1, -1)
-    if softcap is not None or _EAGER:
+    if softcap is not None or innermost(EagerAttention) is not None:
         visible = visible_keys(attention_mask, query_rows, n_queries, n_keys, batch)
         weights = attention_probs(query, repeat_heads(key, n_heads), visible, scaling, softcap)
         out = torch.matmul(weights, repeat_heads(value, n_heads)).transpose(1, 2).contiguous()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import LlmattrError
+from ..models.anatomy import output_head, part
 
 
 @dataclass(frozen=True)
@@ -205,11 +206,11 @@ class Task:
     def check_model(self, lm) -> None:
         """Refuse a model that lacks the output head this task needs, naming the task to use instead."""
         if self.head == "lm":
-            if lm.model.get_output_embeddings() is None:
+            if output_head(lm.model) is None:
                 raise LlmattrError(
                     f"task {self.name} needs a language-modelling head; {lm.model_id} lacks one")
             return
-        score = getattr(lm.model, "score", None)
+        score = part(lm.model, "score")
         if getattr(score, "out_features", None) != self.extra.get("num_labels"):
             raise LlmattrError(
                 f"task {self.name} needs a sequence-{self.head} head with {self.extra.get('num_labels')} "
