@@ -10,15 +10,15 @@ values: every example of a task shares them, :func:`~.forward.prefix_cache`), th
 * **one bypass rule**: while an interception is in force (a :class:`~.probe.Probe` or
   :func:`~.probe.eager_attention`: a forward then records or computes more than its outputs, so a kept result
   would skip that work) nothing is kept or read (:meth:`Kept.bypassed`, the one place that asks);
-* **the weights' version in every key**: the entries are of one version of the weights, each parameter's storage
+* **the weights' version**: every entry is of one version of the weights, each parameter's storage
   (``data_ptr``) and autograd version counter (``_version``), which every in-place operation on a parameter
   bumps (``p.mul_(...)`` under ``torch.no_grad``, an optimizer step, ``load_state_dict``); a call that sees
   another version drops them all first. Computing the version reads every parameter once: about 0.1 ms per call for
   SmolLM2-135M's 272 parameter tensors (``timeit``, CPU; 0.37 ms through ``nn.Module.parameters()``), against
   milliseconds for the forward an entry saves;
 * :meth:`Kept.forget` (``LoadedModel.forget``) drops every entry: needed where weights change without their version
-  counter, through ``.data`` (``p.data.mul_(...)``, PEFT's LoRA merge) or in another process's copy;
-  ``llmattr.finetune`` calls it on a model it trained in place.
+  counter, through ``.data`` (``p.data.mul_(...)``, PEFT's LoRA merge); ``llmattr.finetune`` calls it on a model
+  it trained in place.
 """
 
 from __future__ import annotations
