@@ -23,7 +23,7 @@ forward; saliency, input-x-gradient, grad-ellm <= 1.05x
 floor (AttnLRP, CP-LRP: one backward under their rules, issue 23: <= 1.2x); integrated-gradients >= 1.75x faster
 than Captum LIG; IG, IGCG, GradientSHAP <= 1.2x their n-step floor of the span, AIEG of the input (its PosNorm
 needs every token's attribution); gradient methods >= 1.25x faster than per step. The path methods keep the
-template's keys and values at each path point for the task's next example (``LoadedModel.memo``): the warm-up
+template's keys and values at each path point for the task's next example (``LoadedModel.kept``): the warm-up
 example and the repeats fill it, as the first example of an evaluation does.
 Run: python benchmarks/bench_methods.py [--n-short 10 --n-long 3 --n-gen 3 --methods a,b]
 """

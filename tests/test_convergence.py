@@ -121,7 +121,8 @@ def test_template_share_through_its_cache_is_its_summed_attribution(tiny_tokeniz
     for text in ("A terrific film.", "Dull, slow and far too long."):
         target = prepare(lm, text, task, answer=" movie was")
         scores, info = ig.attribute_with_info(lm, target)
-        assert target.span[0] > 0 and next(iter(lm.memo["path-prefix"].values())).tangents is not None
+        kept = [value for (kind, _), value in lm.kept.entries.items() if kind == "path-prefix"]
+        assert target.span[0] > 0 and len(kept) == 1 and kept[0].tangents is not None
         full = ig.attributions(lm, target)  # every token through the graph
         _, _, _, target_delta, tol = endpoints(lm, target)
         expected = full_sum(full) - target_delta

@@ -291,16 +291,17 @@ def test_template_cache_is_computed_once_per_task_and_kept_within_its_budget(tin
                         lambda *a: runs.append(1) or prefix_key_values(*a))
     saliency = methods.get("saliency")
     want = [saliency.attribute(lm, t) for t in (first, second)]
-    assert len(runs) == 1 and len(lm.memo["prefix-cache"]) == 1
+    assert len(runs) == 1 and len(lm.kept) == 1
     for target, expected in zip((second, first), want[::-1], strict=True):
-        lm.memo.clear()
+        lm.forget()
         torch.testing.assert_close(saliency.attribute(lm, target), expected, rtol=0, atol=0)
     with Probe(record=("q",)):
         saliency.attribute(lm, first)
-    assert len(runs) == 4 and len(lm.memo["prefix-cache"]) == 1  # the probe's run neither used nor kept one
+    assert len(runs) == 4 and len(lm.kept) == 1  # the probe's run neither used nor kept one
     other = prepare(lm, {"text": "A dull film."}, get_task("generate"), answer="Yes")
     saliency.attribute(lm, other)
-    assert len(lm.memo["prefix-cache"]) == 2
-    monkeypatch.setattr(forward, "PREFIX_CACHE_BYTES", 1)
+    assert len(lm.kept) == 2
+    lm.forget()
+    lm.kept.budget = 1
     saliency.attribute(lm, first)
-    assert not lm.memo["prefix-cache"]  # over the budget: nothing kept
+    assert not len(lm.kept)  # over the budget: nothing kept

@@ -303,6 +303,7 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
     trained = trainer.model.merge_and_unload() if cfg.lora_r else trainer.model
     trained.eval()
     trained.requires_grad_(False)
+    lm.forget()  # a loaded model given is trained in place, and a LoRA merge writes through .data (llmattr.models.kept)
     lm = replace(lm, model=trained)
     card["train_seconds"] = time.perf_counter() - start
     card["device"] = str(lm.device)

@@ -10,8 +10,6 @@ algorithm A.3) or for the content span only (``baseline="span"``: template and g
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 import torch
 
@@ -36,7 +34,6 @@ from .gradient import (
     suffix_score_fn,
 )
 
-PREFIXES_KEPT = 4  # path prefixes kept per model (each at most PATH_BUDGET / 8 bytes)
 PATH_METHODS = ("riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid", "gausslegendre")
 
 
@@ -120,9 +117,8 @@ def path_gradients(f: ScoreFn, points: torch.Tensor, prefix: PathPrefix | None, 
 
 def path_prefix(lm: LoadedModel, x: torch.Tensor, x0: torch.Tensor, alphas: torch.Tensor) -> PathPrefix | None:
     """The template's :class:`~..models.forward.PathPrefix` for the path ``x0 -> x`` ``(1, P, D)`` at ``alphas``,
-    kept on the model for the next call with the same template, baseline and points (the examples of one
-    task share them; the ``PREFIXES_KEPT`` last used are kept, so methods with other points do not evict each
-    other); ``None`` where its keys, values and derivatives would take more than
+    kept on the model (``lm.kept``) for the next call with the same template, baseline and points (the examples of
+    one task share them); ``None`` where its keys, values and derivatives would take more than
     ``PATH_BUDGET / 8`` bytes, or its eager attention more than ``PATH_BUDGET`` per point."""
     s, length = Shapes.of(lm), x.shape[1]
     moving = not torch.equal(x, x0)
@@ -131,14 +127,8 @@ def path_prefix(lm: LoadedModel, x: torch.Tensor, x0: torch.Tensor, alphas: torc
     eager = 4 * s.heads * length * length * s.element
     if stored > PATH_BUDGET // 8 or eager > PATH_BUDGET:
         return None
-    key = content_key(x, x0, alphas)
-    kept = lm.memo.setdefault("path-prefix", OrderedDict())
-    if key not in kept:
-        kept[key] = PathPrefix.compute(lm, x, x0, alphas, max(1, PATH_BUDGET // eager))
-        while len(kept) > PREFIXES_KEPT:
-            kept.popitem(last=False)
-    kept.move_to_end(key)
-    return kept[key]
+    return lm.kept.fetch(lm.model, ("path-prefix", content_key(x, x0, alphas)),
+                         lambda: PathPrefix.compute(lm, x, x0, alphas, max(1, PATH_BUDGET // eager)))
 
 
 def endpoints_and_net_attention(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor,

@@ -10,17 +10,13 @@ is never mutated).
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 
 import torch
 import torch.autograd.forward_ad as fwad
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from .intercept import intercepted
 from .loading import LoadedModel
 from .probe import eager_attention
-
-PREFIX_CACHE_BYTES = 256 * 2**20  # template keys and values kept per model, the last used first (see prefix_cache)
 
 
 def logits_at(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -40,19 +36,13 @@ def logits_at(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch.Ten
 def prefix_cache(lm: LoadedModel, prefix_embeds: torch.Tensor) -> Cache:
     """Key/value cache of ``prefix_embeds`` ``(B, P, D)``, computed without gradients (one row per batch row).
 
-    The keys and values are kept on the model for the next call with the same embeddings (every example of a
-    task shares its template: the gradient methods run it once per task, not once per example), the last used
-    first, within ``PREFIX_CACHE_BYTES``; none is kept or used while a probe or eager attention is in force (the
-    pass then does more than compute them). Its layers are :class:`PrefixLayer`: a forward through it stores nothing,
-    so rerunning a block (activation checkpointing) sees the same prefix."""
-    if intercepted():
-        return Cache(layers=[PrefixLayer(k, v) for k, v in prefix_key_values(lm, prefix_embeds)])
-    key = content_key(prefix_embeds)
-    kept = lm.memo.setdefault("prefix-cache", OrderedDict())
-    layers = kept.pop(key, None) or prefix_key_values(lm, prefix_embeds)
-    kept[key] = layers  # the last used last
-    while sum(k.nbytes + v.nbytes for entry in kept.values() for k, v in entry) > PREFIX_CACHE_BYTES:
-        kept.popitem(last=False)  # the least recently used first; one over the budget alone is not kept
+    The keys and values are kept on the model (``lm.kept``, :class:`~.kept.Kept`: its byte budget, bypassed while a
+    probe or eager attention is in force, dropped when the weights change) for the next call with the same
+    embeddings: every example of a task shares its template, so the gradient methods run it once per task, not once
+    per example. Its layers are :class:`PrefixLayer`: a forward through it stores nothing, so rerunning a block
+    (activation checkpointing) sees the same prefix."""
+    layers = lm.kept.fetch(lm.model, ("prefix-cache", content_key(prefix_embeds)),
+                           lambda: prefix_key_values(lm, prefix_embeds))
     return Cache(layers=[PrefixLayer(k, v) for k, v in layers])
 
 
@@ -62,21 +52,19 @@ def zero_input_logits(lm: LoadedModel, positions: torch.Tensor, like: torch.Tens
 
     That input is the path methods' zero baseline, the same in every example; a causal model's state at position
     ``p`` depends on the inputs up to ``p`` alone, so the keys and values of the zeros before ``positions[0]`` are a
-    slice of one all-zero prefix kept on the model (the longest asked for, within ``PREFIX_CACHE_BYTES``; none is
-    kept or used while a probe or eager attention is in force) and only the rows from ``positions[0]`` on run.
+    slice of one all-zero prefix kept on the model (``lm.kept``: the longest asked for; while a probe or eager
+    attention is in force, the whole input runs) and only the rows from ``positions[0]`` on run.
     ``like``: an embedding tensor ``(1, S, D)`` whose dtype and device the zeros take.
     """
     start = int(positions[0])
     zeros = like.new_zeros(1, int(positions[-1]) + 1, like.shape[-1])
-    if intercepted() or not start:
+    if lm.kept.bypassed() or not start:
         return logits_at(lm, zeros, positions)
-    key = content_key(zeros[:, :0])  # dtype, device and width; the length is the kept prefix's own
-    kept = lm.memo.get("zero-prefix")
-    if kept is None or kept[0] != key or kept[1][0][0].shape[-2] < start:
-        kept = (key, prefix_key_values(lm, zeros[:, :start]))
-        if sum(k.nbytes + v.nbytes for k, v in kept[1]) <= PREFIX_CACHE_BYTES:
-            lm.memo["zero-prefix"] = kept
-    cache = Cache(layers=[PrefixLayer(k[:, :, :start], v[:, :, :start]) for k, v in kept[1]])
+    key = ("zero-prefix", content_key(zeros[:, :0]))  # dtype, device and width; the length is the kept prefix's own
+    layers = lm.kept.get(lm.model, key)
+    if layers is None or layers[0][0].shape[-2] < start:
+        layers = lm.kept.keep(lm.model, key, prefix_key_values(lm, zeros[:, :start]))
+    cache = Cache(layers=[PrefixLayer(k[:, :, :start], v[:, :, :start]) for k, v in layers])
     return logits_at(lm, zeros[:, start:], positions - start, past_key_values=cache, use_cache=True)
 
 

@@ -23,6 +23,7 @@ import torch
 
 from ..errors import LlmattrError
 from .anatomy import output_head
+from .kept import Kept
 from .probe import install_probe
 from .sizes import parse_size
 
@@ -41,7 +42,14 @@ class LoadedModel:
     model_id: str
     folder: str | None = None
     info: dict = field(default_factory=dict)
-    memo: dict = field(default_factory=dict, repr=False, compare=False)  # computations reused across calls
+    kept: Kept = field(default_factory=Kept, init=False, repr=False, compare=False)  # results reused across calls
+
+    def forget(self) -> None:
+        """Drop every result kept on the model (:class:`~.kept.Kept`). Kept results follow in-place edits of the
+        weights through their version counters (``p.mul_(...)`` under ``torch.no_grad``, an optimizer's step,
+        ``load_state_dict``) by themselves; call this after an edit that bypasses them: through ``p.data``
+        (``p.data.mul_(...)``, PEFT's LoRA merge)."""
+        self.kept.forget()
 
     @property
     def device(self) -> torch.device:
