@@ -59,7 +59,7 @@ class TableSpec:
     """A report table fed by a metric: rows (stored value names), the routing they were computed under,
     and the layout (``datasets_by_methods``: paper 000 Tables 1/4/8; ``metrics_by_methods``: Table 2;
     ``methods_by_datasets``: paper 003 Tables 1, 4-6; ``layers_by_methods``: paper 003 Figs. 4-5 as a table,
-    rows = layers (the stored ``pi``), datasets pooled, with a per-layer figure). ``order`` places it among the
+    rows = layers (the stored ``x``), datasets pooled, with a per-layer figure). ``order`` places it among the
     report's tables; ``mark_all_rows`` ranks every row of a ``datasets_by_methods`` or ``layers_by_methods``
     table (else the Avg row only, or none)."""
 

@@ -223,7 +223,7 @@ class SoftResult:
         return None if self.pi_soft_nc is None else auc(self.pis, self.pi_soft_nc)
 
     def _curve(self, values: list[float] | None) -> dict | None:
-        return None if values is None else {"pi": list(self.pis), "values": list(values),
+        return None if values is None else {"x": list(self.pis), "values": list(values),
                                             "auc": auc(self.pis, values)}
 
     def to_dict(self) -> dict:
@@ -392,7 +392,7 @@ def _rows(ctx: MetricContext, routing: str, curves: bool) -> list[Row]:
     rows = []
     for name in ("pi_soft_ns", "pi_soft_nc"):
         curve = values[name]
-        rows += [Row(name, v, x=p, se=e) for p, v, e in zip(curve["pi"], curve["values"], se[name], strict=True)]
+        rows += [Row(name, v, x=p, se=e) for p, v, e in zip(curve["x"], curve["values"], se[name], strict=True)]
         rows.append(Row(f"{name}_auc", curve["auc"], se=se[f"{name}_auc"]))
     return rows
 
