@@ -4,7 +4,8 @@ The report renders from a store alone, so what it needs to know about methods an
 here: a method's label (:func:`method_label`, from the method registry's defaults) and the tables a
 metric feeds (:class:`TableSpec`, declared by each metric beside its code in
 :mod:`llmattr.faithfulness`). Neither the report nor this module imports torch, the methods or the
-evaluation loop.
+evaluation loop. The earlier names of renamed method parameters and model card facts are here too, so that every
+reader (a method, a store, a card) reads an old spelling the same way (:func:`current_params`, :func:`current_card`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,19 @@ LAYOUTS = ("datasets_by_methods", "metrics_by_methods", "methods_by_datasets", "
 
 
 RENAMED_PARAMS = {"target": "objective"}  # a method parameter's earlier name -> its name (issue 22)
+RENAMED_CARD_FACTS = {"objective": "loss"}  # a model card fact's earlier name -> its name (issue 39)
+
+
+def current_names(values: Mapping, renamed: Mapping[str, str], where: str) -> dict:
+    """``values`` with each key given under an earlier name (a key of ``renamed``) under its current one; both
+    names at once are refused (``where`` opens that line)."""
+    out = dict(values)
+    for old, new in renamed.items():
+        if old in out:
+            if new in out:
+                raise LlmattrError(f"{where}: give {new}= or its old name {old}=, not both")
+            out[new] = out.pop(old)
+    return out
 
 
 def current_params(params: Mapping, where: str = "method parameters") -> dict:
@@ -27,12 +41,17 @@ def current_params(params: Mapping, where: str = "method parameters") -> dict:
     objective's name before issue 22) under its current one, so a call, a ``name:target=logit`` spec, a store or
     an Explanation JSON of before the rename reads the same; both names at once are refused (``where`` opens
     that line)."""
-    out = dict(params)
-    for old, new in RENAMED_PARAMS.items():
-        if old in out:
-            if new in out:
-                raise LlmattrError(f"{where}: give {new}= or its old name {old}=, not both")
-            out[new] = out.pop(old)
+    return current_names(params, RENAMED_PARAMS, where)
+
+
+def current_card(card: Mapping) -> dict:
+    """A model card of ``llmattr finetune`` (or the facts of it a store holds) with each fact given under an
+    earlier name (:data:`RENAMED_CARD_FACTS`: ``objective``, the training loss's name before issue 39) under its
+    current one, in the card and in the settings it records, so a card or a store written before the rename
+    reads the same (and an unfinished run of then resumes)."""
+    out = current_names(card, RENAMED_CARD_FACTS, "model card")
+    if isinstance(out.get("settings"), Mapping):
+        out["settings"] = current_names(out["settings"], RENAMED_CARD_FACTS, "model card settings")
     return out
 
 

@@ -211,8 +211,8 @@ def card_notes(card: dict | None) -> list[str]:
     if not card:
         return []
     data = card.get("data", {})
-    lines = [f"Model card: {card.get('task')} fine-tune of {card.get('base_model')} (objective "
-             f"{card.get('objective')}, seed {card.get('seed')}) on {card.get('n_train')} training rows of "
+    lines = [f"Model card: {card.get('task')} fine-tune of {card.get('base_model')} ({card.get('loss')} loss, "
+             f"seed {card.get('seed')}) on {card.get('n_train')} training rows of "
              f"{data.get('source')}; the evaluation left out every row it was trained on."]
     held = card.get("held_out")
     if held:
