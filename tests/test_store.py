@@ -281,4 +281,5 @@ def test_a_store_whose_model_card_names_the_loss_objective_reads_merges_and_resu
         store.write(unit("ex-2"), "{}", 0.1, outputs())
     results = Results([old, new])
     assert results.settings("tiny") == settings
-    assert "(label loss, seed 0) on 4 training rows of toy.jsonl" in card_notes(results.settings("tiny")["model_card"])[0]
+    note = card_notes(results.settings("tiny")["model_card"])[0]
+    assert "(label loss, seed 0) on 4 training rows of toy.jsonl" in note
