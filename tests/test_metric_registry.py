@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 import llmattr
 from llmattr.api import catalog
 from llmattr.cli import app
+from llmattr.declarations import MetricRow, TableSpec
 from llmattr.evaluation import EvalConfig, run
 from llmattr.faithfulness import METRICS, Metric, MetricResult, register
 from llmattr.report import build_report
-from llmattr.specs import MetricRow, TableSpec
 from llmattr.store import Row
 
 

@@ -15,7 +15,8 @@ Tables (docs/evaluate.md):
   per-layer metrics' layer) and ``step`` the generation step; ``-1`` in either means "scalar" / "averaged over
   steps". Stores of an older schema (:data:`LEGACY`: 2, whose ``x`` column was named ``pi``; 2 and 3, whose
   method ``params`` name the objective ``target``) are read as if they were new (the params through
-  :func:`~llmattr.specs.current_params`) and changed in place when a run of the same version writes to them again.
+  :func:`~llmattr.declarations.current_params`) and changed in place when a run of the same version writes to them
+  again.
   ``mc_se`` is the value's Monte-Carlo standard error over samples (NULL for deterministic metrics).
 
 Every finished (example, method) is written in one transaction, so a process killed at any moment
@@ -45,8 +46,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
+from .declarations import RENAMED_PARAMS, current_card, current_params, method_label
 from .errors import LlmattrError
-from .specs import RENAMED_PARAMS, current_card, current_params, method_label
 from .version import __version__
 
 DEFAULT_ORDER = 100  # a dataset's place in the report when its task gives none (``Task.report_order``)
@@ -90,7 +91,7 @@ def current_key(params: str) -> str:
 
 def current_settings(text: str) -> dict:
     """A model's stored settings (JSON), the facts of its model card under their current names (a store written
-    before a card fact was renamed reads, merges and resumes the same: :func:`~llmattr.specs.current_card`)."""
+    before a card fact was renamed reads, merges and resumes the same: :func:`~llmattr.declarations.current_card`)."""
     settings = json.loads(text)
     if "model_card" in settings:
         settings["model_card"] = current_card(settings["model_card"])

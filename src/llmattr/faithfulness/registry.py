@@ -5,8 +5,9 @@ routing)`` with a :class:`MetricContext` (the model, the explanation, the user's
 by the metrics of one explanation). ``options`` names the :class:`MetricOptions` fields that change its
 numbers (recorded in a store's settings), ``declares`` the options of its own (:class:`Option`: ``llmattr
 evaluate --NAME``, a config key, recorded too), ``routed`` whether it is computed once per routing (dynamic /
-fixed) or once in all (routing ``none``), ``tables`` the report tables it feeds (:class:`~llmattr.specs.TableSpec`)
-and ``figures`` the report figures it draws (:class:`~llmattr.specs.FigureSpec`). ``outputs`` are further names
+fixed) or once in all (routing ``none``), ``tables`` the report tables it feeds
+(:class:`~llmattr.declarations.TableSpec`) and ``figures`` the report figures it draws
+(:class:`~llmattr.declarations.FigureSpec`). ``outputs`` are further names
 the Python API accepts for parts of the metric (``pi-soft-nc`` asks the ``pi-soft`` metric for its NC curve) and
 ``result`` gives the Python API's own result object (a :class:`~llmattr.faithfulness.soft.SoftResult`) instead of
 the rows, taking the ``keywords`` options beyond :class:`MetricOptions`. ``llmattr evaluate --metrics``,
@@ -21,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..checks import register_once
+from ..declarations import FigureSpec, TableSpec
 from ..errors import LlmattrError
-from ..specs import FigureSpec, TableSpec
 from ..store import Row
 
 if TYPE_CHECKING:  # annotations only: the registry itself loads no model code

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checks import ROUTINGS, one_of, positive_int
+from ..declarations import FigureSpec, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
 from ..scores import check_finite, clip_for_search
-from ..specs import FigureSpec, MetricRow, TableSpec
 from ..stats import mc_standard_error, stable_seed
 from ..store import Row
 from ..targets import Target, visible

@@ -11,8 +11,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from ..declarations import current_card
 from ..errors import LlmattrError
-from ..specs import current_card
 
 CARD_NAME = "llmattr_finetune.json"
 CARD_FACTS = ("base_model", "task", "loss", "data", "seed", "n_train", "held_out")  # shown by the report
@@ -24,7 +24,7 @@ def card_path(folder: str | Path) -> Path:
 
 def read_card(model: str | Path) -> dict | None:
     """The card of a finetune's folder ``model``, its facts under their current names (a card written before a
-    fact was renamed reads the same: :func:`~llmattr.specs.current_card`); None for anything else (a hub id,
+    fact was renamed reads the same: :func:`~llmattr.declarations.current_card`); None for anything else (a hub id,
     'default', a .gguf)."""
     path = card_path(model)
     try:

@@ -22,8 +22,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .. import stats  # noqa: E402
 from ..checks import ROUTINGS  # noqa: E402
+from ..declarations import Catalog, FigureSpec, TableSpec  # noqa: E402
 from ..plotting import method_colors, plot_pi_curves  # noqa: E402
-from ..specs import Catalog, FigureSpec, TableSpec  # noqa: E402
 from ..store import Results  # noqa: E402
 from .model import is_control, method_order  # noqa: E402
 from .queries import curve_values, example_values, layer_values, scalar_means  # noqa: E402
@@ -226,7 +226,7 @@ def layer_curves(results: Results, model: str, out: Path, tables: Sequence[Table
 
 def metric_curves(results: Results, model: str, out: Path, spec: FigureSpec,
                   resamples: int = stats.RESAMPLES) -> list[Figure]:
-    """A metric's declared figure (:class:`~llmattr.specs.FigureSpec`) per dataset: a panel per row, its values
+    """A metric's declared figure (:class:`~llmattr.declarations.FigureSpec`) per dataset: a panel per row, its values
     against the stored x, a line per method (mean over examples, band = 95% bootstrap interval at each x)."""
     curves = {m.metric: curve_values(results, model, m.metric, spec.routing) for m in spec.rows}
     keys = {key for values in curves.values() for key in values}

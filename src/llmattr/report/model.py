@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .. import stats
-from ..specs import MetricRow
+from ..declarations import MetricRow
 from ..store import Results
 from .queries import example_values, layer_values
 
