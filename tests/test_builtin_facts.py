@@ -32,7 +32,7 @@ WIDE = {"COLUMNS": "250"}  # rich help in one line per option
 
 SCALE_PLUGIN = '''"""Two toy metrics reading one option, declared once and shared (pi-soft and soft share samples)."""
 from llmattr.faithfulness import Metric, Option, register
-from llmattr.specs import MetricRow, TableSpec
+from llmattr.declarations import MetricRow, TableSpec
 from llmattr.store import Row
 
 SCALE = Option("scale", 2, "Toy metrics: the factor of the first step's mean and top score", positive=True)

@@ -49,7 +49,7 @@ def test_explain_sentiment_json_and_html(tmp_path):
     assert step["token"] in result.stdout
     metrics = data["metrics"]
     for name in ("pi_soft_ns", "pi_soft_nc"):
-        assert len(metrics[name]["pi"]) == len(metrics[name]["values"]) == 19
+        assert len(metrics[name]["x"]) == len(metrics[name]["values"]) == 19
         assert 0 <= metrics[name]["auc"] <= 2
     assert {"soft_ns", "soft_nc", "expected_retained"} <= set(metrics)
     assert data["routing"] == "dynamic" and data["samples"] == 1 and data["seed"] == 0

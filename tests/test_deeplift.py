@@ -90,13 +90,13 @@ def test_softmax_and_layer_norm_sum_to_delta():
 def test_summation_to_delta_on_tiny_lms(tiny_lm, kind):
     tgt = prepare(tiny_lm, "A terrific film.", get_task("sentiment"), answer=" movie was")
     f, x = score_fn(tiny_lm, tgt, kind), tiny_lm.embed(tgt.input_ids).detach()
-    for scope in ("all", "span", "unk"):
-        attr, delta = deeplift_attributions(f, x, baseline_embeds(tiny_lm, x, tgt, scope))
+    for baseline in ("all", "span", "unk"):
+        attr, delta = deeplift_attributions(f, x, baseline_embeds(tiny_lm, x, tgt, baseline))
         with torch.no_grad():
-            fx, fx0 = f(x)[0], f(baseline_embeds(tiny_lm, x, tgt, scope))[0]
+            fx, fx0 = f(x)[0], f(baseline_embeds(tiny_lm, x, tgt, baseline))[0]
         assert torch.allclose(delta, fx - fx0, rtol=1e-5, atol=1e-7)
         gap = (attr.sum((1, 2)) - delta).abs().max()  # float32 secants of near-equal passes: ~1e-5 |F|
-        assert gap <= 1e-4 * torch.maximum(fx.abs(), fx0.abs()).max() + 1e-7, (scope, gap, delta)
+        assert gap <= 1e-4 * torch.maximum(fx.abs(), fx0.abs()).max() + 1e-7, (baseline, gap, delta)
 
 
 def sharpened(arch: str, tokenizer, dtype=torch.float32, gain: float = 20.0):
@@ -113,8 +113,8 @@ def sharpened(arch: str, tokenizer, dtype=torch.float32, gain: float = 20.0):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("scope", ["unk", "all"])
-def test_summation_to_delta_under_sharp_attention_matches_float64(tiny_tokenizer, arch, scope):
+@pytest.mark.parametrize("baseline", ["unk", "all"])
+def test_summation_to_delta_under_sharp_attention_matches_float64(tiny_tokenizer, arch, baseline):
     """|convergence delta| / |F(x) - F(x0)| <= 1e-3, and the float32 attributions equal the same rules run
     in float64 to float32 precision (relative to sum |attributions|, ~10^3 float32 epsilons for two layers).
 
@@ -127,7 +127,7 @@ def test_summation_to_delta_under_sharp_attention_matches_float64(tiny_tokenizer
         lm = sharpened(arch, tokenizer=tiny_tokenizer, dtype=dtype)
         tgt = prepare(lm, "A terrific film.", get_task("sentiment"), answer=" movie was")
         x = lm.embed(tgt.input_ids).detach().to(dtype)
-        runs.append(deeplift_attributions(score_fn(lm, tgt, "logit"), x, baseline_embeds(lm, x, tgt, scope)))
+        runs.append(deeplift_attributions(score_fn(lm, tgt, "logit"), x, baseline_embeds(lm, x, tgt, baseline)))
     (a32, d32), (a64, d64) = [(a.double(), d.double()) for a, d in runs]
     assert ((a32.sum((1, 2)) - d32).abs() <= 1e-3 * d32.abs()).all()
     assert ((a32 - a64).abs().sum((1, 2)) <= 1e3 * EPS32 * a64.abs().sum((1, 2))).all()

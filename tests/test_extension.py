@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 import llmattr
 from llmattr import methods
 from llmattr.cli import app
+from llmattr.declarations import FigureSpec, MetricRow
 from llmattr.faithfulness import Metric, Option, register, unregister
 from llmattr.methods import AttributionMethod
-from llmattr.specs import FigureSpec, MetricRow
 from llmattr.store import Row
 from llmattr.tasks import TASKS, get_task, register_task
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -15,8 +16,18 @@ from safetensors.torch import load_file
 from conftest import build_tiny
 from llmattr.errors import LlmattrError
 from llmattr.evaluation.accuracy import label_accuracy
-from llmattr.finetuning import Collator, FinetuneConfig, cap, finetune, label_loss, label_sequence, lm_sequence, split
-from llmattr.models.card import CARD_NAME, content_hash
+from llmattr.finetuning import (
+    Collator,
+    FinetuneConfig,
+    cap,
+    check_out,
+    finetune,
+    label_loss,
+    label_sequence,
+    lm_sequence,
+    split,
+)
+from llmattr.models.card import CARD_NAME, card_facts, content_hash, read_card
 from llmattr.models.loading import load_model
 from llmattr.prompting import build_prompt
 from llmattr.tasks import get_task
@@ -163,7 +174,7 @@ def test_the_label_loss_is_the_label_words_cross_entropy_at_the_answer_position(
     torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=0)
 
 
-def test_lora_and_the_lm_objective_write_a_plain_folder(tiny_tokenizer, tmp_path):
+def test_lora_and_the_lm_loss_write_a_plain_folder(tiny_tokenizer, tmp_path):
     data = toy_file(tmp_path / "toy.jsonl")
     card = toy_finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "lora", data, lora_r=4, epochs=1)
     assert card["hyperparameters"]["lora_r"] == 4
@@ -173,8 +184,9 @@ def test_lora_and_the_lm_objective_write_a_plain_folder(tiny_tokenizer, tmp_path
     assert not any("lora" in name for name in weights)
     base = build_tiny("llama", tiny_tokenizer).model.state_dict()
     assert any(not torch.equal(base[n], w) for n, w in weights.items() if n in base and w.dim() == 2)
-    lm_card = toy_finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "lm", data, objective="lm", epochs=2)
-    assert lm_card["objective"] == "lm" and lm_card["loss_curve"][-1][1] < lm_card["loss_curve"][0][1]
+    lm_card = toy_finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "lm", data, loss="lm", epochs=2)
+    assert lm_card["loss"] == "lm" and lm_card["loss_curve"][-1][1] < lm_card["loss_curve"][0][1]
+    assert "objective" not in lm_card and "objective" not in lm_card["settings"]
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -185,7 +197,10 @@ def test_lora_and_the_lm_objective_write_a_plain_folder(tiny_tokenizer, tmp_path
     (["--task", "sentiment", "--data", "{tmp}/toy.jsonl"], "no column 'text' for field 'text'"),
     (["--task", "sst2", "--out", "{tmp}/busy"], "exists and is not a llmattr finetune's folder"),
     (["--task", "sst2", "--out", "{tmp}/toy.jsonl"], "is a file"),
-    (["--task", "sst2", "--objective", "mlm"], "unknown --objective 'mlm'"),
+    (["--task", "sst2", "--loss", "mlm"], "unknown --loss 'mlm'"),
+    (["--task", "sst2", "--objective", "mlm"], "unknown --loss 'mlm'"),  # --loss's old name reaches the config
+    (["--task", "sst2", "--loss", "lm", "--objective", "label"], "--loss (or its old name --objective), not both"),
+    (["--task", "stsb", "--objective", "label"], "use --loss lm to fine-tune on its text"),
     (["--task", "sst2", "--load-in-4bit", "--lora-r", "8"], "needs bitsandbytes"),
     (["--task", "sst2", "--held-out", "0"], "--held-out must be at least 1"),
 ])
@@ -213,3 +228,30 @@ def test_long_texts_are_cut_to_max_tokens(tiny_tokenizer):
 def test_the_config_defaults_are_the_issues_recipe():
     cfg = FinetuneConfig()
     assert (cfg.epochs, cfg.learning_rate, cfg.batch_size, cfg.held_out) == (3, 1e-5, 8, 80)
+
+
+def test_the_loss_under_its_old_name_objective_keeps_working():
+    """``finetune --loss`` (the training loss) was ``--objective`` before issue 39: that spelling still gives the
+    loss in the config, the CLI (hidden from its help) and ``finetune(..., objective=...)``; the new name is what
+    is recorded."""
+    assert FinetuneConfig(objective="lm").loss == "lm" == replace(FinetuneConfig(), objective="lm").loss
+    assert FinetuneConfig(loss="lm", objective="lm").loss == "lm"
+    assert "loss" in asdict(FinetuneConfig()) and "objective" not in asdict(FinetuneConfig(objective="lm"))
+    with pytest.raises(LlmattrError, match="not both"):
+        FinetuneConfig(loss="lm", objective="label")
+    shown = run_cli("finetune", "--help").stdout
+    assert "--loss" in shown and "--objective" not in shown
+
+
+def test_a_card_written_before_the_loss_was_named_loss_reads_and_its_run_resumes(tmp_path):
+    """An old card names the loss ``objective`` (also in its recorded settings): it reads as ``loss``, the report's
+    facts are those of a new card, and an unfinished run of then is resumed rather than refused."""
+    settings = {"base_model": "tiny", **asdict(FinetuneConfig()), "data_sha256": "abc"}
+    old_settings = {("objective" if k == "loss" else k): v for k, v in settings.items()}
+    card = {"status": "training", "settings": old_settings, "task": "sst2", "objective": "lm", "seed": 0}
+    (tmp_path / "ft").mkdir()
+    (tmp_path / "ft" / CARD_NAME).write_text(json.dumps(card))
+    read = read_card(tmp_path / "ft")
+    assert read["loss"] == "lm" and "objective" not in read and read["settings"] == settings
+    assert card_facts(read) == {"task": "sst2", "loss": "lm", "seed": 0}
+    assert check_out(tmp_path / "ft", settings) == read

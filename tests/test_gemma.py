@@ -83,8 +83,8 @@ def test_every_method_on_gemma(gemma):
             assert torch.isfinite(raw).all(), name
 
 
-@pytest.mark.parametrize("scope", ["all", "unk"])
-def test_deeplift_sums_to_delta_on_gemma(gemma, scope):
+@pytest.mark.parametrize("baseline", ["all", "unk"])
+def test_deeplift_sums_to_delta_on_gemma(gemma, baseline):
     """Gemma-3's post-norms of small activations: the rescale rule must use the secant wherever x and x0
     differ (an absolute near-zero threshold broke this by ~3% from the unk reference)."""
     from llmattr.methods.deeplift import deeplift_attributions
@@ -92,6 +92,6 @@ def test_deeplift_sums_to_delta_on_gemma(gemma, scope):
 
     target = prepare(gemma, "An engrossing film that is never boring.", get_task("sentiment"), answer=" positive")
     f, x = score_fn(gemma, target, "logit"), gemma.embed(target.input_ids).detach()
-    attr, delta = deeplift_attributions(f, x, baseline_embeds(gemma, x, target, scope))
+    attr, delta = deeplift_attributions(f, x, baseline_embeds(gemma, x, target, baseline))
     assert delta.abs().min() > 0.1
     torch.testing.assert_close(attr.sum((1, 2)), delta, rtol=1e-3, atol=1e-4)

@@ -101,20 +101,20 @@ def test_unk_baseline_is_inseqs(tiny_llama, gen_target):
     assert torch.equal(x0[eos], lm.embed(ids[eos]))
 
 
-@pytest.mark.parametrize("scope", ["all", "span", "unk"])
-def test_integrated_gradients_match_captum(tiny_llama, gen_target, scope):
+@pytest.mark.parametrize("baseline", ["all", "span", "unk"])
+def test_integrated_gradients_match_captum(tiny_llama, gen_target, baseline):
     lm, tgt = tiny_llama, gen_target
-    ig = methods.get("integrated-gradients", baseline=scope, internal_batch_size=5)
+    ig = methods.get("integrated-gradients", baseline=baseline, internal_batch_size=5)
     attr = ig.attributions(lm, tgt)  # (T, S, D), chunked 5 + 5 + 5 + 1
     f, x = score_fn(lm, tgt, "probability"), lm.embed(tgt.input_ids).detach()
-    x0 = baseline_embeds(lm, x, tgt, scope)
+    x0 = baseline_embeds(lm, x, tgt, baseline)
     for t in range(tgt.n_steps):
         ref = IntegratedGradients(per_step(f, t)).attribute(x, baselines=x0, n_steps=16,
                                                             method="gausslegendre", internal_batch_size=8)
         assert torch.allclose(attr[t], ref[0], rtol=RTOL, atol=ATOL)
     a, b = tgt.span
     assert torch.allclose(ig.attribute(lm, tgt), attr[:, a:b].sum(-1), rtol=RTOL, atol=ATOL)
-    if scope == "span":  # nothing outside the span moves, so nothing outside it is attributed
+    if baseline == "span":  # nothing outside the span moves, so nothing outside it is attributed
         assert attr[:, :a].abs().max() == 0
 
 

@@ -26,15 +26,25 @@ def _write_gguf(path, arch):
     writer.close()
 
 
-@pytest.mark.parametrize("spec, fragment", [
+@pytest.mark.parametrize("name_or_path, fragment", [
     ("/nonexistent/model.gguf", "model file not found"),
     ("./no/such/folder", "model path not found"),
     ("", "empty model name"),
 ])
-def test_bad_specs_fail_with_one_line(spec, fragment):
+def test_bad_model_names_fail_with_one_line(name_or_path, fragment):
     with pytest.raises(LlmattrError, match=fragment) as info:
-        loading.load_model(spec)
+        loading.load_model(name_or_path)
     assert "\n" not in str(info.value)
+
+
+def test_the_model_is_name_or_path_and_its_old_name_spec_keeps_working():
+    """``load_model``'s model is ``name_or_path`` (transformers' word); ``spec=``, its name before issue 39, is
+    the same argument, and both at once are refused."""
+    for call in ({"name_or_path": "./no/such/folder"}, {"spec": "./no/such/folder"}):
+        with pytest.raises(LlmattrError, match="model path not found: ./no/such/folder"):
+            loading.load_model(**call)
+    with pytest.raises(LlmattrError, match="not both"):
+        loading.load_model("./a", spec="./b")
 
 
 def test_folder_without_config(tmp_path):

@@ -328,14 +328,27 @@ def test_evaluate_result_dict(tiny_llama):
     assert set(data["metrics"]) == {"pi_soft_ns", "pi_soft_nc", "soft_ns", "soft_nc", "expected_retained"}
     for name in ("pi_soft_ns", "pi_soft_nc"):
         curve = data["metrics"][name]
-        assert curve["pi"] == list(PI_GRID) and len(curve["values"]) == 19
-        assert curve["auc"] == pytest.approx(auc(curve["pi"], curve["values"]))
+        assert curve["x"] == list(PI_GRID) and len(curve["values"]) == 19 and "pi" not in curve
+        assert curve["auc"] == pytest.approx(auc(curve["x"], curve["values"]))
         assert all(math.isfinite(v) for v in curve["values"])
     assert data["routing"] == "fixed" and data["samples"] == 2 and data["mode"] == "paper"
     assert set(data["mc_se"]) == {f"{m}_{f}" for m in ("pi_soft", "soft") for f in ("ns", "nc")} | {
         "pi_soft_ns_auc", "pi_soft_nc_auc"}
     assert len(data["mc_se"]["pi_soft_nc"]) == 19 and data["mc_se"]["pi_soft_ns_auc"] >= 0
     assert data["metrics"]["expected_retained"] == pytest.approx(sum(expl.steps[0].scores))
+
+
+def test_a_result_written_with_the_old_pi_key_plots_as_one_with_x(tmp_path):
+    """A pi-Soft curve's x is ``"x"`` (the store's word); a result dict (an ``--eval-json`` file) written before
+    the rename holds it under ``"pi"`` and draws the same figure, byte for byte."""
+    from llmattr.plotting import plot_pi_curves
+
+    curve = {"values": [0.2, 0.35, 0.3], "auc": 0.3, "low": [0.1, 0.3, 0.2], "high": [0.3, 0.4, 0.4]}
+    new = {"metrics": {"pi_soft_ns": {"x": [0.05, 0.5, 0.95], **curve}, "pi_soft_nc": None}}
+    old = {"metrics": {"pi_soft_ns": {"pi": [0.05, 0.5, 0.95], **curve}, "pi_soft_nc": None}}
+    drawn = [plot_pi_curves({"saliency": result}, tmp_path / f"{i}.png", title="t") for i, result in
+             enumerate((new, old))]
+    assert drawn[0].read_bytes() == drawn[1].read_bytes()
 
 
 def test_target_from_explanation_round_trip(tiny_llama):

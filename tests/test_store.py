@@ -260,3 +260,26 @@ def test_row_takes_the_old_spelling_pi():
     assert Row("m", 0.5, pi=0.25) == Row("m", 0.5, x=0.25) and Row("m", 0.5, pi=0.25).x == 0.25
     with pytest.raises(LlmattrError, match="not both"):
         Row("m", 0.5, x=0.1, pi=0.2)
+
+
+def test_a_store_whose_model_card_names_the_loss_objective_reads_merges_and_resumes(tmp_path):
+    """A fine-tuned model's card facts are stored with the settings; a store written before finetune's
+    ``objective`` was named ``loss`` (issue 39) reads it as ``loss``, merges with a new shard and resumes, and the
+    report's card note is that of a new store."""
+    from llmattr.report.layouts import card_notes
+
+    facts = {"task": "sst2", "base_model": "tiny", "seed": 0, "n_train": 4, "data": {"source": "toy.jsonl"}}
+    old, new = tmp_path / "r.rank0.sqlite", tmp_path / "r.rank1.sqlite"
+    with Store(old) as store:
+        store.check_settings("tiny", {"samples": 2, "model_card": {**facts, "objective": "label"}})
+        store.write(unit(), "{}", 0.1, outputs())
+    settings = {"samples": 2, "model_card": {**facts, "loss": "label"}}
+    with Store(old) as store:
+        store.check_settings("tiny", settings)  # an evaluate of today resumes the old store
+    with Store(new) as store:
+        store.check_settings("tiny", settings)
+        store.write(unit("ex-2"), "{}", 0.1, outputs())
+    results = Results([old, new])
+    assert results.settings("tiny") == settings
+    note = card_notes(results.settings("tiny")["model_card"])[0]
+    assert "(label loss, seed 0) on 4 training rows of toy.jsonl" in note

@@ -14,13 +14,13 @@ from rich.progress import track
 
 from . import faithfulness, methods, objectives
 from .checks import member
+from .declarations import Catalog
 from .display import span_display
 from .errors import LlmattrError
 from .explanation import Explanation, Explanations
 from .models import memory
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
-from .specs import Catalog
 from .targets import SCOPES, TARGET_MODES, Target, label_target, make_target, with_scope, word_target
 from .tasks import TASKS, Task, few_shot, get_task
 

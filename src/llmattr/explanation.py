@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from . import render
+from .declarations import current_params
 from .display import display_tokens, span_display
 from .errors import LlmattrError
 from .scores import retain_probs
-from .specs import current_params
 
 # A word is a run of non-space characters, except that every CJK ideograph is a word of its own (the
 # convention of BERT's basic tokenizer, as Chinese and Japanese text has no spaces between words).

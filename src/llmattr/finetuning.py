@@ -1,6 +1,6 @@
 """``llmattr finetune``: teach a causal LM a task in the task's own prompt, so the papers' protocols mean something.
 
-Papers 003 and 004 explain *fine-tuned* models. Two objectives (docs/finetune.md):
+Papers 003 and 004 explain *fine-tuned* models. Two training losses (``loss``; docs/finetune.md):
 
 - ``label`` (the default): each sequence is the task's prompt exactly as ``explain``/``evaluate`` build it
   (:func:`llmattr.prompting.build_prompt`: system turn, user turn, the chat template's assistant header) followed by
@@ -28,7 +28,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import InitVar, asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -47,20 +47,23 @@ from .tasks.datasets import sample
 from .tasks.files import read_file_examples
 from .version import __version__
 
-OBJECTIVES = ("label", "lm")
+LOSSES = ("label", "lm")
 CHECKPOINTS = "checkpoints"  # Trainer's checkpoints inside the output folder, removed once the model is written
 
 
 @dataclass
 class FinetuneConfig:
-    """What ``llmattr finetune`` trains; every field is a CLI option and is recorded in the model card."""
+    """What ``llmattr finetune`` trains; every field is a CLI option and is recorded in the model card.
+
+    ``loss`` is the training loss (:data:`LOSSES`), not what a method explains (``explain --objective``);
+    ``objective=`` is its name before issue 39, still read (a script or call written then keeps working)."""
 
     task: str = "sst2"
     data: str | None = None  # a JSONL/CSV file (default: the task's sample file in llmattr/data)
     text_field: str | None = None
     label_field: str | None = None
     labels: str | None = None
-    objective: str = "label"
+    loss: str = "label"
     held_out: int = 80  # examples kept out of training (balanced per class) for the held-out accuracy
     epochs: int = 3
     learning_rate: float = 1e-5
@@ -71,17 +74,25 @@ class FinetuneConfig:
     save_steps: int = 50
     logging_steps: int = 5
     load_in_4bit: bool = False
+    objective: InitVar[str | None] = None
+
+    def __post_init__(self, objective: str | None) -> None:
+        """``objective=`` (the old name) gives ``loss``; another ``loss`` beside it is refused."""
+        if objective is not None:
+            if self.loss not in (LOSSES[0], objective):
+                raise LlmattrError("finetune takes --loss (or its old name --objective), not both")
+            self.loss = objective
 
     def validate(self) -> Task:
         """Refuse bad values before any data or model is read; returns the task."""
         task = get_task(self.task)
-        if self.objective not in OBJECTIVES:
-            raise LlmattrError(f"unknown --objective {self.objective!r}; valid: {', '.join(OBJECTIVES)}")
-        if self.objective == "label" and not task.classifies:
+        if self.loss not in LOSSES:
+            raise LlmattrError(f"unknown --loss {self.loss!r}; valid: {', '.join(LOSSES)}")
+        if self.loss == "label" and not task.classifies:
             raise LlmattrError(
-                f"finetune --objective label needs a classification task with label words; {task.name} is a "
+                f"finetune --loss label needs a classification task with label words; {task.name} is a "
                 f"{task.kind} task (STS-B's regression head is not supported: paper 003 trains a sequence-"
-                "regression head that llmattr does not explain); use --objective lm to fine-tune on its text")
+                "regression head that llmattr does not explain); use --loss lm to fine-tune on its text")
         for name in ("held_out", "epochs", "batch_size", "max_tokens", "save_steps", "logging_steps"):
             positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
         if not (isinstance(self.learning_rate, float | int) and 0 < self.learning_rate < 1):
@@ -153,7 +164,7 @@ def lm_sequence(tokenizer, task: Task, example: dict) -> dict:
 class Collator:
     """Pads a batch of sequences; padding has attention mask 0 and label -100.
 
-    ``left=True`` (the label objective): prompts are left-padded with explicit position ids, so every row's
+    ``left=True`` (the label loss): prompts are left-padded with explicit position ids, so every row's
     answer position is the last one and the model computes logits there only (``logits_to_keep=1``), as
     :func:`llmattr.evaluation.accuracy.label_predictions` reads them; the vocabulary projection of every other
     position (a fifth of the forward's work for SmolLM2, and the largest activation) is never computed.
@@ -226,7 +237,7 @@ def card_markdown(card: dict) -> str:
         "", f"# {card['task']} fine-tune of {card['base_model']}", "",
         f"Made by `llmattr finetune` (llmattr {card['llmattr']}); status: {card['status']}.", "",
         "| fact | value |", "| --- | --- |",
-        f"| base model | {card['base_model']} |", f"| task | {card['task']} (objective: {card['objective']}) |",
+        f"| base model | {card['base_model']} |", f"| task | {card['task']} (loss: {card['loss']}) |",
         f"| data | {card['data']['source']} ({card['data']['rows']} rows) |",
         f"| training rows | {card['n_train']} (ids in {CARD_NAME}) |",
         f"| held-out rows | {card['n_held_out']} (never trained on) |", f"| seed | {card['seed']} |",
@@ -257,7 +268,7 @@ def new_card(cfg: FinetuneConfig, task: Task, data: dict, settings: dict, train:
     """The model card as training starts (``status: training``); the results are added when it ends."""
     return {
         "llmattr_finetune": 1, "llmattr": __version__, "status": "training", "settings": settings,
-        "base_model": settings["base_model"], "task": task.name, "objective": cfg.objective, "data": data,
+        "base_model": settings["base_model"], "task": task.name, "loss": cfg.loss, "data": data,
         "seed": cfg.seed,
         "hyperparameters": {"epochs": cfg.epochs, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,
                             "optimizer": "adamw_torch", "schedule": "linear", "max_tokens": cfg.max_tokens,
@@ -291,7 +302,7 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
         write_card(out, card)
     lm = model if isinstance(model, LoadedModel) else load_model(model, device=device, load_in_4bit=cfg.load_in_4bit)
     tokenizer = lm.tokenizer
-    if cfg.objective == "label":
+    if cfg.loss == "label":
         label_ids = task.label_ids(tokenizer)
         rows = [label_sequence(tokenizer, task, cap(task, ex, tokenizer, cfg.max_tokens), label_ids) for ex in train]
     else:
@@ -344,7 +355,7 @@ def build_trainer(lm: LoadedModel, rows: list[dict], cfg: FinetuneConfig, checkp
         weight_decay=0.0, lr_scheduler_type="linear", warmup_steps=0, dataloader_num_workers=0,
     )
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.tokenizer.eos_token_id
-    label = cfg.objective == "label"
+    label = cfg.loss == "label"
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=list(callbacks),
                                    data_collator=Collator(pad or 0, left=label),
                                    compute_loss_func=label_loss if label else None)
@@ -353,4 +364,4 @@ def build_trainer(lm: LoadedModel, rows: list[dict], cfg: FinetuneConfig, checkp
     return trainer
 
 
-__all__ = ["FinetuneConfig", "finetune", "split", "OBJECTIVES"]
+__all__ = ["FinetuneConfig", "finetune", "split", "LOSSES"]

@@ -27,15 +27,22 @@ def method_colors(labels) -> dict[str, str]:
     return {label: to_hex(cmap(i % cmap.N)) for i, label in enumerate(labels)}
 
 
+def curve_x(curve: Mapping) -> list:
+    """A curve's x values (the pi grid of a pi-Soft curve): ``"x"``, or ``"pi"``, their key in the results of
+    llmattr before issue 39 (an ``--eval-json`` file written then still plots)."""
+    return curve["x"] if "x" in curve else curve["pi"]
+
+
 def plot_pi_curves(results: Mapping[str, dict], path: str | Path, title: str | None = None,
                    colors: Mapping[str, str] | None = None) -> Path:
     """Draw pi-Soft-NS and pi-Soft-NC vs pi, one line per entry of ``results``, and save to ``path``.
 
     ``results`` maps a label (a method name, say) to a ``SoftResult.to_dict()`` or to its ``"metrics"``
-    part: ``{"pi_soft_ns": {"pi": [...], "values": [...], "auc": x}, "pi_soft_nc": {...}}``. The legend
+    part: ``{"pi_soft_ns": {"x": [pi ...], "values": [...], "auc": a}, "pi_soft_nc": {...}}`` (a result written
+    before the curves' x was named ``x`` holds it under ``"pi"``: :func:`curve_x`). The legend
     shows each curve's AUC. A metric that was not computed (None) is skipped. ``colors`` maps labels to
     colours (default :func:`method_colors` of the labels). A curve with ``"low"`` and ``"high"`` lists
-    (a confidence interval per pi) is drawn with a shaded band between them.
+    (a confidence interval at each pi) is drawn with a shaded band between them.
     """
     import matplotlib
 
@@ -48,10 +55,10 @@ def plot_pi_curves(results: Mapping[str, dict], path: str | Path, title: str | N
         for label, result in results.items():
             curve = result.get("metrics", result).get(key)
             if curve:
-                ax.plot(curve["pi"], curve["values"], marker="o", markersize=3, color=colors[label],
+                ax.plot(curve_x(curve), curve["values"], marker="o", markersize=3, color=colors[label],
                         label=f"{label} (AUC {curve['auc']:.3f})")
                 if "low" in curve:
-                    ax.fill_between(curve["pi"], curve["low"], curve["high"], color=colors[label], alpha=0.15,
+                    ax.fill_between(curve_x(curve), curve["low"], curve["high"], color=colors[label], alpha=0.15,
                                     linewidth=0)
         ax.set_xlabel("retaining probability pi")
         ax.set_ylabel(name)

@@ -3,7 +3,8 @@
 Tables (docs/evaluate.md):
 
 - ``meta``: store schema version and the llmattr version that created the file.
-- ``settings``: per model, the run settings that change metric values (samples, seed, metric options).
+- ``settings``: per model, the run settings that change metric values (samples, seed, metric options) and
+  the facts of a fine-tuned model's card, read under their current names (:func:`current_settings`).
   A run whose settings differ from the stored ones for the same model is refused, never mixed.
 - ``explanations``: one Explanation JSON and its attribution time per (model, dataset, example, method,
   params).
@@ -14,7 +15,8 @@ Tables (docs/evaluate.md):
   per-layer metrics' layer) and ``step`` the generation step; ``-1`` in either means "scalar" / "averaged over
   steps". Stores of an older schema (:data:`LEGACY`: 2, whose ``x`` column was named ``pi``; 2 and 3, whose
   method ``params`` name the objective ``target``) are read as if they were new (the params through
-  :func:`~llmattr.specs.current_params`) and changed in place when a run of the same version writes to them again.
+  :func:`~llmattr.declarations.current_params`) and changed in place when a run of the same version writes to them
+  again.
   ``mc_se`` is the value's Monte-Carlo standard error over samples (NULL for deterministic metrics).
 
 Every finished (example, method) is written in one transaction, so a process killed at any moment
@@ -44,8 +46,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
+from .declarations import RENAMED_PARAMS, current_card, current_params, method_label
 from .errors import LlmattrError
-from .specs import RENAMED_PARAMS, current_params, method_label
 from .version import __version__
 
 DEFAULT_ORDER = 100  # a dataset's place in the report when its task gives none (``Task.report_order``)
@@ -85,6 +87,15 @@ def current_key(params: str) -> str:
     if not any(f'"{old}"' in params for old in RENAMED_PARAMS):
         return params
     return canonical(current_params(json.loads(params), "stored method parameters"))
+
+
+def current_settings(text: str) -> dict:
+    """A model's stored settings (JSON), the facts of its model card under their current names (a store written
+    before a card fact was renamed reads, merges and resumes the same: :func:`~llmattr.declarations.current_card`)."""
+    settings = json.loads(text)
+    if "model_card" in settings:
+        settings["model_card"] = current_card(settings["model_card"])
+    return settings
 
 
 def _current_keys(conn: sqlite3.Connection) -> None:
@@ -263,7 +274,7 @@ class Store:
                 self.conn.execute("INSERT INTO settings VALUES (?, ?)",
                                   (model, json.dumps(settings, sort_keys=True)))
             return
-        stored = json.loads(row[0])
+        stored = current_settings(row[0])
         if stored != settings:
             raise LlmattrError(f"{self.path} holds results for {model} with other settings "
                                f"({_diff(stored, settings)}); rerun with the stored settings or write to "
@@ -342,7 +353,7 @@ class Results:
         except sqlite3.DatabaseError as err:
             raise LlmattrError(f"{path} is not an llmattr results store ({err})") from err
         for model, text in src.execute("SELECT model, settings FROM settings"):
-            settings = json.loads(text)
+            settings = current_settings(text)
             if self._settings.setdefault(model, settings) != settings:
                 raise LlmattrError(f"{path} has other settings for {model} than the stores before it "
                                    f"({_diff(self._settings[model], settings)}); report them separately")

@@ -23,8 +23,9 @@ def finetune(
     label_field: str = typer.Option(None, help="--data: the column holding the label (default: label)."),
     labels: str = typer.Option(None, help="--data: label words, e.g. Positive,Negative, or file value=word pairs, "
                                           "e.g. 0=Negative,1=Positive (default: the task's)."),
-    objective: str = typer.Option("label", help="label: the label word after the task's prompt; lm: language "
-                                                "modelling on the texts (paper 004)."),
+    loss: str = typer.Option("label", help="The training loss. label: the label word after the task's prompt; lm: "
+                                           "language modelling on the texts (paper 004)."),
+    objective: str = typer.Option(None, hidden=True, help="--loss's name before issue 39 (scripts keep working)."),
     held_out: int = typer.Option(80, help="Rows kept out of training (balanced per class) for the held-out accuracy."),
     epochs: int = typer.Option(3, help="Passes over the training rows."),
     learning_rate: float = typer.Option(1e-5, help="AdamW learning rate (linear decay to 0)."),
@@ -43,7 +44,7 @@ def finetune(
     from ..finetuning import finetune as run_finetune
 
     cfg = FinetuneConfig(task=task, data=None if data is None else str(data), text_field=text_field,
-                         label_field=label_field, labels=labels, objective=objective, held_out=held_out,
+                         label_field=label_field, labels=labels, loss=loss, objective=objective, held_out=held_out,
                          epochs=epochs, learning_rate=learning_rate, batch_size=batch_size, max_tokens=max_tokens,
                          lora_r=lora_r, seed=seed, save_steps=save_steps, load_in_4bit=load_in_4bit)
     console = Console(stderr=True)

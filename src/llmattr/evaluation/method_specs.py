@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass
 
 from .. import methods as method_registry
+from ..declarations import method_label
 from ..errors import LlmattrError
-from ..specs import method_label
 from ..store import canonical
 
 

@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .. import methods
+from ..declarations import MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..scores import check_finite, pos_norm
-from ..specs import MetricRow, TableSpec
 from ..store import Row
 from ..tasks import TASKS
 from .inputs import target_from_explanation

@@ -32,12 +32,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..declarations import MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.forward import padded_last_probs
 from ..models.loading import LoadedModel
 from ..scores import check_finite
-from ..specs import MetricRow, TableSpec
 from ..store import Row
 from ..targets import Target, visible
 from ..tasks import TASKS, get_task

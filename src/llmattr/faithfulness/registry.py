@@ -6,8 +6,8 @@ by the metrics of one explanation). ``declares`` names the options that change i
 ``llmattr evaluate --NAME``, a config key, recorded in a store's settings; an option several metrics read is
 one object they all declare), ``options`` the :class:`MetricOptions` fields it reads beside them (``seed``),
 ``routed`` whether it is computed once per routing (dynamic / fixed) or once in all (routing ``none``),
-``tables`` the report tables it feeds (:class:`~llmattr.specs.TableSpec`) and ``figures`` the report figures it
-draws (:class:`~llmattr.specs.FigureSpec`). ``outputs`` are further names the Python API accepts for parts of
+``tables`` the report tables it feeds (:class:`~llmattr.declarations.TableSpec`) and ``figures`` the report figures it
+draws (:class:`~llmattr.declarations.FigureSpec`). ``outputs`` are further names the Python API accepts for parts of
 the metric (``pi-soft-nc`` asks the ``pi-soft`` metric for its NC curve) and ``result`` gives the Python API's
 own result object (a :class:`~llmattr.faithfulness.soft.SoftResult`) instead of the rows, taking the
 ``keywords`` options beyond the declared ones. ``llmattr evaluate --metrics``, ``llmattr.evaluate(expl,
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..checks import positive_int, register_once
+from ..declarations import FigureSpec, TableSpec
 from ..errors import LlmattrError
-from ..specs import FigureSpec, TableSpec
 from ..store import Row
 
 if TYPE_CHECKING:  # annotations only: the registry itself loads no model code

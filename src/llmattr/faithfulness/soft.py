@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checks import ROUTINGS, one_of, positive_int
+from ..declarations import FigureSpec, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
 from ..scores import check_finite, clip_for_search
-from ..specs import FigureSpec, MetricRow, TableSpec
 from ..stats import mc_standard_error, stable_seed
 from ..store import Row
 from ..targets import Target, visible
@@ -230,7 +230,7 @@ class SoftResult:
         return None if self.pi_soft_nc is None else auc(self.pis, self.pi_soft_nc)
 
     def _curve(self, values: list[float] | None) -> dict | None:
-        return None if values is None else {"pi": list(self.pis), "values": list(values),
+        return None if values is None else {"x": list(self.pis), "values": list(values),
                                             "auc": auc(self.pis, values)}
 
     def to_dict(self) -> dict:
@@ -403,7 +403,7 @@ def _rows(ctx: MetricContext, routing: str, curves: bool) -> list[Row]:
     rows = []
     for name in ("pi_soft_ns", "pi_soft_nc"):
         curve = values[name]
-        rows += [Row(name, v, x=p, se=e) for p, v, e in zip(curve["pi"], curve["values"], se[name], strict=True)]
+        rows += [Row(name, v, x=p, se=e) for p, v, e in zip(curve["x"], curve["values"], se[name], strict=True)]
         rows.append(Row(f"{name}_auc", curve["auc"], se=se[f"{name}_auc"]))
     return rows
 

@@ -9,10 +9,10 @@ import torch
 
 from .. import objectives
 from ..checks import register_once
+from ..declarations import RENAMED_PARAMS, current_params
 from ..errors import LlmattrError
 from ..models import memory
 from ..models.loading import LoadedModel
-from ..specs import RENAMED_PARAMS, current_params
 from ..targets import Target, foil_id
 
 REGISTRY: dict[str, type[AttributionMethod]] = {}
@@ -20,9 +20,10 @@ NOT_DEFINED: dict[str, str] = {}  # methods of the literature with no reading fo
 
 
 class MethodParams(dict):
-    """A method's parameters (``self.params``). A parameter's earlier name (:data:`~llmattr.specs.RENAMED_PARAMS`)
-    still reads its value, so code written before the rename (``self.params["target"]``, now ``objective``) keeps
-    working; the keys, and so what is stored and shown, are the current names."""
+    """A method's parameters (``self.params``). A parameter's earlier name
+    (:data:`~llmattr.declarations.RENAMED_PARAMS`) still reads its value, so code written before the rename
+    (``self.params["target"]``, now ``objective``) keeps working; the keys, and so what is stored and shown, are the
+    current names."""
 
     def __missing__(self, key):
         if RENAMED_PARAMS.get(key) in self:
@@ -41,7 +42,7 @@ class AttributionMethod:
 
     ``objective``: what a method that scores a model output explains by default (a name in
     :mod:`llmattr.objectives`); its ``objective`` parameter picks another (``target=``, its earlier name, is
-    still accepted: :func:`~llmattr.specs.current_params`), and ``foil`` (a single-token word or a
+    still accepted: :func:`~llmattr.declarations.current_params`), and ``foil`` (a single-token word or a
     token id) is the alternative a contrastive objective compares the target with. ``None``: the method reads
     no output score (attention weights, embedding norms, hidden-state distances) and takes neither.
 

@@ -30,7 +30,7 @@ from .backprop import step_gradients
 from .base import AttributionMethod, register
 
 REDUCTIONS = ("l2", "sum", "l1")
-BASELINES = ("all", "span", "unk")  # what the path baseline replaces (not the perturbation scope)
+BASELINES = ("all", "span", "unk")  # the path baseline x0: which input embeddings it zeroes, or unk (not a scope)
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # embeddings (B, S, D) -> F (B, T)
 
@@ -112,17 +112,19 @@ def embedding_gradients(f: ScoreFn, embeds: torch.Tensor, *others: torch.Tensor
     return (scores.detach(), *grads)
 
 
-def baseline_embeds(lm: LoadedModel, embeds: torch.Tensor, target: Target, scope: str) -> torch.Tensor:
-    """The baseline ``x0`` of the path and reference methods.
+def baseline_embeds(lm: LoadedModel, embeds: torch.Tensor, target: Target, baseline: str) -> torch.Tensor:
+    """The baseline ``x0`` of the path and reference methods (their parameter ``baseline``, one of :data:`BASELINES`).
 
     ``all``: every input embedding zero (paper 004 algorithm A.3, ``x0 = 0``); ``span``: only the content
     span zero, template and generated prefix kept; ``unk``: Inseq's baseline, and so what paper 000's IG,
     DeepLIFT and GradientSHAP columns used: the unknown token's embedding at every position except those
-    of the end-of-sequence token, which stay (Inseq's ``include_eos_baseline=False`` default).
+    of the end-of-sequence token, which stay (Inseq's ``include_eos_baseline=False`` default). ``all`` and
+    ``span`` say which embeddings the baseline replaces, not what is attributed (an explanation's ``scope``):
+    the scores cover the content span either way.
     """
-    if scope == "all":
+    if baseline == "all":
         return torch.zeros_like(embeds)
-    if scope == "unk":
+    if baseline == "unk":
         unk, eos = lm.tokenizer.unk_token_id, lm.tokenizer.eos_token_id
         if unk is None:
             raise LlmattrError("baseline 'unk' needs a tokenizer with an unknown token; use 'all' or 'span'")

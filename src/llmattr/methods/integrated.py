@@ -3,9 +3,10 @@
 All share :func:`integrate`: the path points ``x0 + alpha_k (x - x0)`` are batch rows, chunked by
 ``internal_batch_size`` (``"auto"``: from the memory budget, :func:`llmattr.models.memory.path_batch`) so memory
 is bounded; each chunk is one forward and one backward whose T
-vector-Jacobian products (one per generation step) are batched. The baseline ``x0`` is zero for every
-input embedding (``baseline="all"``: Inseq's reading, through which paper 000 ran IG, and paper 004's
-algorithm A.3) or for the content span only (``baseline="span"``: template and generated prefix kept).
+vector-Jacobian products (one per generation step) are batched. The baseline ``x0``
+(:func:`~llmattr.methods.gradient.baseline_embeds`) is zero for every input embedding (``baseline="all"``: paper
+004's algorithm A.3), for the content span only (``baseline="span"``: template and generated prefix kept) or the
+unknown token's embedding (``baseline="unk"``: Inseq's, through which paper 000 ran IG).
 """
 
 from __future__ import annotations

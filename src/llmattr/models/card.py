@@ -11,10 +11,11 @@ import hashlib
 import json
 from pathlib import Path
 
+from ..declarations import current_card
 from ..errors import LlmattrError
 
 CARD_NAME = "llmattr_finetune.json"
-CARD_FACTS = ("base_model", "task", "objective", "data", "seed", "n_train", "held_out")  # shown by the report
+CARD_FACTS = ("base_model", "task", "loss", "data", "seed", "n_train", "held_out")  # shown by the report
 
 
 def card_path(folder: str | Path) -> Path:
@@ -22,12 +23,14 @@ def card_path(folder: str | Path) -> Path:
 
 
 def read_card(model: str | Path) -> dict | None:
-    """The card of a finetune's folder ``model``; None for anything else (a hub id, 'default', a .gguf)."""
+    """The card of a finetune's folder ``model``, its facts under their current names (a card written before a
+    fact was renamed reads the same: :func:`~llmattr.declarations.current_card`); None for anything else (a hub id,
+    'default', a .gguf)."""
     path = card_path(model)
     try:
         if not path.is_file():
             return None
-        return json.loads(path.read_text(encoding="utf-8"))
+        return current_card(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError) as err:
         raise LlmattrError(f"{path} is not a readable model card ({err})") from err
 

@@ -174,23 +174,24 @@ def converted_folder(gguf: Path, verbose: bool = False) -> Path:
     return folder
 
 
-def _resolve(spec: str, verbose: bool) -> tuple[str, str]:
-    """Map a user spec to (folder or hub id, display id)."""
-    if spec == DEFAULT_MODEL:
+def _resolve(name_or_path: str, verbose: bool) -> tuple[str, str]:
+    """Map a model's name or path (``load_model``'s ``name_or_path``) to (folder or hub id, display id)."""
+    if name_or_path == DEFAULT_MODEL:
         gguf = default_gguf()
         return str(converted_folder(gguf, verbose)), "SmolLM2-135M-Instruct"
-    if spec == GEMMA_MODEL:
+    if name_or_path == GEMMA_MODEL:
         return str(converted_folder(gemma_gguf(), verbose)), "Gemma-3-270M"
-    path = Path(spec).expanduser()
-    if spec.endswith(".gguf"):
+    path = Path(name_or_path).expanduser()
+    if name_or_path.endswith(".gguf"):
         return str(converted_folder(path, verbose)), path.stem
     if path.exists():
         if not (path / "config.json").is_file():
-            raise LlmattrError(f"{spec} is not a model folder (no config.json); pass a folder, a .gguf or a hub id")
+            raise LlmattrError(f"{name_or_path} is not a model folder (no config.json); pass a folder, a .gguf or a "
+                               "hub id")
         return str(path), path.name
-    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise LlmattrError(f"model path not found: {spec}")
-    return spec, spec
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        raise LlmattrError(f"model path not found: {name_or_path}")
+    return name_or_path, name_or_path
 
 
 def hub_reachable(timeout: float = 2.0) -> bool:
@@ -312,7 +313,7 @@ def _device(name: str) -> str:
 
 
 def load_model(
-    spec: str = DEFAULT_MODEL,
+    name_or_path: str = DEFAULT_MODEL,
     *,
     device: str = "auto",
     dtype: str | torch.dtype | None = None,
@@ -320,8 +321,10 @@ def load_model(
     max_memory: str | dict | None = None,
     load_in_4bit: bool = False,
     verbose: bool = False,
+    spec: str | None = None,
 ) -> LoadedModel:
-    """Load ``spec`` ("default", "gemma-3-270m", hub id, local folder or ``.gguf``) with llmattr's probe installed.
+    """Load ``name_or_path`` ("default", "gemma-3-270m", hub id, local folder or ``.gguf``; transformers' word)
+    with llmattr's probe installed; ``spec=`` is its name before issue 39 (a call written then keeps working).
 
     ``device_map="auto"`` spreads a big model over the GPUs (accelerate), within ``max_memory`` per device if given
     (``"cpu=2GB,0=20GB"`` or accelerate's dict; what does not fit goes to a temporary offload folder on disk);
@@ -334,11 +337,15 @@ def load_model(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    if not spec or not str(spec).strip():
+    if spec is not None:
+        if name_or_path != DEFAULT_MODEL:
+            raise LlmattrError("load_model takes name_or_path (or its old name spec), not both")
+        name_or_path = spec
+    if not name_or_path or not str(name_or_path).strip():
         raise LlmattrError("empty model name; use 'default', a hub id, a folder or a .gguf file")
     device = _device(device)
     max_memory = parse_max_memory(max_memory)
-    source, display = _resolve(str(spec), verbose)
+    source, display = _resolve(str(name_or_path), verbose)
     kwargs: dict = {"dtype": resolve_dtype(dtype, device)}
     if kwargs["dtype"] == torch.bfloat16 and device == "cpu" and not native_bf16(device):
         warnings.warn("bfloat16 on this CPU (no AMX or AVX512-BF16) is emulated and runs slower than float32; "
@@ -363,7 +370,7 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as err:
         raise LlmattrError(
-            f"cannot load model {spec!r}: not a local folder and not reachable on the hub (offline?); "
+            f"cannot load model {name_or_path!r}: not a local folder and not reachable on the hub (offline?); "
             "pass a folder or a .gguf path"
         ) from err
     if not device_map:
@@ -372,7 +379,7 @@ def load_model(
     model.requires_grad_(False)
     install_probe(model)
     float32_head(model)
-    if verbose and source != spec:
+    if verbose and source != name_or_path:
         print(f"llmattr: loaded {display} from {source}")
     return LoadedModel(model=model, tokenizer=tokenizer, model_id=display, folder=source,
                        info={"load_s": time.perf_counter() - start})

@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..declarations import Catalog
 from ..errors import LlmattrError
-from ..specs import Catalog
 from ..stats import RESAMPLES
 from ..store import Results
 from . import figures, html, layouts, writers

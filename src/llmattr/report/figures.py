@@ -22,8 +22,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .. import stats  # noqa: E402
 from ..checks import ROUTINGS  # noqa: E402
+from ..declarations import Catalog, FigureSpec, TableSpec  # noqa: E402
 from ..plotting import method_colors, plot_pi_curves  # noqa: E402
-from ..specs import Catalog, FigureSpec, TableSpec  # noqa: E402
 from ..store import Results  # noqa: E402
 from .model import is_control, method_order  # noqa: E402
 from .queries import curve_values, example_values, layer_values, scalar_means  # noqa: E402
@@ -60,9 +60,9 @@ def fit_title(fig, text: str, share: float = 0.95) -> None:
 
 
 def curve_band(values: dict[float, dict], resamples: int) -> dict:
-    """``{"pi", "values", "low", "high"}`` of one mean curve with a 95% bootstrap interval per pi."""
+    """``{"x", "values", "low", "high"}`` of one mean curve with a 95% bootstrap interval at each x."""
     ests = [stats.estimate({"": examples}, resamples) for examples in values.values()]
-    return {"pi": list(values), "values": [e.mean for e in ests],
+    return {"x": list(values), "values": [e.mean for e in ests],
             "low": [e.mean if e.low is None else e.low for e in ests],
             "high": [e.mean if e.high is None else e.high for e in ests]}
 
@@ -227,7 +227,7 @@ def layer_curves(results: Results, model: str, out: Path, tables: Sequence[Table
 
 def metric_curves(results: Results, model: str, out: Path, spec: FigureSpec,
                   resamples: int = stats.RESAMPLES, controls: Sequence[str] = ()) -> list[Figure]:
-    """A metric's declared figure (:class:`~llmattr.specs.FigureSpec`) per dataset: a panel per row, its values
+    """A metric's declared figure (:class:`~llmattr.declarations.FigureSpec`) per dataset: a panel per row, its values
     against the stored x, a line per method (mean over examples, band = 95% bootstrap interval at each x)."""
     curves = {m.metric: curve_values(results, model, m.metric, spec.routing) for m in spec.rows}
     keys = {key for values in curves.values() for key in values}
@@ -242,8 +242,8 @@ def metric_curves(results: Results, model: str, out: Path, spec: FigureSpec,
                 points = curves[m.metric][(dataset, label)]
                 band = curve_band(points, resamples)
                 counts += [len(examples) for examples in points.values()]
-                ax.plot(band["pi"], band["values"], color=colors[label], label=label, marker="o", markersize=3)
-                ax.fill_between(band["pi"], band["low"], band["high"], color=colors[label], alpha=0.15, linewidth=0)
+                ax.plot(band["x"], band["values"], color=colors[label], label=label, marker="o", markersize=3)
+                ax.fill_between(band["x"], band["low"], band["high"], color=colors[label], alpha=0.15, linewidth=0)
             ax.set(xlabel=spec.xlabel, ylabel=m.title, title=f"{m.title} {'↑' if m.higher else '↓'}")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)

@@ -1,4 +1,4 @@
-"""The paper-shaped tables of ``llmattr report``: the four layouts a metric's :class:`~llmattr.specs.TableSpec`
+"""The paper-shaped tables of ``llmattr report``: the four layouts a metric's :class:`~llmattr.declarations.TableSpec`
 names (paper 000 Tables 1/2/4/8, paper 003 Tables 1, 4-6 and Figs. 4-5 as a table), the timing table (Table 6 of
 paper 000, marked ``deterministic=False``: wall times vary between runs) and the task accuracy table. The Avg row
 is the mean of the dataset means and resamples examples within each dataset. Identical stores give identical
@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from .. import stats
-from ..specs import MetricRow, TableSpec
+from ..declarations import MetricRow, TableSpec
 from ..store import Results
 from .model import (
     Cell,
@@ -210,8 +210,8 @@ def card_notes(card: dict | None) -> list[str]:
     if not card:
         return []
     data = card.get("data", {})
-    lines = [f"Model card: {card.get('task')} fine-tune of {card.get('base_model')} (objective "
-             f"{card.get('objective')}, seed {card.get('seed')}) on {card.get('n_train')} training rows of "
+    lines = [f"Model card: {card.get('task')} fine-tune of {card.get('base_model')} ({card.get('loss')} loss, "
+             f"seed {card.get('seed')}) on {card.get('n_train')} training rows of "
              f"{data.get('source')}; the evaluation left out every row it was trained on."]
     held = card.get("held_out")
     if held:
@@ -221,7 +221,7 @@ def card_notes(card: dict | None) -> list[str]:
 
 
 def metric_table(results: Results, model: str, spec: TableSpec, cfg: Stats) -> Table | None:
-    """The table ``spec`` (a registered metric's :class:`~llmattr.specs.TableSpec`) in its layout."""
+    """The table ``spec`` (a registered metric's :class:`~llmattr.declarations.TableSpec`) in its layout."""
     rows = list(spec.rows)
     grid = (layer_grid if spec.layout == "layers_by_methods" else metric_grid)(results, model, rows, spec.routing,
                                                                                cfg.controls)
@@ -236,14 +236,14 @@ def metric_table(results: Results, model: str, spec: TableSpec, cfg: Stats) -> T
 
 
 LAYOUTS = {"datasets_by_methods": datasets_by_methods, "metrics_by_methods": metrics_by_methods,
-           "methods_by_datasets": methods_by_datasets, "layers_by_methods": layers_by_methods}  # specs.LAYOUTS
+           "methods_by_datasets": methods_by_datasets, "layers_by_methods": layers_by_methods}  # declarations.LAYOUTS
 
 
 def paper_tables(results: Results, model: str, resamples: int = stats.RESAMPLES, *,
                  tables: Sequence[TableSpec], controls: Sequence[str] = ()) -> list[Table]:
     """Task accuracy, then every table of ``tables`` (the registered metrics', in report order) whose
     metrics are in the store, then the timings; ``resamples`` bootstrap resamples per confidence interval, every
-    method tested against the ``controls`` (:class:`~llmattr.specs.Catalog`'s)."""
+    method tested against the ``controls`` (:class:`~llmattr.declarations.Catalog`'s)."""
     cfg = Stats(resamples=resamples, controls=tuple(controls))
     built = [accuracy_table(results, model, cfg), *(metric_table(results, model, spec, cfg) for spec in tables),
              timing_table(results, model, cfg)]

@@ -5,7 +5,7 @@ Every cell is a mean over its n examples of a per-example value with a 95% boots
 examples (:mod:`llmattr.stats`). Methods are compared paired, over the examples both hold: each method against the
 Random control, and neighbours in the order of means, Holm-adjusted across the group; a rank mark (best / 2nd /
 3rd) is given only where the difference to the method before is significant, otherwise the rank is shared. The
-control (a method whose class says so, ``AttributionMethod.control``: Random; :class:`~llmattr.specs.Catalog`'s
+control (a method whose class says so, ``AttributionMethod.control``: Random; :class:`~llmattr.declarations.Catalog`'s
 ``controls``) has its own (last, grey) column or row, never ranked. Resampling is seeded.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from .. import stats
-from ..specs import MetricRow
+from ..declarations import MetricRow
 from ..store import Results
 from .queries import example_values, layer_values
 
@@ -78,7 +78,7 @@ class Table:
 @dataclass(frozen=True)
 class Stats:
     """How cells are summarised and compared: bootstrap resamples for the intervals, the seed, and the control
-    methods every other one is tested against (:class:`~llmattr.specs.Catalog`'s ``controls``)."""
+    methods every other one is tested against (:class:`~llmattr.declarations.Catalog`'s ``controls``)."""
 
     resamples: int = stats.RESAMPLES
     seed: int = stats.SEED

@@ -18,11 +18,12 @@ def mean(values: list[float]) -> float:
 
 
 def per_example(results: Results, model: str, metric: str, routing: str) -> dict[tuple, dict[str, dict]]:
-    """``{(dataset, label): {example: {pi: value}}}``, each value the mean over generation steps."""
+    """``{(dataset, label): {example: {x: value}}}`` (``x`` the stored x), each value the mean over generation
+    steps."""
     acc: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    for dataset, method, params, example, pi, _step, value, _se in results.values(model, metric, routing):
-        acc[(dataset, results.label(method, params))][example][pi].append(value)
-    return {key: {ex: {pi: mean(v) for pi, v in points.items()} for ex, points in examples.items()}
+    for dataset, method, params, example, x, _step, value, _se in results.values(model, metric, routing):
+        acc[(dataset, results.label(method, params))][example][x].append(value)
+    return {key: {ex: {x: mean(v) for x, v in points.items()} for ex, points in examples.items()}
             for key, examples in acc.items()}
 
 
@@ -39,16 +40,16 @@ def scalar_means(results: Results, model: str, metric: str, routing: str) -> dic
 
 
 def curve_values(results: Results, model: str, metric: str, routing: str) -> dict[tuple, dict[float, dict]]:
-    """``{(dataset, label): {pi: {example: value}}}`` for curve metrics (rows with pi != -1)."""
+    """``{(dataset, label): {x: {example: value}}}`` for curve metrics (rows with x != -1)."""
     out: dict = {}
     for key, examples in per_example(results, model, metric, routing).items():
-        by_pi: dict = defaultdict(dict)
+        by_x: dict = defaultdict(dict)
         for example, points in examples.items():
-            for pi, value in points.items():
-                if pi != NONE:
-                    by_pi[pi][example] = value
-        if by_pi:
-            out[key] = dict(sorted(by_pi.items()))
+            for x, value in points.items():
+                if x != NONE:
+                    by_x[x][example] = value
+        if by_x:
+            out[key] = dict(sorted(by_x.items()))
     return out
 
 
@@ -56,22 +57,22 @@ def stored_mc_se(results: Results, model: str, metric: str, routing: str) -> dic
     """``{(dataset, label): [Monte-Carlo standard error of each example]}`` of a scalar metric as stored (the
     stored ``mc_se`` of its rows; metrics without one are absent)."""
     out: dict = defaultdict(list)
-    for dataset, method, params, _example, pi, _step, _value, se in results.values(model, metric, routing):
-        if se is not None and pi == NONE:
+    for dataset, method, params, _example, x, _step, _value, se in results.values(model, metric, routing):
+        if se is not None and x == NONE:
             out[(dataset, results.label(method, params))].append(se)
     return dict(out)
 
 
 def layer_values(results: Results, model: str, metric: str, routing: str) -> tuple[dict[tuple, dict], list[int]]:
-    """``{(layer, label): {dataset: {example: value}}}`` of a per-layer metric (the stored ``pi`` is the layer
-    number) and the sorted layers; a method stored without layers (``pi`` = -1: Random) is repeated at each."""
-    by_pi = per_example(results, model, metric, routing)
-    layers = sorted({int(pi) for examples in by_pi.values() for points in examples.values() for pi in points
-                     if pi != NONE})
+    """``{(layer, label): {dataset: {example: value}}}`` of a per-layer metric (the stored ``x`` is the layer
+    number) and the sorted layers; a method stored without layers (``x`` = -1: Random) is repeated at each."""
+    by_x = per_example(results, model, metric, routing)
+    layers = sorted({int(x) for examples in by_x.values() for points in examples.values() for x in points
+                     if x != NONE})
     out: dict = defaultdict(lambda: defaultdict(dict))
-    for (dataset, label), examples in by_pi.items():
+    for (dataset, label), examples in by_x.items():
         for example, points in examples.items():
-            for pi, value in points.items():
-                for layer in layers if pi == NONE else [int(pi)]:
+            for x, value in points.items():
+                for layer in layers if x == NONE else [int(x)]:
                     out[(layer, label)][dataset][example] = value
     return {key: dict(strata) for key, strata in out.items()}, layers
