@@ -136,6 +136,9 @@ def step_probabilities(lm: LoadedModel, target: Target) -> torch.Tensor:
     return objectives.probability(logits, target.target_ids).cpu()
 
 
+UNASKED = Request.of()  # the request of explain's keywords left as they are: request= goes alone
+
+
 def explain(
     text: str | dict | list,
     model: str | LoadedModel = "default",
@@ -206,7 +209,7 @@ def explain(
     asked = Request.of(method, task, method_params, objective, foil, max_new_tokens=max_new_tokens, answer=answer,
                        shots=shots, shots_seed=shots_seed, demonstrations=demonstrations, shots_from=shots_from,
                        target=target, gold=gold, scope=scope, checkpointing=checkpointing)
-    if request is not None and asked != Request.of():
+    if request is not None and asked != UNASKED:
         raise LlmattrError("explain(request=...): give the method, task and options to the Request, not beside it")
     request = asked if request is None else request
     if not request.methods:
