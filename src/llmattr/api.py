@@ -12,7 +12,7 @@ import torch
 from rich.console import Console
 from rich.progress import track
 
-from . import faithfulness, methods, objectives
+from . import faithfulness, methods
 from .display import span_display
 from .errors import LlmattrError
 from .explanation import Explanation, Explanations
@@ -21,7 +21,7 @@ from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
 from .request import Request, check_text, check_texts
 from .specs import Catalog
-from .targets import Target, label_target, make_target, with_scope, word_target
+from .targets import Target, label_target, make_target, step_probabilities, with_scope, word_target
 from .tasks import TASKS, Task, get_task
 
 
@@ -123,17 +123,6 @@ def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod
         generated=tok.decode(step_ids), forced=target.forced, example=example or {}, scope=target.scope,
         classification=target.classification or {},
     )
-
-
-@torch.no_grad()
-def step_probabilities(lm: LoadedModel, target: Target) -> torch.Tensor:
-    """The model's probability of each explained token at its step: read off the generation that chose the
-    tokens (``target.step_probs``: the label word's and the free answer's, no second pass), else (a forced
-    answer) one forward pass, logits kept only at the explained positions (the last ``n_steps`` inputs)."""
-    if target.step_probs is not None:
-        return target.step_probs
-    logits = lm.model(input_ids=target.input_ids.to(lm.device), logits_to_keep=target.n_steps).logits[0]
-    return objectives.probability(logits, target.target_ids).cpu()
 
 
 UNASKED = Request.of()  # the request of explain's keywords left as they are: request= goes alone
