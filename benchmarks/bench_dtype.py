@@ -35,6 +35,7 @@ from llmattr.api import attribute, prepare
 from llmattr.evaluation import load_dataset
 from llmattr.faithfulness import evaluate
 from llmattr.models.loading import load_model, native_bf16
+from llmattr.request import Request
 from llmattr.stats import stable_seed
 
 DTYPES = ("fp32", "bf16")
@@ -50,9 +51,9 @@ def timed(fn):
 def unit(lm, data, example: dict, method: str, samples: int, seed: int) -> tuple[list[float], dict, float, float]:
     """Scores, AUCs, attribution seconds and evaluator seconds of one (example, method) in ``lm``'s dtype."""
     fields = {f: example[f] for f in data.task.fields}
-    target = prepare(lm, fields, data.task, target="gold", gold=example.get("label"))
+    target = prepare(lm, fields, Request(data.task, target="gold", gold=example.get("label")))
     torch.manual_seed(stable_seed(seed, data.name, str(example["id"]), method, bits=31))
-    expl, attribution_s = timed(lambda: attribute(lm, target, registry.get(method), data.task))
+    expl, attribution_s = timed(lambda: attribute(lm, target, registry.get(method), Request(data.task)))
     result, evaluator_s = timed(lambda: evaluate(expl, lm, samples=samples, seed=seed))
     return expl.steps[0].scores, {key: getattr(result, key) for key in AUCS}, attribution_s, evaluator_s
 

@@ -14,6 +14,7 @@ import torch
 from _common import floor_fn, read_jsonl, timed
 from llmattr import load_model, methods
 from llmattr.api import prepare
+from llmattr.request import Request
 from llmattr.tasks import get_task
 
 
@@ -28,7 +29,7 @@ def main() -> None:
     method = methods.get("grad-ellm")
     method_times, floor_times, lengths = [], [], []
     for text in read_jsonl("sst2", args.n):
-        target = prepare(lm, text, task)
+        target = prepare(lm, text, Request(task))
         lengths.append(target.input_ids.shape[1])
         floor_times.append(timed(floor_fn(lm, target), args.repeats))
         method_times.append(timed(lambda t=target: method.attribute(lm, t), args.repeats))

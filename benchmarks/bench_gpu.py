@@ -33,6 +33,7 @@ from llmattr.api import attribute, prepare
 from llmattr.evaluation import load_dataset
 from llmattr.faithfulness import evaluate
 from llmattr.models.loading import LoadedModel, converted_folder, default_gguf, load_model, wrap_model
+from llmattr.request import Request
 
 _COMMON = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=8, rms_norm_eps=1e-5, tie_word_embeddings=False)
@@ -117,8 +118,9 @@ def block_params(lm: LoadedModel) -> int:
 def warm_up(lm: LoadedModel, data, device: str) -> float:
     """One untimed generation and gradient (CUDA context, kernels, allocator): the first unit's time is not theirs."""
     example = data.examples[0]
-    _, seconds = timed(lambda: attribute(lm, prepare(lm, {f: example[f] for f in data.task.fields}, data.task,
-                                                    max_new_tokens=1), registry.get("saliency"), data.task), device)
+    request = Request(data.task, max_new_tokens=1)
+    _, seconds = timed(lambda: attribute(lm, prepare(lm, {f: example[f] for f in data.task.fields}, request),
+                                         registry.get("saliency"), request), device)
     return seconds
 
 
@@ -144,13 +146,13 @@ def run(args) -> dict:
             break
         began = time.perf_counter()
         fields = {f: ds.examples[k][f] for f in ds.task.fields}
-        target, seconds = timed(lambda: prepare(lm, fields, ds.task), device)  # noqa: B023
+        target, seconds = timed(lambda: prepare(lm, fields, Request(ds.task)), device)  # noqa: B023
         costs[name]["generate"].append(seconds)
         for method in args.methods:
             if method in failed:
                 continue
             try:
-                expl, seconds = timed(lambda m=method: attribute(lm, target, registry.get(m), ds.task), device)  # noqa: B023
+                expl, seconds = timed(lambda m=method: attribute(lm, target, registry.get(m), Request(ds.task)), device)  # noqa: B023
                 costs[name][method].append(seconds)
                 before = counter.tokens
                 _, seconds = timed(lambda e=expl: evaluate(e, lm, samples=args.samples,  # noqa: B023

@@ -32,6 +32,7 @@ import torch
 from _common import generation_arguments, per_example, read_jsonl, table
 from llmattr import load_model, methods
 from llmattr.api import prepare
+from llmattr.request import Request
 from llmattr.tasks import get_task
 
 # llmattr method -> (Inseq method, Inseq attribute() kwargs, llmattr parameters, token reduction of Inseq's
@@ -121,9 +122,10 @@ def main() -> None:
         sys.exit(f"no Inseq counterpart for {', '.join(unknown)}; choose from {', '.join(PAIRS)}")
     inseq_models = {PAIRS[n][0]: inseq.load_model(lm.model, PAIRS[n][0], tokenizer=lm.tokenizer) for n in names}
 
-    sentiment = [prepare(lm, text, get_task("sentiment")) for text in read_jsonl("sst2", args.n)]
+    sentiment = [prepare(lm, text, Request("sentiment")) for text in read_jsonl("sst2", args.n)]
     gen_task = get_task("generate")
-    gen = [prepare(lm, text, gen_task, max_new_tokens=args.gen_tokens) for text in read_jsonl("sst2", args.n_gen)]
+    gen_request = Request(gen_task, max_new_tokens=args.gen_tokens)
+    gen = [prepare(lm, text, gen_request) for text in read_jsonl("sst2", args.n_gen)]
     header = ("method", "llmattr s/example", "Inseq s/example", "Inseq / llmattr", "max rel. diff (1st example)")
     lengths = [t.input_ids.shape[1] for t in sentiment]
     rows = compare(lm, sentiment, names, inseq_models, args.repeats)

@@ -66,9 +66,9 @@ EVALUATOR = ("evaluator-dynamic", "evaluator-fixed")
 def long_text(lm, n_tokens: int) -> str:
     """IMDb reviews concatenated and cut so that the sentiment prompt has ``n_tokens`` tokens in all."""
     from llmattr.api import prepare
-    from llmattr.tasks import get_task
+    from llmattr.request import Request
 
-    n_tokens -= prepare(lm, "x", get_task("sentiment"), answer="Positive").input_ids.shape[1]  # the template
+    n_tokens -= prepare(lm, "x", Request("sentiment", answer="Positive")).input_ids.shape[1]  # the template
     texts, ids = read_jsonl("imdb", 400), []
     for text in texts:
         ids += lm.tokenizer(" " + text, add_special_tokens=False)["input_ids"]
@@ -113,10 +113,10 @@ def worker(name: str, length: int, points: int, device: str, full: bool) -> dict
     from llmattr.faithfulness.engine import PerturbationEngine
     from llmattr.models import memory
     from llmattr.models.loading import load_model
-    from llmattr.tasks import get_task
+    from llmattr.request import Request
 
     lm = load_model("default", device=device)
-    target = prepare(lm, long_text(lm, length), get_task("sentiment"), answer="Positive")
+    target = prepare(lm, long_text(lm, length), Request("sentiment", answer="Positive"))
     with torch.no_grad():  # page the memory-mapped weights in: the base is the resident model
         lm.model(target.input_ids[:, :8].to(lm.device))
     tokens = int(target.input_ids.shape[1])

@@ -43,6 +43,7 @@ from llmattr import load_model, methods
 from llmattr.api import prepare
 from llmattr.methods.gradient import score_fn
 from llmattr.models.memory import path_batch
+from llmattr.request import Request
 from llmattr.targets import Target
 from llmattr.tasks import get_task
 
@@ -130,9 +131,9 @@ def main() -> None:
     objs = {name: methods.get(name) for name in names}
     task = get_task("sentiment")
     texts = read_jsonl("sst2", args.n_short) + [t[: args.long_chars] for t in read_jsonl("imdb", args.n_long)]
-    targets = [prepare(lm, text, task) for text in texts]
+    targets = [prepare(lm, text, Request(task)) for text in texts]
 
-    warm = prepare(lm, "A fine film.", task)
+    warm = prepare(lm, "A fine film.", Request(task))
     for fn in [floor_fn(lm, warm), forward_fn(lm, warm), captum_lig_fn(lm, warm), captum_ig_embed_fn(lm, warm),
                *[lambda m=m: m.attribute(lm, warm) for m in objs.values()]]:
         fn()
@@ -194,7 +195,8 @@ def main() -> None:
 
     gen_task = get_task("generate")
     gen_names = [n for n in args.gen_methods.split(",") if n] or [n for n in names if objs[n].needs_gradients]
-    gen = [prepare(lm, text, gen_task, max_new_tokens=args.gen_tokens) for text in read_jsonl("sst2", args.n_gen)]
+    gen_request = Request(gen_task, max_new_tokens=args.gen_tokens)
+    gen = [prepare(lm, text, gen_request) for text in read_jsonl("sst2", args.n_gen)]
     shared, split = {}, {}
     for target in gen:
         steps = one_step_targets(target)

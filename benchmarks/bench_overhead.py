@@ -21,6 +21,7 @@ import llmattr
 from _common import floor_fn, per_example, read_jsonl, table
 from llmattr import load_model, methods
 from llmattr.api import prepare
+from llmattr.request import Request
 from llmattr.tasks import get_task
 
 
@@ -39,8 +40,8 @@ def main() -> None:
     times: dict[str, list[float]] = {}
     failed: dict[str, str] = {}
     for i, text in enumerate(texts):
-        target = prepare(lm, text, task)
-        runs = {"floor": floor_fn(lm, target), "prepare": lambda t=text: prepare(lm, t, task)}
+        target = prepare(lm, text, Request(task))
+        runs = {"floor": floor_fn(lm, target), "prepare": lambda t=text: prepare(lm, t, Request(task))}
         for name in names:
             method = methods.get(name)
             runs[f"explain {name}"] = lambda t=text, m=method: llmattr.explain(t, model=lm, method=m, progress=False)

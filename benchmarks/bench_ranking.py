@@ -25,6 +25,7 @@ from llmattr.api import prepare
 from llmattr.faithfulness.ranking import DI_STEPS, Perturbed, counts, top_masks
 from llmattr.methods import get as get_method
 from llmattr.models.loading import load_model
+from llmattr.request import Request
 from llmattr.tasks import get_task
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -62,7 +63,7 @@ def main() -> None:
     method = get_method("grad-ellm")
     ratios = []
     for text in texts:
-        target = prepare(lm, text, task, answer="Positive")
+        target = prepare(lm, text, Request(task, answer="Positive"))
         keep = di_masks(method.attribute(lm, target)[0])
         start = time.perf_counter()
         batched = Perturbed(lm, target).probs(keep)

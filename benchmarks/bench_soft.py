@@ -30,6 +30,7 @@ from llmattr.api import prepare
 from llmattr.faithfulness.engine import TOKEN_BUDGET, PerturbationEngine
 from llmattr.faithfulness.soft import evaluate_target
 from llmattr.models.loading import load_model
+from llmattr.request import Request
 from llmattr.tasks import get_task
 
 
@@ -85,8 +86,8 @@ def main() -> None:
     task = get_task("sentiment")
     print(f"{torch.get_num_threads()} threads, {args.sequences} perturbed sequences per example, "
           f"batch {args.batch_size or f'from {TOKEN_BUDGET} suffix tokens per pass'}")
-    sets = {"SST-2": [prepare(lm, text, task) for text in read_jsonl("sst2", args.examples)],
-            "IMDb": [prepare(lm, text, task) for text in read_jsonl("imdb", args.long)]}
+    sets = {"SST-2": [prepare(lm, text, Request(task)) for text in read_jsonl("sst2", args.examples)],
+            "IMDb": [prepare(lm, text, Request(task)) for text in read_jsonl("imdb", args.long)]}
     for name, targets in sets.items():
         if not targets:
             continue

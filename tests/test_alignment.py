@@ -16,6 +16,7 @@ from llmattr.faithfulness.alignment import (
     per_layer_scores,
 )
 from llmattr.methods import get as get_method
+from llmattr.request import Request
 from llmattr.tasks import get_task
 
 # A.4: "Karla thinks/think about it", tokens [Karla, thinks, about, it], evidence Karla
@@ -45,8 +46,8 @@ def test_blimp_evidence_maps_to_tokens_and_per_layer_rows(tiny_llama):
     task = get_task("blimp-darn")
     row = task.pair({"one_prefix_prefix": "The sister of doctors", "one_prefix_word_good": "writes",
                      "one_prefix_word_bad": "write"})
-    target = prepare(tiny_llama, row, task, max_new_tokens=1)
-    expl = attribute(tiny_llama, target, get_method("logat"), task, row)
+    target = prepare(tiny_llama, row, Request(task, max_new_tokens=1))
+    expl = attribute(tiny_llama, target, get_method("logat"), Request(task), row)
     e = evidence_vector(expl, row["evidence_words"])
     tokens = expl.span_tokens
     assert "".join(t for t, keep in zip(tokens, e.tolist(), strict=True) if keep).strip() == "sister"

@@ -23,6 +23,7 @@ from llmattr.methods import REGISTRY, AttributionMethod, layer_parameter
 from llmattr.methods import get as get_method
 from llmattr.methods.value_zeroing import value_zeroing_distances
 from llmattr.plotting import method_colors
+from llmattr.request import Request
 from llmattr.tasks import get_task
 
 ROW = get_task("blimp-darn").pair({"one_prefix_prefix": "The sister of doctors", "one_prefix_word_good": "writes",
@@ -48,10 +49,10 @@ def test_layer_parameters_of_the_registered_methods():
 
 def test_gold_target_is_the_blimp_target_word(tiny_llama):
     task = get_task("blimp-darn")
-    target = prepare(tiny_llama, {"text": ROW["text"]}, task, target="gold", gold=ROW["target"])
+    target = prepare(tiny_llama, {"text": ROW["text"]}, Request(task, target="gold", gold=ROW["target"]))
     assert target.forced and target.target_ids.tolist() == tiny_llama.tokenizer(" writes")["input_ids"][:1]
     with pytest.raises(LlmattrError, match="gold next word"):
-        prepare(tiny_llama, {"text": ROW["text"]}, task, target="gold")
+        prepare(tiny_llama, {"text": ROW["text"]}, Request(task, target="gold"))
 
 
 def test_explain_cli_takes_the_gold_word_of_a_blimp_prefix(tiny_llama, tmp_path, monkeypatch):
@@ -72,8 +73,8 @@ def test_per_layer_normxlogit_alignment_equals_hand_computation(tiny_llama):
     """Layer l: NormXLogit = ||e_i|| * W[y] . norm(h_i^l) from hooks on the decoder blocks; dot product of its
     positive part over its sum with the evidence, and AP by A.4's walk, equal the stored rows."""
     task = get_task("blimp-darn")
-    target = prepare(tiny_llama, {"text": ROW["text"]}, task, target="gold", gold=ROW["target"])
-    expl = attribute(tiny_llama, target, get_method("normxlogit"), task, ROW)
+    target = prepare(tiny_llama, {"text": ROW["text"]}, Request(task, target="gold", gold=ROW["target"]))
+    expl = attribute(tiny_llama, target, get_method("normxlogit"), Request(task), ROW)
     rows = METRICS["alignment-layers"].compute(MetricContext(tiny_llama, expl), "none")
 
     model = tiny_llama.model
@@ -110,7 +111,7 @@ def test_per_layer_normxlogit_alignment_equals_hand_computation(tiny_llama):
 def test_one_pass_sweeps_equal_one_layer_per_call(tiny_llama):
     """NormXLogit's and value zeroing's one-pass ``layer_scores`` give what their layer parameter gives."""
     task = get_task("blimp-darn")
-    target = prepare(tiny_llama, {"text": ROW["text"]}, task, target="gold", gold=ROW["target"])
+    target = prepare(tiny_llama, {"text": ROW["text"]}, Request(task, target="gold", gold=ROW["target"]))
     a, b = target.span
     swept = layer_scores(tiny_llama, target, "normxlogit")
     assert swept.shape == (2, 1, b - a)
@@ -144,8 +145,8 @@ class LayerIndex(AttributionMethod):
 def test_a_new_method_with_a_layer_parameter_joins_with_no_change(tiny_llama, monkeypatch):
     monkeypatch.setitem(REGISTRY, LayerIndex.name, LayerIndex)
     task = get_task("blimp-darn")
-    target = prepare(tiny_llama, {"text": ROW["text"]}, task, target="gold", gold=ROW["target"])
-    expl = attribute(tiny_llama, target, LayerIndex(layer=0), task, ROW)
+    target = prepare(tiny_llama, {"text": ROW["text"]}, Request(task, target="gold", gold=ROW["target"]))
+    expl = attribute(tiny_llama, target, LayerIndex(layer=0), Request(task), ROW)
     rows = METRICS["alignment-layers"].compute(MetricContext(tiny_llama, expl), "none")
     evidence = evidence_vector(expl, ROW["evidence_words"]).tolist()
     m = len(evidence)

@@ -32,7 +32,7 @@ from llmattr.models.intercept import innermost, intercepted
 from llmattr.models.loading import wrap_model
 from llmattr.models.memory import checkpointed
 from llmattr.models.probe import Probe, eager_attention
-from llmattr.tasks import get_task
+from llmattr.request import Request
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 
@@ -169,7 +169,7 @@ def test_every_method_explains_the_toy_as_it_explains_llama(twins, name):
     llama, toy = twins
     scores = []
     for lm in (llama, toy):
-        target = prepare(lm, TEXT, get_task("generate"), answer=" the fox")
+        target = prepare(lm, TEXT, Request("generate", answer=" the fox"))
         scores.append(methods.get(name).attribute(lm, target))
     assert torch.equal(scores[0], scores[1])
 
@@ -182,7 +182,7 @@ def test_checkpointed_methods_find_the_toys_blocks(twins, name):
     scores = []
     for lm in (llama, toy):
         method = methods.get(name)
-        target = prepare(lm, TEXT, get_task("generate"), answer=" the fox")
+        target = prepare(lm, TEXT, Request("generate", answer=" the fox"))
         with method.checkpointing(lm, True):
             scores.append(method.attribute(lm, target))
     assert torch.equal(scores[0], scores[1])

@@ -11,13 +11,13 @@ from llmattr.api import prepare
 from llmattr.errors import LlmattrError
 from llmattr.methods.logit import classifier_attributions
 from llmattr.models.probe import eager_attention
-from llmattr.tasks import get_task
+from llmattr.request import Request
 
 TEXT = "An engrossing film that is never boring."
 
 
 def gen_target(lm, n=3):
-    return prepare(lm, TEXT, get_task("generate"), answer=" the quick fox"[: 4 * n])
+    return prepare(lm, TEXT, Request("generate", answer=" the quick fox"[: 4 * n]))
 
 
 def test_logat_is_the_models_own_logit_at_every_position(tiny_lm):

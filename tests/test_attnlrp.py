@@ -24,7 +24,7 @@ from llmattr.methods.lrp import SOFTMAX, relevance, relevance_rules
 from llmattr.models.forward import logits_at
 from llmattr.models.memory import LIMIT_ENV, Shapes, activation_bytes, checkpointed, plan
 from llmattr.models.probe import eager_attention
-from llmattr.tasks import get_task
+from llmattr.request import Request
 
 EPS32 = torch.finfo(torch.float32).eps
 TEXT = "A terrific film."
@@ -33,7 +33,7 @@ LXT_PYTHON = Path(os.environ.get("LLMATTR_LXT_PYTHON", ROOT / ".venv-lxt" / "bin
 
 
 def forced(lm):
-    return prepare(lm, TEXT, get_task("sentiment"), answer=" movie was")
+    return prepare(lm, TEXT, Request("sentiment", answer=" movie was"))
 
 
 class Toy(torch.nn.Module):
@@ -131,7 +131,7 @@ def test_relevance_is_conserved(tiny_tokenizer, arch, constant_attention):
 
 @pytest.mark.slow
 def test_relevance_is_conserved_on_smollm(smollm):
-    target = prepare(smollm, "An engrossing film that is never boring.", get_task("sentiment"), answer=" Positive")
+    target = prepare(smollm, "An engrossing film that is never boring.", Request("sentiment", answer=" Positive"))
     for constant_attention in (False, True):
         for value, inputs, absorbed, scale in conservation(smollm, target, constant_attention):
             assert abs(inputs + absorbed - value) <= 64 * EPS32 * scale, (value, inputs, absorbed)
@@ -244,7 +244,7 @@ def test_equals_lxt(tiny_tokenizer, lxt_tiny, arch, cp):
 @needs_lxt
 @pytest.mark.slow
 def test_equals_lxt_on_smollm(smollm):
-    target = prepare(smollm, "An engrossing film that is never boring.", get_task("generate"), answer=" It is a")
+    target = prepare(smollm, "An engrossing film that is never boring.", Request("generate", answer=" It is a"))
     for cp in (False, True):
         (ref,) = lxt_relevance(cp, [(smollm.model.name_or_path, "llama", target)])
         assert_equals_lxt(smollm, target, ref, cp)
@@ -278,7 +278,7 @@ def test_memory_guard_covers_the_tensors_alive(tiny_llama, name):
     estimate. The measurement sees an ``(S, S)`` term where there is one: under eager attention, which keeps every
     layer's ``(H, S, S)`` probabilities for the backward, the longer run exceeds the estimate."""
     method, shapes = methods.get(name), Shapes.of(tiny_llama)
-    targets = [prepare(tiny_llama, TEXT * n, get_task("sentiment"), answer=" m") for n in (6, 23)]  # " m": one token
+    targets = [prepare(tiny_llama, TEXT * n, Request("sentiment", answer=" m")) for n in (6, 23)]  # " m": one token
     lengths = [int(t.input_ids.shape[1]) for t in targets]
     assert [t.n_steps for t in targets] == [1, 1] and 100 < lengths[0] < lengths[1] <= 256, lengths
     estimate = [activation_bytes(shapes, "backward", n) for n in lengths]

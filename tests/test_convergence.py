@@ -16,6 +16,7 @@ from llmattr.methods import integrated
 from llmattr.methods.deeplift import deeplift_attributions
 from llmattr.methods.gradient import baseline_embeds, score_fn
 from llmattr.models.forward import logits_at, prefix_key_values
+from llmattr.request import Request
 from llmattr.tasks import get_task
 
 EPS32 = torch.finfo(torch.float32).eps
@@ -23,7 +24,7 @@ EPS32 = torch.finfo(torch.float32).eps
 
 @pytest.fixture
 def gen_target(tiny_llama):
-    return prepare(tiny_llama, "A terrific film.", get_task("sentiment"), answer=" movie was")
+    return prepare(tiny_llama, "A terrific film.", Request("sentiment", answer=" movie was"))
 
 
 def endpoints(lm, target, baseline="all", kind="probability"):
@@ -101,7 +102,7 @@ def test_json_round_trip_and_cli_verbose(tiny_llama, tmp_path, monkeypatch):
     assert all(isinstance(s["convergence_delta"], float) and isinstance(s["target_delta"], float) for s in steps)
     assert Explanation.from_json(out).steps[0].convergence_delta == steps[0]["convergence_delta"]
     assert "convergence_delta" in loud.output and "convergence_delta" not in quiet.output
-    plain = attribute(tiny_llama, prepare(tiny_llama, "A terrific film.", get_task("generate"), answer=" movie"),
+    plain = attribute(tiny_llama, prepare(tiny_llama, "A terrific film.", Request("generate", answer=" movie")),
                       methods.get("saliency"))
     assert plain.steps[0].convergence_delta is None
 
@@ -119,7 +120,7 @@ def test_template_share_through_its_cache_is_its_summed_attribution(tiny_tokeniz
     monkeypatch.setattr(PathPrefix, "compute", classmethod(lambda cls, *a: computed.append(1) or compute(cls, *a)))
     task, ig = get_task("sentiment"), methods.get("integrated-gradients", n_steps=5)
     for text in ("A terrific film.", "Dull, slow and far too long."):
-        target = prepare(lm, text, task, answer=" movie was")
+        target = prepare(lm, text, Request(task, answer=" movie was"))
         scores, info = ig.attribute_with_info(lm, target)
         kept = [value for (kind, _), value in lm.kept.entries.items() if kind == "path-prefix"]
         assert target.span[0] > 0 and len(kept) == 1 and kept[0].tangents is not None
@@ -163,8 +164,8 @@ def test_known_endpoints_run_no_forward(tiny_llama, monkeypatch):
     span baseline (not all zero) runs x0 alone."""
     lm, task = tiny_llama, get_task("generate")
     ig = methods.get("integrated-gradients", n_steps=4)
-    generated = prepare(lm, "A terrific film.", task, max_new_tokens=3)
-    forced = prepare(lm, "A terrific film.", task, answer=" movie was")
+    generated = prepare(lm, "A terrific film.", Request(task, max_new_tokens=3))
+    forced = prepare(lm, "A terrific film.", Request(task, answer=" movie was"))
     assert generated.step_logits is not None and forced.step_logits is None
     for target, baseline, rows in ((generated, "all", []), (forced, "all", [1]), (generated, "span", [1])):
         f, x, _ = ig.inputs(lm, target, target.span[0])

@@ -18,7 +18,7 @@ from llmattr.models.anatomy import decoder_blocks, final_norm
 from llmattr.models.loading import LoadedModel, wrap_model
 from llmattr.models.memory import Shapes, activation_bytes, plan
 from llmattr.models.probe import Probe, eager_attention, repeat_heads
-from llmattr.tasks import get_task
+from llmattr.request import Request
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 
@@ -332,7 +332,7 @@ def test_alti_logit_sums_to_the_attention_updates_of_the_logit(arch, tiny_tokeni
 def test_methods_run_stepwise_and_per_layer(tiny_lm):
     """Every method gives (steps, span) scores through the registry; layer=l equals that layer's row; per-layer
     alignment (faithfulness.alignment.per_layer_scores) takes ALTI- and GlobEnc- like NormXLogit."""
-    target = prepare(tiny_lm, TEXT, get_task("generate"), answer=" the fox")
+    target = prepare(tiny_lm, TEXT, Request("generate", answer=" the fox"))
     a, b = target.span
     for name in ("alti", "globenc", "attention-rollout", "alti-logit"):
         scores = methods.get(name).attribute(tiny_lm, target)
@@ -372,7 +372,7 @@ def test_memory_guard_covers_the_tensors_alive(arch, tiny_tokenizer, monkeypatch
     the estimate is within 3 times of them."""
     lm = build_tiny(arch, tiny_tokenizer)
     monkeypatch.setattr(dec, "BLOCK_BYTES", 2**20)
-    targets = [prepare(lm, " ".join([TEXT] * k), get_task("generate"), answer=" the") for k in (2, 12)]
+    targets = [prepare(lm, " ".join([TEXT] * k), Request("generate", answer=" the")) for k in (2, 12)]
     lengths = [int(t.input_ids.shape[1]) for t in targets]
     alti = dec.block_width("alti", Shapes.of(lm))
     assert dec.block_rows(lengths[0], alti) >= lengths[0] and lengths[1] > 2 * dec.block_rows(lengths[1], alti)

@@ -13,8 +13,8 @@ from llmattr import methods
 from llmattr.api import prepare
 from llmattr.methods.deeplift import deeplift_attributions
 from llmattr.methods.gradient import baseline_embeds, score_fn
+from llmattr.request import Request
 from llmattr.targets import Target
-from llmattr.tasks import get_task
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -88,7 +88,7 @@ def test_softmax_and_layer_norm_sum_to_delta():
 
 @pytest.mark.parametrize("kind", ["probability", "logit"])
 def test_summation_to_delta_on_tiny_lms(tiny_lm, kind):
-    tgt = prepare(tiny_lm, "A terrific film.", get_task("sentiment"), answer=" movie was")
+    tgt = prepare(tiny_lm, "A terrific film.", Request("sentiment", answer=" movie was"))
     f, x = score_fn(tiny_lm, tgt, kind), tiny_lm.embed(tgt.input_ids).detach()
     for baseline in ("all", "span", "unk"):
         attr, delta = deeplift_attributions(f, x, baseline_embeds(tiny_lm, x, tgt, baseline))
@@ -125,7 +125,7 @@ def test_summation_to_delta_under_sharp_attention_matches_float64(tiny_tokenizer
     runs = []
     for dtype in (torch.float32, torch.float64):
         lm = sharpened(arch, tokenizer=tiny_tokenizer, dtype=dtype)
-        tgt = prepare(lm, "A terrific film.", get_task("sentiment"), answer=" movie was")
+        tgt = prepare(lm, "A terrific film.", Request("sentiment", answer=" movie was"))
         x = lm.embed(tgt.input_ids).detach().to(dtype)
         runs.append(deeplift_attributions(score_fn(lm, tgt, "logit"), x, baseline_embeds(lm, x, tgt, baseline)))
     (a32, d32), (a64, d64) = [(a.double(), d.double()) for a, d in runs]
@@ -134,7 +134,7 @@ def test_summation_to_delta_under_sharp_attention_matches_float64(tiny_tokenizer
 
 
 def test_deeplift_method_shares_one_forward_across_steps(tiny_llama):
-    tgt = prepare(tiny_llama, "A terrific film.", get_task("sentiment"), answer=" movie was")
+    tgt = prepare(tiny_llama, "A terrific film.", Request("sentiment", answer=" movie was"))
     dl = methods.get("deeplift")
     all_steps = dl.attribute(tiny_llama, tgt)
     for t in range(tgt.n_steps):
@@ -144,7 +144,7 @@ def test_deeplift_method_shares_one_forward_across_steps(tiny_llama):
 
 def test_deeplift_ixg_matches_captum_deeplift(tiny_llama):
     """Captum's DeepLift has no rule for the Llama non-linearities: its output is (x - x0) * gradient."""
-    tgt = prepare(tiny_llama, "A terrific film.", get_task("sentiment"), answer=" movie")
+    tgt = prepare(tiny_llama, "A terrific film.", Request("sentiment", answer=" movie"))
     f, x = score_fn(tiny_llama, tgt, "probability"), tiny_llama.embed(tgt.input_ids).detach()
 
     class Wrapped(torch.nn.Module):
@@ -167,7 +167,7 @@ def test_deeplift_ixg_matches_captum_deeplift(tiny_llama):
 @pytest.mark.slow
 def test_summation_gap_on_the_real_model(smollm):
     """deeplift sums to F(x) - F(0); deeplift-ixg (the papers' DeepLIFT) does not."""
-    tgt = prepare(smollm, "An engrossing film that is never boring.", get_task("sentiment"))
+    tgt = prepare(smollm, "An engrossing film that is never boring.", Request("sentiment"))
     f, x = score_fn(smollm, tgt, "logit"), smollm.embed(tgt.input_ids).detach()
     attr, delta = deeplift_attributions(f, x, torch.zeros_like(x))
     assert torch.allclose(attr.sum((1, 2)), delta, rtol=1e-3)

@@ -18,7 +18,7 @@ import torch
 from llmattr import methods
 from llmattr.api import prepare
 from llmattr.models.forward import SharedPrefix, logits_at
-from llmattr.tasks import get_task
+from llmattr.request import Request
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 def long_target(gemma, shared_data):
     with open(shared_data / "imdb.jsonl") as handle:
         text = max((json.loads(line)["text"] for line in handle), key=len)[:4000]
-    target = prepare(gemma, text, get_task("sentiment"), answer=" positive")
+    target = prepare(gemma, text, Request("sentiment", answer=" positive"))
     assert target.input_ids.shape[1] > gemma.model.config.get_text_config().sliding_window + 300
     return target
 
@@ -72,8 +72,8 @@ CHEAP = {"integrated-gradients": {"n_steps": 4}, "igcg": {"n_steps": 4}, "aieg":
 
 
 def test_every_method_on_gemma(gemma):
-    sentiment = prepare(gemma, "An engrossing film that is never boring.", get_task("sentiment"), answer=" positive")
-    generation = prepare(gemma, "The fox", get_task("generate"), max_new_tokens=10)
+    sentiment = prepare(gemma, "An engrossing film that is never boring.", Request("sentiment", answer=" positive"))
+    generation = prepare(gemma, "The fox", Request("generate", max_new_tokens=10))
     assert generation.n_steps == 10
     for name in methods.available():
         method = methods.get(name, **CHEAP.get(name, {}))
@@ -90,7 +90,7 @@ def test_deeplift_sums_to_delta_on_gemma(gemma, baseline):
     from llmattr.methods.deeplift import deeplift_attributions
     from llmattr.methods.gradient import baseline_embeds, score_fn
 
-    target = prepare(gemma, "An engrossing film that is never boring.", get_task("sentiment"), answer=" positive")
+    target = prepare(gemma, "An engrossing film that is never boring.", Request("sentiment", answer=" positive"))
     f, x = score_fn(gemma, target, "logit"), gemma.embed(target.input_ids).detach()
     attr, delta = deeplift_attributions(f, x, baseline_embeds(gemma, x, target, baseline))
     assert delta.abs().min() > 0.1

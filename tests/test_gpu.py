@@ -22,7 +22,7 @@ from llmattr.faithfulness import evaluate
 from llmattr.methods import integrated
 from llmattr.models import memory
 from llmattr.models.loading import load_model
-from llmattr.tasks import get_task
+from llmattr.request import Request
 from test_dtype import BF16_AUC_TOLERANCE, BF16_MIN_SPEARMAN
 
 pytestmark = pytest.mark.gpu
@@ -57,7 +57,7 @@ def test_device_map_splits_the_model_between_gpu_and_cpu(tiny_folder):
     split = load_model(str(tiny_folder), device="cuda", dtype="fp32", device_map="auto",
                        max_memory=f"0={int(0.5 * size)}B,cpu=1GB")
     assert {0, "cpu"} <= set(split.model.hf_device_map.values()), split.model.hf_device_map
-    target = prepare(whole, TEXT, get_task("sentiment"), answer="Positive")
+    target = prepare(whole, TEXT, Request("sentiment", answer="Positive"))
     for name in ("saliency", "attention", "integrated-gradients"):
         want = methods.get(name).attribute(whole, target)
         got = methods.get(name).attribute(split, target)
@@ -98,7 +98,7 @@ def test_out_of_memory_halves_the_path_chunk_on_a_real_allocator(tiny_tokenizer,
     lm = build_tiny("llama", tiny_tokenizer, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
                     num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096)
     lm.model.to("cuda")  # whatever LLMATTR_TEST_DEVICE says: the GPU's allocator is the point
-    target = prepare(lm, "A terrific film. " * 150, get_task("sentiment"), answer="Positive")
+    target = prepare(lm, "A terrific film. " * 150, Request("sentiment", answer="Positive"))
     per_row = memory.activation_bytes(memory.Shapes.of(lm), "backward", int(target.input_ids.shape[1]))
     chunks, inner = [], integrated.embedding_gradients
     monkeypatch.setattr(integrated, "embedding_gradients", lambda f, x: chunks.append(x.shape[0]) or inner(f, x))

@@ -8,6 +8,7 @@ from conftest import build_tiny
 from llmattr import methods
 from llmattr.api import prepare
 from llmattr.errors import LlmattrError
+from llmattr.request import Request
 from llmattr.tasks import get_task
 
 
@@ -46,7 +47,7 @@ def _by_hand(lm, ids, t, target_id, attention):
 @pytest.mark.parametrize("attention", ["loosened", "softmax"])
 def test_grad_ellm_matches_hand_computation(tiny_tokenizer, attention):
     lm = _toy(tiny_tokenizer)
-    target = prepare(lm, "An engrossing film that is never boring.", get_task("generate"), max_new_tokens=3)
+    target = prepare(lm, "An engrossing film that is never boring.", Request("generate", max_new_tokens=3))
     got = methods.get("grad-ellm", attention=attention).attribute(lm, target)
     a, b = target.span
     ids = target.input_ids.to(lm.device)
@@ -59,7 +60,7 @@ def test_grad_ellm_matches_hand_computation(tiny_tokenizer, attention):
 
 def test_grad_ellm_layers_and_variants_change_the_map(tiny_tokenizer):
     lm = build_tiny("llama", tiny_tokenizer, num_hidden_layers=4)
-    target = prepare(lm, "The movie was dull and the plot made no sense.", get_task("sentiment"), answer="Negative")
+    target = prepare(lm, "The movie was dull and the plot made no sense.", Request("sentiment", answer="Negative"))
     maps = {
         key: methods.get("grad-ellm", **params).attribute(lm, target)
         for key, params in {"all": {}, "last1": {"layers": 1}, "cos": {"similarity": "cosine"},
@@ -74,7 +75,7 @@ def test_grad_ellm_layers_and_variants_change_the_map(tiny_tokenizer):
 
 def test_grad_ellm_last_layer_equals_sum_when_one_layer(tiny_tokenizer):
     lm = _toy(tiny_tokenizer)
-    target = prepare(lm, "never boring", get_task("generate"), max_new_tokens=2)
+    target = prepare(lm, "never boring", Request("generate", max_new_tokens=2))
     torch.testing.assert_close(methods.get("grad-ellm", layers=1).attribute(lm, target),
                                methods.get("grad-ellm").attribute(lm, target))
 
@@ -82,10 +83,11 @@ def test_grad_ellm_last_layer_equals_sum_when_one_layer(tiny_tokenizer):
 def test_multi_step_shares_one_backward_and_matches_single_steps(tiny_tokenizer):
     lm = build_tiny("mistral", tiny_tokenizer)
     task = get_task("generate")
-    target = prepare(lm, "the quick brown fox", task, max_new_tokens=4)
+    target = prepare(lm, "the quick brown fox", Request(task, max_new_tokens=4))
     together = methods.get("grad-ellm").attribute(lm, target)
     for step in range(target.n_steps):
-        single = prepare(lm, "the quick brown fox", task, answer=lm.tokenizer.decode(target.target_ids[: step + 1]))
+        answer = lm.tokenizer.decode(target.target_ids[: step + 1])
+        single = prepare(lm, "the quick brown fox", Request(task, answer=answer))
         if single.n_steps != step + 1:  # re-tokenising the decoded answer may merge tokens; skip those
             continue
         torch.testing.assert_close(methods.get("grad-ellm").attribute(lm, single)[step], together[step])
@@ -137,8 +139,8 @@ def test_grad_ellm_gives_zero_outside_every_sliding_window(tiny_tokenizer, atten
     before that scores exactly 0 (loosened weights are min-max over the keys the layer's mask lets it see)."""
     lm = build_tiny("gemma3", tiny_tokenizer, sliding_window=16)
     assert set(lm.config.layer_types) == {"sliding_attention"}
-    target = prepare(lm, "An engrossing film that is never boring, with a terrific cast.", get_task("generate"),
-                     answer=" the quick")
+    target = prepare(lm, "An engrossing film that is never boring, with a terrific cast.", Request("generate",
+                     answer=" the quick"))
     a, b = target.span
     got = methods.get("grad-ellm", attention=attention).attribute(lm, target)
     for step in range(target.n_steps):

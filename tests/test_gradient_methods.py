@@ -25,6 +25,7 @@ from llmattr.models import forward
 from llmattr.models.forward import prefix_key_values
 from llmattr.models.memory import prefix_cache_pays
 from llmattr.models.probe import Probe, eager_attention
+from llmattr.request import Request
 from llmattr.targets import Target
 from llmattr.tasks import get_task
 
@@ -36,7 +37,7 @@ RTOL, ATOL = 1e-4, 1e-9
 @pytest.fixture
 def gen_target(tiny_llama):
     """A multi-step forced generation after a sentiment prompt (the tiny model's greedy output is arbitrary)."""
-    return prepare(tiny_llama, "A terrific film.", get_task("sentiment"), answer=" movie was")
+    return prepare(tiny_llama, "A terrific film.", Request("sentiment", answer=" movie was"))
 
 
 def per_step(f, t):
@@ -229,7 +230,7 @@ def test_shared_forward_equals_one_step_at_a_time(tiny_llama, gen_target, name):
 
 @pytest.mark.parametrize("name", MINE)
 def test_every_method_runs_on_every_architecture(tiny_lm, tiny_tokenizer, name):
-    tgt = prepare(tiny_lm, "The movie was dull.", get_task("sentiment"), max_new_tokens=2)
+    tgt = prepare(tiny_lm, "The movie was dull.", Request("sentiment", max_new_tokens=2))
     params = {"n_steps": 4} if name in ("integrated-gradients", "igcg", "aieg") else {}
     raw = methods.get(name, **params).attribute(tiny_lm, tgt)
     assert raw.shape == (tgt.n_steps, tgt.span[1] - tgt.span[0])
@@ -256,8 +257,8 @@ def test_registry_lists_the_gradient_family():
 
 @pytest.mark.slow
 def test_every_gradient_method_on_the_real_model(smollm):
-    sentiment = prepare(smollm, "An engrossing film that is never boring.", get_task("sentiment"))
-    story = prepare(smollm, "Why did the cat sit by the door?", get_task("generate"), max_new_tokens=10)
+    sentiment = prepare(smollm, "An engrossing film that is never boring.", Request("sentiment"))
+    story = prepare(smollm, "Why did the cat sit by the door?", Request("generate", max_new_tokens=10))
     for tgt in (sentiment, story):
         for name in MINE:
             params = {"n_steps": 2} if name in ("integrated-gradients", "igcg", "aieg") else {}
@@ -268,7 +269,7 @@ def test_every_gradient_method_on_the_real_model(smollm):
 
 def test_cached_prefix_leaves_span_gradients_unchanged(tiny_lm):
     """score_fn(prefix=span start): same F and span gradients as the full pass, on every architecture."""
-    tgt = prepare(tiny_lm, "A terrific film.", get_task("sentiment"), answer=" movie was")
+    tgt = prepare(tiny_lm, "A terrific film.", Request("sentiment", answer=" movie was"))
     x = tiny_lm.embed(tgt.input_ids).detach()
     rows = torch.stack([x[0], 0.5 * x[0]])  # two path points, as IG feeds them
     a = tgt.span[0]
@@ -284,7 +285,8 @@ def test_template_cache_is_computed_once_per_task_and_kept_within_its_budget(tin
     """Two examples of one task share the template's keys and values: the second runs no template forward and its
     scores equal a run without the kept cache; a probe bypasses it; the budget evicts the least recently used."""
     lm, task = tiny_llama, get_task("sentiment")
-    first, second = (prepare(lm, text, task, answer="Positive") for text in ("A dull film.", "A fine, warm film."))
+    first, second = (prepare(lm, text, Request(task, answer="Positive")) for text in ("A dull film.", "A fine, warm "
+                                                                                       "film."))
     assert first.span[0] == second.span[0] > 0 and prefix_cache_pays(lm, first.span[0], first.input_ids.shape[1])
     runs = []
     monkeypatch.setattr(forward, "prefix_key_values",
@@ -298,7 +300,7 @@ def test_template_cache_is_computed_once_per_task_and_kept_within_its_budget(tin
     with Probe(record=("q",)):
         saliency.attribute(lm, first)
     assert len(runs) == 4 and len(lm.kept) == 1  # the probe's run neither used nor kept one
-    other = prepare(lm, {"text": "A dull film."}, get_task("generate"), answer="Yes")
+    other = prepare(lm, {"text": "A dull film."}, Request("generate", answer="Yes"))
     saliency.attribute(lm, other)
     assert len(lm.kept) == 2
     lm.forget()

@@ -12,6 +12,7 @@ from conftest import build_tiny
 from llmattr.api import prepare
 from llmattr.errors import LlmattrError
 from llmattr.prompting import build_prompt
+from llmattr.request import Request
 from llmattr.targets import generate
 from llmattr.tasks import Task, get_task
 
@@ -34,7 +35,7 @@ def first_answer_logits(lm, task, example) -> torch.Tensor:
 def test_default_target_is_the_argmax_over_the_label_words(tiny_tokenizer, seed):
     lm = build_tiny("llama", tiny_tokenizer, seed=seed)
     task = pos_the()
-    target = prepare(lm, {"text": TEXT, "label": "the"}, task)
+    target = prepare(lm, {"text": TEXT, "label": "the"}, Request(task))
     logits = first_answer_logits(lm, task, {"text": TEXT})
     ids = task.label_ids(tiny_tokenizer)
     best = int(logits[ids].argmax())
@@ -52,17 +53,17 @@ def test_default_target_is_the_argmax_over_the_label_words(tiny_tokenizer, seed)
 
 def test_generated_and_gold_targets(tiny_llama, tiny_tokenizer):
     task = pos_the()
-    generated = prepare(tiny_llama, TEXT, task, target="generated")
+    generated = prepare(tiny_llama, TEXT, Request(task, target="generated"))
     assert generated.target_ids.tolist() == generate(tiny_llama, generated.prompt, 3).tolist()
     assert generated.classification["gold"] is None and generated.classification["correct"] is None
     for gold in task.label_words:
-        target = prepare(tiny_llama, TEXT, task, target="gold", gold=gold)
+        target = prepare(tiny_llama, TEXT, Request(task, target="gold", gold=gold))
         assert target.target_ids.tolist() == task.word_ids(tiny_tokenizer, [gold]).tolist()
         assert target.classification["gold"] == gold
     with pytest.raises(LlmattrError, match="target='gold' needs the gold label"):
-        prepare(tiny_llama, TEXT, task, target="gold")
+        prepare(tiny_llama, TEXT, Request(task, target="gold"))
     with pytest.raises(LlmattrError, match="target must be one of"):
-        prepare(tiny_llama, TEXT, task, target="free")
+        prepare(tiny_llama, TEXT, Request(task, target="free"))
 
 
 def test_explanation_records_the_classification_and_round_trips(tiny_llama):
@@ -89,8 +90,8 @@ def test_a_multi_token_label_word_is_refused(tiny_llama, tiny_tokenizer, monkeyp
     for task in (boolq, replace(boolq, first_token=True)):
         for mode in ("label", "generated"):
             with pytest.raises(LlmattrError, match="'true' is 3 tokens"):
-                prepare(tiny_llama, example, task, target=mode)
-    assert prepare(tiny_llama, example, boolq, answer=" movie").forced  # a forced answer is explained as given
+                prepare(tiny_llama, example, Request(task, target=mode))
+    assert prepare(tiny_llama, example, Request(boolq, answer=" movie")).forced  # a forced answer is explained as given
     monkeypatch.setattr("llmattr.models.loading.load_model", lambda *args, **kwargs: tiny_llama)
     result = CliRunner().invoke(app, ["explain", TEXT, "--task", "boolq", "--field", "question=is it?"])
     assert isinstance(result.exception, LlmattrError) and "'true' is 3 tokens" in str(result.exception)
@@ -103,7 +104,7 @@ def test_cli_rejects_an_unknown_target_before_loading(monkeypatch):
 
     monkeypatch.setattr("llmattr.models.loading.load_model", lambda *a, **k: pytest.fail("model loaded"))
     result = CliRunner().invoke(app, ["explain", TEXT, "--target", "free"])
-    assert isinstance(result.exception, LlmattrError) and "--target must be one of" in str(result.exception)
+    assert isinstance(result.exception, LlmattrError) and "target must be one of" in str(result.exception)
 
 
 @pytest.mark.slow
@@ -166,7 +167,7 @@ def test_step_probabilities_come_from_the_generation_without_a_second_pass(tiny_
     calls = []
     hook = tiny_llama.model.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
-        target = prepare(tiny_llama, example, task, target=mode)
+        target = prepare(tiny_llama, example, Request(task, target=mode))
         passes = len(calls)
         expl = llmattr.explain(example, model=tiny_llama, method="random", task=task, target=mode)
     finally:

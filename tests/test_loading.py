@@ -13,7 +13,7 @@ from llmattr.api import prepare
 from llmattr.errors import LlmattrError
 from llmattr.models import loading
 from llmattr.models.loading import load_model, parse_max_memory
-from llmattr.tasks import get_task
+from llmattr.request import Request
 
 
 def _write_gguf(path, arch):
@@ -112,7 +112,7 @@ def test_max_memory_splits_the_model_between_cpu_and_disk(tmp_path, tiny_llama, 
     assert {"cpu", "disk"} <= set(split.model.hf_device_map.values())
     assert split.model.hf_device_map.get("lm_head") == "disk"
     whole = load_model(str(tmp_path), device="cpu", dtype=dtype)
-    target = prepare(whole, "A terrific film.", get_task("sentiment"), answer="Positive")
+    target = prepare(whole, "A terrific film.", Request("sentiment", answer="Positive"))
     for name in ("saliency", "attention"):
         torch.testing.assert_close(methods.get(name).attribute(split, target),
                                    methods.get(name).attribute(whole, target), rtol=0, atol=0)

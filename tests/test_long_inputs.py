@@ -34,7 +34,7 @@ from llmattr.models.memory import (
     prefix_cache_pays,
 )
 from llmattr.models.probe import eager_attention
-from llmattr.tasks import get_task
+from llmattr.request import Request
 from test_deeplift import sharpened
 
 TEXT = "An engrossing film that is never boring, with a terrific cast."
@@ -48,7 +48,7 @@ def test_every_method_equals_the_eager_computation(tiny_lm):
     computation before the sdpa probe), on all five architectures (Gemma3's window of 4 included), to float
     tolerance relative to the scores' own scale."""
     target = prepare(tiny_lm, "An engrossing film that is never boring, with a terrific cast.",
-                     get_task("sentiment"), answer=" movie was")
+                     Request("sentiment", answer=" movie was"))
     with torch.no_grad():
         logits = logits_at(tiny_lm, tiny_lm.embed(target.input_ids), target.positions)[0]
     # LIME's ridge (alpha = 1) shrinks its coefficients far below the probability it regresses, whose float
@@ -75,7 +75,7 @@ def test_deeplift_row_blocks_equal_the_eager_rules(tiny_tokenizer, monkeypatch, 
     monkeypatch.setattr(deeplift, "attention_multipliers_vjp", lambda *a: calls.append(1) or inner(*a))
     for arch in ARCHS:
         lm = sharpened(arch, tiny_tokenizer, gain=gain)
-        target = prepare(lm, TEXT, get_task("sentiment"), answer=" movie was")
+        target = prepare(lm, TEXT, Request("sentiment", answer=" movie was"))
         f, x = score_fn(lm, target, "logit"), lm.embed(target.input_ids).detach()
         x0 = baseline_embeds(lm, x, target, "unk")
         got, got_delta = deeplift.deeplift_attributions(f, x, x0)
@@ -93,7 +93,7 @@ def test_value_zeroing_distances_equal_the_eager_computation(tiny_lm):
     """Value zeroing's 1 - cos distances (~1e-5 on tiny random models, so normalising them would magnify float
     noise) agree to a few float32 steps of cos near 1."""
     target = prepare(tiny_lm, "An engrossing film that is never boring, with a terrific cast.",
-                     get_task("sentiment"), answer=" movie was")
+                     Request("sentiment", answer=" movie was"))
     layers = list(range(tiny_lm.config.num_hidden_layers))
     got = value_zeroing_distances(tiny_lm, target.input_ids, target.positions, target.span, layers, 8)
     with eager_attention():
@@ -148,7 +148,7 @@ def test_long_input_runs_the_prefix_through_the_graph(tiny_llama):
     """Past the break-even length score_fn(prefix=...) takes the full causal pass (no mask per layer): the prefix
     tokens get their gradients, F and the span gradients are the full pass's."""
     tiny_llama.model.config.max_position_embeddings = 1024  # rotary positions: any length runs
-    tgt = prepare(tiny_llama, "A terrific film. " * 60, get_task("sentiment"), answer=" movie")
+    tgt = prepare(tiny_llama, "A terrific film. " * 60, Request("sentiment", answer=" movie"))
     a, n = tgt.span[0], int(tgt.input_ids.shape[1])
     assert not prefix_cache_pays(tiny_llama, a, n)
     x = tiny_llama.embed(tgt.input_ids).detach()
@@ -195,7 +195,7 @@ def test_methods_side_by_side_are_guarded_before_the_generation(tiny_llama, monk
     assert "\n" not in why and why.startswith("no method fits in memory: saliency on")
     assert "; integrated-gradients on" in why and why.count("needs about") == 2
     assert "item 0: no method fits in memory" in str(caught[0].message)
-    tokens = prepare(tiny_llama, TEXT, get_task("sentiment")).input_ids.shape[1]
+    tokens = prepare(tiny_llama, TEXT, Request("sentiment")).input_ids.shape[1]
     calls.clear()
     limit = 20_000
     while not fits(tiny_llama, methods.get("random"), tokens):  # the least that random's forward pass needs
@@ -233,7 +233,7 @@ def test_auto_checkpointing_when_only_the_checkpointed_backward_fits(tiny_llama,
 
 @pytest.mark.parametrize("name", ["saliency", "integrated-gradients", "grad-ellm"])
 def test_checkpointed_backward_gives_the_same_scores(tiny_llama, name):
-    target = prepare(tiny_llama, TEXT, get_task("sentiment"), answer=" movie was")
+    target = prepare(tiny_llama, TEXT, Request("sentiment", answer=" movie was"))
     method = methods.get(name, **CHEAP.get(name, {}))
     plain = method.attribute(tiny_llama, target)
     with checkpointed(tiny_llama):
@@ -250,8 +250,8 @@ def test_checkpointed_deeplift_equals_the_plain_passes(tiny_lm, monkeypatch):
     rule = deeplift._linearised_block
     monkeypatch.setattr(deeplift, "_linearised_block", lambda *a, **k: runs.append(1) or rule(*a, **k))
     method = methods.get("deeplift")
-    for tgt in (prepare(tiny_lm, TEXT, get_task("sentiment"), answer=" movie was"),
-                prepare(tiny_lm, TEXT, get_task("sentiment"), answer="Positive")):
+    for tgt in (prepare(tiny_lm, TEXT, Request("sentiment", answer=" movie was")),
+                prepare(tiny_lm, TEXT, Request("sentiment", answer="Positive"))):
         plain, plain_info = method.attribute_with_info(tiny_lm, tgt)
         runs.clear()
         with method.checkpointing(tiny_lm, True):
@@ -293,7 +293,7 @@ def test_deeplift_checkpoints_when_only_the_blockwise_passes_fit(tiny_tokenizer,
 def test_out_of_memory_halves_the_path_chunk(tiny_llama, monkeypatch):
     """A chunk of more than 2 points 'runs out of memory' (as a GPU would): IG halves 8 -> 4 -> 2 and the
     result equals the chunk-of-2 run."""
-    target = prepare(tiny_llama, TEXT, get_task("sentiment"), answer="Positive")
+    target = prepare(tiny_llama, TEXT, Request("sentiment", answer="Positive"))
     ig = methods.get("integrated-gradients", n_steps=8, internal_batch_size=2)
     want = ig.attribute(tiny_llama, target)
     inner = integrated.embedding_gradients

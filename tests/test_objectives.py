@@ -16,8 +16,8 @@ from llmattr.cli import app
 from llmattr.errors import LlmattrError
 from llmattr.explanation import Explanation
 from llmattr.methods.gradient import embedding_gradients, score_fn
+from llmattr.request import Request
 from llmattr.targets import with_scope
-from llmattr.tasks import get_task
 
 EPS = torch.finfo(torch.float32).eps
 TEXT = "A terrific film."
@@ -80,7 +80,7 @@ def linear_lm(tiny_tokenizer):
 
 def one_step(lm, scope: str = "prompt"):
     """A forced one-token answer; ``scope="prompt"`` puts the predicting (last prompt) position in the span."""
-    target = with_scope(prepare(lm, TEXT, get_task("sentiment"), answer="Positive"), scope)
+    target = with_scope(prepare(lm, TEXT, Request("sentiment", answer="Positive")), scope)
     assert target.n_steps == 1
     return target
 
@@ -193,7 +193,7 @@ def test_a_method_takes_objective_or_its_old_name_target():
 
 
 def test_the_old_spelling_target_gives_the_same_scores(tiny_llama):
-    target = prepare(tiny_llama, TEXT, get_task("sentiment"), answer="Positive")
+    target = prepare(tiny_llama, TEXT, Request("sentiment", answer="Positive"))
     for name in ("input-x-gradient", "deeplift"):
         new = methods.get(name, objective="logit").attribute(tiny_llama, target)
         old = methods.get(name, target="logit").attribute(tiny_llama, target)

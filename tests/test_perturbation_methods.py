@@ -18,6 +18,7 @@ from llmattr.models.anatomy import decoder_blocks
 from llmattr.models.loading import LoadedModel
 from llmattr.models.probe import Probe, eager_attention
 from llmattr.prompting import build_prompt
+from llmattr.request import Request
 from llmattr.targets import Target
 from llmattr.tasks import get_task
 
@@ -25,7 +26,7 @@ TEXT = "An engrossing film that is never boring."
 
 
 def gen_target(lm, answer=" the quick fox"):
-    return prepare(lm, TEXT, get_task("generate"), answer=answer)
+    return prepare(lm, TEXT, Request("generate", answer=answer))
 
 
 class ForwardCounter:
@@ -285,8 +286,8 @@ MINE = ("attention", "l2-norm", "logat", "normxlogit", "value-zeroing", "reagent
 
 @pytest.mark.slow
 def test_every_method_on_the_real_model(smollm):
-    sentiment = prepare(smollm, "A gorgeous, witty film.", get_task("sentiment"))
-    generation = prepare(smollm, "The fox", get_task("generate"), max_new_tokens=10)
+    sentiment = prepare(smollm, "A gorgeous, witty film.", Request("sentiment"))
+    generation = prepare(smollm, "The fox", Request("generate", max_new_tokens=10))
     for name in MINE:
         method = methods.get(name, **FAST.get(name, {}))
         for target in (sentiment, generation):

@@ -12,7 +12,7 @@ from llmattr.api import prepare
 from llmattr.errors import LlmattrError
 from llmattr.faithfulness import ranking
 from llmattr.faithfulness.ranking import aggregate, counts, deleted_probs, ranking_metrics, top_masks
-from llmattr.tasks import get_task
+from llmattr.request import Request
 
 TEXT = "quick brown fox jumps over lazy dog"
 LABELS = [5, 6]
@@ -51,7 +51,7 @@ def toy(tiny_tokenizer):
     assert len(set(ids)) == len(ids)
     pushes = torch.linspace(0.95, -0.3, len(ids))[torch.randperm(len(ids), generator=torch.Generator().manual_seed(1))]
     lm = evidence_model(tiny_tokenizer, dict(zip(ids, pushes.tolist(), strict=True)))
-    target = prepare(lm, TEXT, get_task("generate"), max_new_tokens=1)
+    target = prepare(lm, TEXT, Request("generate", max_new_tokens=1))
     return lm, target, pushes
 
 
@@ -142,7 +142,7 @@ def test_explanation_input_rebuilds_the_target(toy):
     from llmattr.methods import get as get_method
 
     lm, target, _ = toy
-    expl = attribute(lm, target, get_method("random"), get_task("generate"), {"text": TEXT})
+    expl = attribute(lm, target, get_method("random"), Request("generate"), {"text": TEXT})
     r = ranking_metrics(expl, lm)  # free generation: flip = 1 - p(explained token)
     assert r.label_ids is None and r.predicted == 0
     ref = ranking_metrics(expl.score_matrix(raw=True)[0], lm, target)

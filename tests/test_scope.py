@@ -14,7 +14,7 @@ from llmattr.errors import LlmattrError
 from llmattr.evaluation import EvalConfig, run, run_settings
 from llmattr.faithfulness import evaluate
 from llmattr.faithfulness.soft import hellinger
-from llmattr.tasks import get_task
+from llmattr.request import Request
 
 TEXT = "A terrific film."
 CHEAP = {"integrated-gradients": {"n_steps": 2}, "igcg": {"n_steps": 2}, "aieg": {"n_steps": 2},
@@ -23,7 +23,7 @@ CHEAP = {"integrated-gradients": {"n_steps": 2}, "igcg": {"n_steps": 2}, "aieg":
 
 
 def generation(lm, scope):
-    return prepare(lm, TEXT, get_task("generate"), answer=" movie was great", scope=scope)
+    return prepare(lm, TEXT, Request("generate", answer=" movie was great", scope=scope))
 
 
 @torch.no_grad()
@@ -47,12 +47,12 @@ def test_scope_sets_what_is_attributed(tiny_llama):
         assert len(expl.steps[0].raw) == n + every.n_steps - 1 and expl.scope == "all"
         assert expl.span_tokens[n:] == [s.token for s in expl.steps[:-1]]  # the generated prefix
     with pytest.raises(LlmattrError, match="scope must be one of"):
-        prepare(tiny_llama, TEXT, get_task("generate"), scope="content")
+        prepare(tiny_llama, TEXT, Request("generate", scope="content"))
 
 
 def test_prompt_scope_attributes_every_input_of_a_path_method(tiny_llama):
     """Over the whole prompt, IG's scores hold all of its completeness: sum = target_delta + convergence_delta."""
-    target = prepare(tiny_llama, TEXT, get_task("generate"), answer=" movie", scope="prompt")
+    target = prepare(tiny_llama, TEXT, Request("generate", answer=" movie", scope="prompt"))
     expl = attribute(tiny_llama, target, methods.get("integrated-gradients"))
     step = expl.steps[0]
     assert sum(step.raw) == pytest.approx(step.target_delta + step.convergence_delta, rel=1e-4, abs=1e-9)
@@ -83,8 +83,8 @@ def test_evaluate_refuses_a_scope_the_explanation_does_not_attribute(tiny_llama)
         evaluate(expl, tiny_llama, mode="reagent", pis=(0.5,))
     every = attribute(tiny_llama, generation(tiny_llama, "all"), methods.get("random"))
     assert evaluate(every, tiny_llama, mode="reagent", pis=(0.5,)).scope == "all"
-    one = attribute(tiny_llama, prepare(tiny_llama, TEXT, get_task("generate"), answer="Positive",
-                                        scope="prompt"), methods.get("random"))
+    one = attribute(tiny_llama, prepare(tiny_llama, TEXT, Request("generate", answer="Positive",
+                                        scope="prompt")), methods.get("random"))
     assert len(one.steps) == 1
     assert evaluate(one, tiny_llama, mode="reagent", pis=(0.5,)).scope == "prompt"  # one step: the same tokens
 

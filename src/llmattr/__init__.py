@@ -14,7 +14,8 @@ from .version import __version__
 # llmattr draws no tqdm bar (transformers' bars are off, llmattr's are rich's): not the user's problem to fix.
 warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
-_PUBLIC = {"explain": "api", "evaluate": "api", "from_scores": "api", "tokens": "api", "Explanation": "explanation",
+_PUBLIC = {"explain": "api", "evaluate": "api", "from_scores": "api", "tokens": "api", "Request": "request",
+           "Explanation": "explanation",
            "Explanations": "explanation", "Step": "explanation", "load_model": "models", "wrap_model": "models",
            "finetune": "finetuning", "FinetuneConfig": "finetuning"}
 
@@ -29,5 +30,5 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_PUBLIC})
 
 
-__all__ = ["Explanation", "Explanations", "FinetuneConfig", "LlmattrError", "Step", "evaluate", "explain", "finetune",
-           "from_scores", "load_model", "tokens", "wrap_model", "__version__"]
+__all__ = ["Explanation", "Explanations", "FinetuneConfig", "LlmattrError", "Request", "Step", "evaluate", "explain",
+           "finetune", "from_scores", "load_model", "tokens", "wrap_model", "__version__"]

@@ -12,8 +12,7 @@ import torch
 from rich.console import Console
 from rich.progress import track
 
-from . import faithfulness, methods, objectives
-from .checks import member
+from . import faithfulness, methods
 from .declarations import Catalog
 from .display import span_display
 from .errors import LlmattrError
@@ -21,8 +20,9 @@ from .explanation import Explanation, Explanations
 from .models import memory
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
-from .targets import SCOPES, TARGET_MODES, Target, label_target, make_target, with_scope, word_target
-from .tasks import TASKS, Task, few_shot, get_task
+from .request import Request, check_text, check_texts
+from .targets import Target, label_target, make_target, step_probabilities, with_scope, word_target
+from .tasks import TASKS, Task, get_task
 
 
 def progress_console() -> Console:
@@ -35,48 +35,44 @@ def progress_console() -> Console:
 
 
 @lru_cache(maxsize=2)
-def _cached_model(spec: str, device: str, dtype: str | None) -> LoadedModel:
-    return load_model(spec, device=device, dtype=dtype)
+def _cached_model(name_or_path: str, device: str, dtype: str | None) -> LoadedModel:
+    return load_model(name_or_path, device=device, dtype=dtype)
 
 
 def resolve_model(model: str | LoadedModel, device: str = "auto", dtype: str | None = None) -> LoadedModel:
-    """A loaded model as is, or a spec loaded once per process."""
+    """A loaded model as is, or a model name or path loaded once per process."""
     return model if isinstance(model, LoadedModel) else _cached_model(str(model), device, dtype)
 
 
-def prepare(lm: LoadedModel, text: str | dict, task: Task, max_new_tokens: int | None = None,
-            answer: str | None = None, demonstrations: str = "", target: str = "label",
-            gold: str | None = None, scope: str = "span",
-            method: methods.AttributionMethod | Sequence[methods.AttributionMethod] | None = None,
-            checkpointing: str = "auto") -> Target:
+def prepare(lm: LoadedModel, text: str | dict, request: Request) -> Target:
     """Prompt + target for one input: the shared first half of every explanation.
 
-    A task with label words explains the predicted label word by default (``target="label"``; or
-    ``"generated"``, ``"gold"``: :func:`llmattr.targets.label_target`); ``gold`` defaults to the
+    A task with label words explains the predicted label word by default (``request.target="label"``; or
+    ``"generated"``, ``"gold"``: :func:`llmattr.targets.label_target`); the gold word defaults to the
     example's ``label``. A next-word task (BLiMP) explains the greedy next token, or with ``target="gold"``
     the gold word (:func:`llmattr.targets.word_target`). A forced ``answer`` is explained as given.
     ``scope`` (``span``, ``prompt``, ``all``): what is attributed and perturbed
-    (:func:`llmattr.targets.with_scope`).
-    With ``method`` (one, or several explained side by side), the memory guard runs before the model does
-    (:func:`guard`).
+    (:func:`llmattr.targets.with_scope`). The request's few-shot text goes before the content span.
+    With methods in the request (one, or several explained side by side), the memory guard runs before the
+    model does (:func:`guard`).
     """
-    if isinstance(text, str) and not text.strip():
-        raise LlmattrError("empty text: give the text to explain")
-    member(target, TARGET_MODES, "target")
-    member(scope, SCOPES, "scope")
+    check_text(text)
+    task = request.task
     example = task.example_from_text(text)
     task.check_model(lm)
-    prompt: Prompt = build_prompt(lm.tokenizer, task, example, demonstrations)
-    n_new = task.max_new_tokens if max_new_tokens is None else max_new_tokens
+    prompt: Prompt = build_prompt(lm.tokenizer, task, example, request.few_shot_text(example))
+    n_new = task.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
     tokens = prompt.length + max(n_new, 1) - 1
-    if method is not None and tokens < lm.max_length:  # longer than the context: make_target says so
-        guard(lm, [method] if isinstance(method, methods.AttributionMethod) else method, tokens, checkpointing)
-    gold = example.get("label") if gold is None else gold
+    if request.method_objs and tokens < lm.max_length:  # longer than the context: make_target says so
+        guard(lm, request.method_objs, tokens, request.checkpointing)
+    gold, answer = request.gold_of(example), request.answer
     if answer is None and task.explains_label_word:
-        return with_scope(label_target(lm, prompt, task, n_new, target, gold), scope)
-    if answer is None and task.next_word and target == "gold":
-        return with_scope(word_target(lm, prompt, task, gold), scope)
-    return with_scope(make_target(lm, prompt, n_new, answer), scope)
+        target = label_target(lm, prompt, task, n_new, request.target, gold)
+    elif answer is None and task.next_word and request.target == "gold":
+        target = word_target(lm, prompt, task, gold)
+    else:
+        target = make_target(lm, prompt, n_new, answer)
+    return with_scope(target, request.scope)
 
 
 def guard(lm: LoadedModel, method_objs: Sequence[methods.AttributionMethod], tokens: int,
@@ -96,13 +92,16 @@ def guard(lm: LoadedModel, method_objs: Sequence[methods.AttributionMethod], tok
     raise LlmattrError("no method fits in memory: " + "; ".join(map(str, refusals)))
 
 
-def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod, task: Task | None = None,
-              example: dict | None = None, timings: dict | None = None, checkpointing: str = "auto") -> Explanation:
-    """Run ``method`` on a prepared target and package the result.
+def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod, request: Request | None = None,
+              example: dict | None = None, timings: dict | None = None) -> Explanation:
+    """Run ``method`` on a prepared target and package the result (the Explanation names ``request``'s task).
 
-    The memory guard refuses a run that cannot fit (one line); ``checkpointing`` (``auto``/``on``/``off``)
-    recomputes the blocks in the backward pass instead of keeping their activations.
+    The memory guard refuses a run that cannot fit (one line); the request's ``checkpointing``
+    (``auto``/``on``/``off``, default ``auto``) recomputes the blocks in the backward pass instead of keeping
+    their activations.
     """
+    task = request.task if request else None
+    checkpointing = request.checkpointing if request else "auto"
     use_checkpointing = memory.plan(lm, method, int(target.input_ids.shape[1]), checkpointing)
     start = time.perf_counter()
     with method.checkpointing(lm, use_checkpointing):
@@ -126,15 +125,7 @@ def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod
     )
 
 
-@torch.no_grad()
-def step_probabilities(lm: LoadedModel, target: Target) -> torch.Tensor:
-    """The model's probability of each explained token at its step: read off the generation that chose the
-    tokens (``target.step_probs``: the label word's and the free answer's, no second pass), else (a forced
-    answer) one forward pass, logits kept only at the explained positions (the last ``n_steps`` inputs)."""
-    if target.step_probs is not None:
-        return target.step_probs
-    logits = lm.model(input_ids=target.input_ids.to(lm.device), logits_to_keep=target.n_steps).logits[0]
-    return objectives.probability(logits, target.target_ids).cpu()
+UNASKED = Request.of()  # the request of explain's keywords left as they are: request= goes alone
 
 
 def explain(
@@ -157,6 +148,7 @@ def explain(
     method_params: dict | None = None,
     objective: str | None = None,
     foil: str | int | None = None,
+    request: Request | None = None,
     **params,
 ) -> Explanation | Explanations:
     """Explain the model's answer to ``text`` with ``method``.
@@ -185,6 +177,11 @@ def explain(
     default), ``"prompt"`` (every prompt token, template included: paper 000's pipeline) or ``"all"``
     (prompt and generated prefix: the ReAGent evaluator code).
 
+    ``request``: a :class:`~llmattr.request.Request` holding all of the above at once, instead of them
+    (``explain(text, model=lm, request=Request("sst2", ["saliency"], target="gold"))``, what ``llmattr
+    explain`` passes); a request of several methods explains them side by side. Every value is checked when
+    the request is built, before the model loads.
+
     Batch: a list (or tuple) of texts returns :class:`~llmattr.explanation.Explanations` (a list), the
     model loaded once, with a progress bar (``progress=False`` hides it). Every item is checked before the
     model loads; an item that fails later (too long for the model, say) is named in ``.failed`` and a
@@ -196,25 +193,20 @@ def explain(
     memory and passed in).
     """
     method_params = {**(method_params or {}), **params}
-    if target in ("probability", "logit"):
+    if target in ("probability", "logit"):  # the objective's earlier spelling
         method_params["objective"], target = target, "label"
-    method_params.update({key: value for key, value in (("objective", objective), ("foil", foil))
-                          if value is not None})
-    task = get_task(task)
-    if isinstance(method, methods.AttributionMethod) and (objective, foil) != (None, None):
-        raise LlmattrError("objective= and foil= go with a method name; give them to the method instance's "
-                           "constructor (objective=, foil=)")
-    many_methods = isinstance(method, list | tuple)
-    method_objs = [m if isinstance(m, methods.AttributionMethod) else methods.get(m, **method_params)
-                   for m in (method if many_methods else [method])]
-    if not method_objs:
+    asked = Request.of(method, task, method_params, objective, foil, max_new_tokens=max_new_tokens, answer=answer,
+                       shots=shots, shots_seed=shots_seed, demonstrations=demonstrations, shots_from=shots_from,
+                       target=target, gold=gold, scope=scope, checkpointing=checkpointing)
+    if request is not None and asked != UNASKED:
+        raise LlmattrError("explain(request=...): give the method, task and options to the Request, not beside it")
+    request = asked if request is None else request
+    if not request.methods:
         raise LlmattrError("method: give a method name (or a list of them)")
-    args = dict(max_new_tokens=max_new_tokens, answer=answer, shots=shots, shots_seed=shots_seed,
-                demonstrations=demonstrations, shots_from=shots_from, target=target, gold=gold, scope=scope,
-                checkpointing=checkpointing)
+    many_methods = isinstance(method, list | tuple) or len(request.methods) > 1
     if not isinstance(text, list | tuple) and not many_methods:
-        check_text(text)
-        return explain_text(resolve_model(model, device), text, method_objs, task, **args)[0]
+        request.check_text(text)
+        return explain_text(resolve_model(model, device), text, request)[0]
     texts = list(text) if isinstance(text, list | tuple) else [text]
     check_texts(texts)
     lm = resolve_model(model, device)
@@ -223,7 +215,7 @@ def explain(
                                   console=progress_console())):
         skipped: list[str] = []
         try:
-            explained = explain_text(lm, item, method_objs, task, skipped=skipped, **args)
+            explained = explain_text(lm, item, request, skipped=skipped)
         except LlmattrError as err:
             out.failed[i] = str(err)
             continue
@@ -237,46 +229,29 @@ def explain(
     return out
 
 
-def explain_text(lm: LoadedModel, text: str | dict, method_objs: list[methods.AttributionMethod], task: Task,
-                 max_new_tokens: int | None = None, answer: str | None = None, shots: int = 0,
-                 shots_seed: int = 0, demonstrations: str = "", shots_from: str | None = None,
-                 target: str = "label", gold: str | None = None, scope: str = "span",
-                 checkpointing: str = "auto", skipped: list[str] | None = None) -> list[Explanation]:
-    """One text explained by each method on one prompt and one generation (:func:`explain`'s arguments).
+def explain_text(lm: LoadedModel, text: str | dict, request: Request,
+                 skipped: list[str] | None = None) -> list[Explanation]:
+    """One text explained by each of the request's methods on one prompt and one generation.
 
     With a ``skipped`` list, a method that fails (LlmattrError: the memory guard, say) is left out and
     named there as ``"method: why"``; without it the error is raised."""
-    for method_obj in method_objs:
+    for method_obj in request.method_objs:
         if method_obj.objective:
             method_obj.explained(lm)  # a foil that is not one token fails before the generation
     loaded = time.perf_counter()
-    example = task.example_from_text(text)
-    if shots:
-        demonstrations += few_shot(task, shots, shots_seed, exclude=[{"id": None, **example}], source=shots_from)
-    prepared_target = prepare(lm, text, task, max_new_tokens, answer, demonstrations, target, gold,
-                              scope, method_objs, checkpointing)
+    prepared_target = prepare(lm, text, request)
     prepared = time.perf_counter()
     timings = {"load_s": float(lm.info.get("load_s", 0.0)), "generate_s": prepared - loaded}
+    example = request.task.example_from_text(text)
     explained = []
-    for method_obj in method_objs:
+    for method_obj in request.method_objs:
         try:
-            explained.append(attribute(lm, prepared_target, method_obj, task, example, timings=timings,
-                                       checkpointing=checkpointing))
+            explained.append(attribute(lm, prepared_target, method_obj, request, example, timings=timings))
         except LlmattrError as err:
             if skipped is None:
                 raise
             skipped.append(f"{method_obj.name}: {err}")
     return explained
-
-
-def text_problem(text: object) -> str | None:
-    """Why ``text`` cannot be explained (not a str or a dict of a task's fields, or empty), else None."""
-    if not isinstance(text, str | dict):
-        return (f"text must be a str (or a dict of the task's fields; a list explains each item), "
-                f"got {type(text).__name__}")
-    if isinstance(text, str) and not text.strip():
-        return "empty text: give the text to explain"
-    return None
 
 
 def tokens(text: str | dict, model: str | LoadedModel = "default", task: str | Task = "sentiment",
@@ -290,21 +265,6 @@ def tokens(text: str | dict, model: str | LoadedModel = "default", task: str | T
     prompt = build_prompt(lm.tokenizer, task, task.example_from_text(text), demonstrations)
     decoded = [lm.tokenizer.decode([i]) for i in prompt.input_ids[0].tolist()]
     return span_display(decoded, prompt.offsets, prompt.text, prompt.span, [])
-
-
-def check_texts(texts: list, first: int = 0, noun: str = "item") -> None:
-    """Refuse a batch in one line naming every text that cannot be explained (``noun`` and its number, counted
-    from ``first``), before any work."""
-    bad = {i + first: problem for i, item in enumerate(texts) if (problem := text_problem(item))}
-    if bad:
-        raise LlmattrError("cannot explain " + "; ".join(f"{noun} {i}: {why}" for i, why in bad.items()))
-
-
-def check_text(text: object) -> None:
-    """Refuse what is not a text (a str, or a dict of a multi-field task's fields) before any work."""
-    problem = text_problem(text)
-    if problem:
-        raise LlmattrError(problem)
 
 
 def from_scores(text: str | dict, scores, model: str | LoadedModel = "default", task: str | Task = "sentiment",

@@ -95,6 +95,17 @@ def generate(lm: LoadedModel, prompt: Prompt, max_new_tokens: int) -> torch.Tens
     return generate_with_logits(lm, prompt, max_new_tokens)[0]
 
 
+@torch.no_grad()
+def step_probabilities(lm: LoadedModel, target: Target) -> torch.Tensor:
+    """The model's probability of each explained token at its step: read off the generation that chose the
+    tokens (``target.step_probs``: the label word's and the free answer's, no second pass), else (a forced
+    answer) one forward pass, logits kept only at the explained positions (the last ``n_steps`` inputs)."""
+    if target.step_probs is not None:
+        return target.step_probs
+    logits = lm.model(input_ids=target.input_ids.to(lm.device), logits_to_keep=target.n_steps).logits[0]
+    return probability(logits, target.target_ids).cpu()
+
+
 def check_context(lm: LoadedModel, prompt: Prompt, max_new_tokens: int) -> None:
     if prompt.length + max(max_new_tokens, 1) > lm.max_length:
         raise LlmattrError(

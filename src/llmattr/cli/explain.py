@@ -10,10 +10,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..checks import FIGURE_SUFFIXES, ROUTINGS, member, one_of, positive_int, writable_file
+from ..checks import FIGURE_SUFFIXES, ROUTINGS, one_of, positive_int, writable_file
 from ..errors import LlmattrError
-from ..objectives import OBJECTIVES
-from ..targets import SCOPES, TARGET_MODES, check_gold_word
 from .app import DERIVED, app, plugin_command
 
 FORMATS = ("text", "json")
@@ -165,31 +163,24 @@ def explain(
     """Explain the model's answer to TEXT (or to every row of --data FILE): answer, token heatmap, optional HTML
     and JSON. Every registered method's parameters are options (the Method parameters panel)."""
     from .. import methods
-    from ..api import check_texts
     from ..api import explain as run_explain
     from ..models.loading import load_model, resolve_dtype
-    from ..models.memory import check_checkpointing
     from ..render import print_explanation
-    from ..tasks import get_task
+    from ..request import Request, check_texts
     from ..tasks.files import read_file_texts
 
     one_of(format, FORMATS, "--format")
     console = Console(stderr=format == "json")
-    task_obj = get_task(task)
     if (text is None) == (data is None):
         raise LlmattrError("give the text to explain, or --data FILE (not both)")
-    if data is None and not text.strip():
-        raise LlmattrError("empty text: give the text to explain")
     if data is None and (text_field is not None or n is not None):
         raise LlmattrError("--text-field and --n go with --data FILE")
-    member(target, TARGET_MODES, "--target")
-    member(scope, SCOPES, "--scope")
     given = {key: value for key, value in ctx.meta.get(DERIVED, {}).items() if value is not None}
     params = methods.parse_params(param + [f"{key}={value}" for key, value in given.items()], "--param NAME=VALUE")
-    if objective is not None:
-        params["objective"] = one_of(objective, OBJECTIVES, "--objective")
-    if foil is not None:
-        params["foil"] = foil
+    names = [name.strip() for name in method.split(",") if name.strip()] or [method]
+    request = Request.of(names, task, params, objective, foil, max_new_tokens=max_new_tokens, answer=answer,
+                         shots=shots, shots_from=shots_from, target=target, scope=scope, checkpointing=checkpointing)
+    task_obj = request.task
     gold_field = ("label",) if task_obj.has_gold_word else ()  # --target gold's word
     if data is not None:
         content = file_texts(read_file_texts(task_obj, data, text_field), n, field, target, check_texts)
@@ -197,8 +188,8 @@ def explain(
         content = parse_fields(text, field, task_obj.fields + gold_field)
     if isinstance(content, dict):
         content = {task_obj.fields[0]: content.pop("__text__"), **content}
-    if target == "gold" and task_obj.next_word and answer is None:
-        check_gold_word(task_obj, content.get("label") if isinstance(content, dict) else None)
+    if data is None:
+        request.check_text(content)
     if not evaluate and (eval_json or plot):
         raise LlmattrError("--eval-json and --plot need --evaluate")
     if evaluate:
@@ -210,24 +201,17 @@ def explain(
             writable_file(path, option, FIGURE_SUFFIXES if option in ("--plot", "--figure") else None)
     if shots_from is not None and not shots_from.is_file():
         raise LlmattrError(f"--shots-from {shots_from}: file not found")
-    names = [name.strip() for name in method.split(",") if name.strip()] or [method]
-    for name in names:
-        methods.get(name, **params)  # fail fast on a bad method before loading the model
     many = len(names) > 1 or data is not None  # an Explanations collection: lists in the JSON, a grid page
     if many and figure is not None:
         raise LlmattrError("--figure draws one method's matrix of one text; give one --method and one TEXT "
                            "(--html shows several)")
     if data is not None and plot is not None:
         raise LlmattrError("--plot draws one text's curves; with --data, --eval-json holds every row's")
-    check_checkpointing(checkpointing)
     resolve_dtype(dtype, "cpu")  # a bad --dtype is refused before the model loads
     with console.status(f"loading model {model} ..."):
         lm = load_model(model, device=device, dtype=dtype, verbose=verbose)
     with console.status(f"explaining with {', '.join(names)} ...") if data is None else nullcontext():
-        explained = run_explain(content, model=lm, method=names if len(names) > 1 else method, task=task_obj,
-                                progress=data is not None and format == "text",
-                                max_new_tokens=max_new_tokens, answer=answer, shots=shots, shots_from=shots_from,
-                                target=target, scope=scope, checkpointing=checkpointing, method_params=params)
+        explained = run_explain(content, model=lm, request=request, progress=data is not None and format == "text")
     expls = list(explained) if many else [explained]
     failed = getattr(explained, "failed", {})
     if not expls:  # every method refused (the memory guard, say) or every row failed: nothing to show or write

@@ -25,6 +25,7 @@ from ..explanation import Explanation
 from ..faithfulness import Metric, MetricContext, get_metrics
 from ..models.card import card_facts, read_card
 from ..models.loading import LoadedModel, load_model
+from ..request import Request
 from ..stats import stable_seed
 from ..store import MetricOutput, Store, Unit
 from .config import EvalConfig
@@ -85,16 +86,19 @@ def _plan(store: Store, model_id: str, data: list[Dataset], specs: list[MethodSp
 
 
 def _explain(lm: LoadedModel, item: _Pending, target_cache: dict, cfg: EvalConfig) -> Explanation:
-    """Attribute one unit; the target (greedy generation) is shared by all methods of an example."""
+    """Attribute one unit; the request and its target (greedy generation) are shared by all methods of an
+    example."""
     task = item.dataset.task
     key = (item.dataset.name, item.unit.example)
     if key not in target_cache:
         target_cache.clear()
         fields_ = {name: item.example[name] for name in task.fields}
-        target_cache[key] = prepare(lm, fields_, task, cfg.max_new_tokens, target=cfg.target,
-                                    gold=item.example.get("label"), scope=cfg.scope)
+        request = Request(task, target=cfg.target, gold=item.example.get("label"), scope=cfg.scope,
+                          max_new_tokens=cfg.max_new_tokens)
+        target_cache[key] = request, prepare(lm, fields_, request)
+    request, target = target_cache[key]
     torch.manual_seed(stable_seed(cfg.seed, *item.unit.as_tuple()[1:], bits=31))
-    return attribute(lm, target_cache[key], item.spec.build(), task, dict(item.example))
+    return attribute(lm, target, item.spec.build(), request, dict(item.example))
 
 
 def _progress(disable: bool) -> rp.Progress:

@@ -1,0 +1,120 @@
+"""What one explanation asks, checked once: the :class:`Request` that ``llmattr.explain`` and ``llmattr explain``
+both build and that :func:`llmattr.api.prepare` and :func:`llmattr.api.explain_text` read.
+
+Every check of a request's values runs when it is built, before any model loads, and raises one
+:class:`~llmattr.errors.LlmattrError` line, the same from the Python API and from the CLI (exit 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checks import member
+from .errors import LlmattrError
+from .methods import AttributionMethod
+from .methods import get as get_method
+from .models.memory import check_checkpointing
+from .targets import SCOPES, TARGET_MODES, check_gold_word
+from .tasks import Task, few_shot, get_task
+
+
+@dataclass(frozen=True)
+class Request:
+    """One explanation's question: the task's prompt recipe, the methods (a name or instance, or several) with
+    their ``params`` (``objective`` and ``foil`` among them), what is explained (``target``: ``label``, ``generated``,
+    ``gold``, with ``gold`` the gold word, else the example's ``label``; or a forced ``answer``; at most
+    ``max_new_tokens`` tokens, the task's default if None), what is attributed (``scope``), the few-shot text
+    before the content span (``demonstrations``, plus ``shots`` drawn with ``shots_seed`` from ``shots_from`` or
+    the task's sample data) and ``checkpointing`` (``auto``, ``on``, ``off``).
+
+    A request without methods prepares targets only (:func:`llmattr.api.prepare`: no memory guard); the
+    methods are built, and so checked, with the request (``method_objs``, once for every text)."""
+
+    task: Task | str = "sentiment"
+    methods: Sequence[str | AttributionMethod] = ()
+    params: Mapping[str, object] = field(default_factory=dict)
+    target: str = "label"
+    gold: str | None = None
+    scope: str = "span"
+    max_new_tokens: int | None = None
+    answer: str | None = None
+    demonstrations: str = ""
+    shots: int = 0
+    shots_seed: int = 0
+    shots_from: str | Path | None = None
+    checkpointing: str = "auto"
+    method_objs: tuple[AttributionMethod, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """The one check: task, target, scope, checkpointing and every method with its parameters."""
+        set_field = object.__setattr__  # frozen: the checked, normalised values are set once, here
+        set_field(self, "task", get_task(self.task))
+        member(self.target, TARGET_MODES, "target")
+        member(self.scope, SCOPES, "scope")
+        check_checkpointing(self.checkpointing)
+        one = isinstance(self.methods, str | AttributionMethod)
+        set_field(self, "methods", (self.methods,) if one else tuple(self.methods))
+        set_field(self, "params", dict(self.params))
+        set_field(self, "method_objs", tuple(m if isinstance(m, AttributionMethod)
+                                             else get_method(m, **self.params) for m in self.methods))
+
+    @classmethod
+    def of(cls, method: str | AttributionMethod | Sequence = "grad-ellm", task: str | Task = "sentiment",
+           params: Mapping | None = None, objective: str | None = None, foil: str | int | None = None,
+           **options) -> Request:
+        """The request of :func:`llmattr.explain`'s keywords: ``method`` one name or instance, or a list of them;
+        ``objective`` and ``foil`` join the method parameters ``params`` (refused beside a method instance,
+        whose constructor takes them); ``options`` are the other fields."""
+        if isinstance(method, AttributionMethod) and (objective, foil) != (None, None):
+            raise LlmattrError("objective= and foil= go with a method name; give them to the method instance's "
+                               "constructor (objective=, foil=)")
+        params = {**(params or {}), **{key: value for key, value in (("objective", objective), ("foil", foil))
+                                       if value is not None}}
+        return cls(task, method, params, **options)
+
+    def gold_of(self, example: dict) -> str | None:
+        """The gold word of ``example``: the request's ``gold``, else the example's ``label``."""
+        return example.get("label") if self.gold is None else self.gold
+
+    def few_shot_text(self, example: dict) -> str:
+        """The text before the content span: ``demonstrations``, then ``shots`` drawn demonstrations (never
+        ``example`` itself)."""
+        if not self.shots:
+            return self.demonstrations
+        return self.demonstrations + few_shot(self.task, self.shots, self.shots_seed,
+                                              exclude=[{"id": None, **example}], source=self.shots_from)
+
+    def check_text(self, text: object) -> None:
+        """Refuse, before any work, what is not a text of this request: not a str or a dict of the task's
+        fields, empty, an empty field, or (``target="gold"`` on a next-word task) without its gold word."""
+        check_text(text)
+        example = self.task.example_from_text(text)
+        if self.target == "gold" and self.task.next_word and self.answer is None:
+            check_gold_word(self.task, self.gold_of(example))
+
+
+def text_problem(text: object) -> str | None:
+    """Why ``text`` cannot be explained (not a str or a dict of a task's fields, or empty), else None."""
+    if not isinstance(text, str | dict):
+        return (f"text must be a str (or a dict of the task's fields; a list explains each item), "
+                f"got {type(text).__name__}")
+    if isinstance(text, str) and not text.strip():
+        return "empty text: give the text to explain"
+    return None
+
+
+def check_texts(texts: list, first: int = 0, noun: str = "item") -> None:
+    """Refuse a batch in one line naming every text that cannot be explained (``noun`` and its number, counted
+    from ``first``), before any work."""
+    bad = {i + first: problem for i, item in enumerate(texts) if (problem := text_problem(item))}
+    if bad:
+        raise LlmattrError("cannot explain " + "; ".join(f"{noun} {i}: {why}" for i, why in bad.items()))
+
+
+def check_text(text: object) -> None:
+    """Refuse what is not a text (a str, or a dict of a multi-field task's fields) before any work."""
+    problem = text_problem(text)
+    if problem:
+        raise LlmattrError(problem)
