@@ -47,15 +47,15 @@ def explanation(method: str, scores: list[float]) -> str:
                        example={"label": "positive"}).to_json()
 
 
-def fill(path, seconds: float = 0.5) -> None:
+def fill(path, seconds: float = 0.5, model: str = "tiny") -> None:
     with Store(path) as store:
-        store.check_settings("tiny", {"samples": 2, "seed": 0})
+        store.check_settings(model, {"samples": 2, "seed": 0})
         for (dataset, method), values in NS.items():
             for i, value in enumerate(values):
                 rows = [Row("pi_soft_ns_auc", value, se=0.01), Row("pi_soft_nc_auc", 1 - value, se=0.03),
                         Row("pi_soft_ns", value / 2, x=0.25), Row("pi_soft_ns", value, x=0.75)]
                 scores = [0.1 * (i + 1), 0.9, 0.2, 0.0] if method != "random" else [0.5, 0.4, 0.6, 0.3]
-                store.write(Unit("tiny", dataset, f"{dataset}-{i}", method, canonical({})),
+                store.write(Unit(model, dataset, f"{dataset}-{i}", method, canonical({})),
                             explanation(method, scores), seconds, [MetricOutput("pi-soft", "dynamic", 0.1, rows)])
 
 
@@ -208,3 +208,14 @@ def test_a_method_has_one_colour_in_every_figure_and_the_html(tmp_path, monkeypa
     page = (tmp_path / "out" / "report.html").read_text()
     for label, color in colors.items():
         assert f'<i style="background:{color}"></i>{label}' in page  # the qualitative examples' legend
+
+
+def test_pi_curve_title_names_the_dataset_and_the_model_apart(tmp_path, monkeypatch):
+    """A model folder named like the task (``sst2``) must not read as the dataset twice ("SST2, sst2")."""
+    from matplotlib.figure import Figure
+
+    fill(tmp_path / "r.sqlite", model="sst2")
+    titles, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: titles.append(fig.get_suptitle()) or save(fig, *a, **k))
+    build_report([tmp_path / "r.sqlite"], tmp_path / "out", parse_formats("md"), catalog=catalog())
+    assert {"SST2, model sst2, dynamic routing (n = 8)", "IMDb, model sst2, dynamic routing (n = 8)"} <= set(titles)

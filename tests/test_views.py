@@ -229,3 +229,24 @@ def test_notebook_progress_and_imports_print_no_widget_warnings(monkeypatch):
             "    warnings.warn_explicit(text, UserWarning, 'auto.py', 21, module='tqdm.auto')")
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
     assert "another warning" in shown and "IProgress" not in shown  # llmattr's filter, as imported
+
+
+def svg_texts(path) -> list[str]:
+    """The text of every ``<text>`` element of an SVG written with ``svg.fonttype: none`` (text kept as text)."""
+    import html
+
+    return [html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", path.read_text(encoding="utf-8"))]
+
+
+def test_signed_multi_step_figure_writes_each_steps_peak_under_its_column(tmp_path):
+    """The matrix figure's bar reads -max .. +max when each step has its own scale, so each step's max |raw|
+    must be in the figure (issue 35: the label promised it, no figure showed it)."""
+    from llmattr.plotting import plot_matrix
+
+    raw = [[3.0, -1.5, 0, 0, 0, 0, 0], [1.0, -0.5, 0, 0, 0, 0, 0], [0.004, -0.001, 0, 0, 0, 0, 0]]
+    texts = svg_texts(plot_matrix(synthetic(raw), tmp_path / "m.svg"))
+    assert {"-max", "+max", "\u00b13.00", "\u00b11.00", "\u00b14.0e-03"} <= set(texts), texts
+    assert texts.index("\u00b13.00") < texts.index("\u00b11.00") < texts.index("\u00b14.0e-03")  # step order
+    # one scale for all steps: the bar's ends are the numbers themselves, and no per-step peak is written
+    texts = svg_texts(plot_matrix(synthetic(raw), tmp_path / "shared.svg", shared_scale=True))
+    assert {"-3.00", "3.00"} <= set(texts) and not any(t.startswith("\u00b1") for t in texts)

@@ -6,6 +6,7 @@ matplotlib runs on the Agg backend (no display needed); figures are written to a
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -100,7 +101,9 @@ def plot_matrix(expl, path: str | Path, numbers: bool = False, shared_scale: boo
     Rows: the tokens the explanation holds scores for (its content span, shown by their own characters of
     the text); columns: the generated tokens, one per step. Colours follow
     :func:`llmattr.render.colour_scale` (diverging raw scores for signed methods, per step or, with
-    ``shared_scale``, over all steps) with a colour bar; ``numbers`` writes each value in its cell. A last
+    ``shared_scale``, over all steps) with a colour bar; when each step has its own scale (a signed method,
+    several steps) the bar reads ``-max .. +max`` and each step's ``±max`` is written under its column
+    (:func:`step_peaks`); ``numbers`` writes each value in its cell. A last
     row shows each step's probability of its token when the explanation records it (``Step.prob``).
     SVG keeps text as text, so every character (Arabic, CJK, emoji) is in the file exactly; PNG and PDF
     draw it with DejaVu Sans and, for scripts it lacks, the installed fonts of :data:`FALLBACK_FONTS`.
@@ -135,8 +138,10 @@ def plot_matrix(expl, path: str | Path, numbers: bool = False, shared_scale: boo
         if numbers:
             for (i, j), u in np.ndenumerate(unit):
                 ax.text(j, i, number(values[i, j]), ha="center", va="center", fontsize=7, color=ink(u))
+        if scale.row_peaks is not None:
+            step_peaks(ax, scale)
         bar = fig.colorbar(image, cax=fig.add_subplot(grid[0, 1]))
-        bar.set_label(scale.label, fontsize=8)
+        bar.set_label(textwrap.fill(scale.label, 40), fontsize=8)  # a short figure's height holds 40 characters
         if scale.diverging:  # the values at the ends, or -max/+max when each step has its own max |raw|
             bar.set_ticks([-1.0, 0.0, 1.0], labels=[scale.ends[0], "0", scale.ends[1]])
         elif shared_scale:
@@ -152,3 +157,12 @@ def plot_matrix(expl, path: str | Path, numbers: bool = False, shared_scale: boo
         fig.savefig(path, dpi=150)
         plt.close(fig)
     return path
+
+
+def step_peaks(ax, scale) -> None:
+    """Each step's ``±max |raw|`` (``scale.row_peaks``) under its column of the matrix ``ax``: the numbers that the
+    colour bar's ``-max``/``+max`` stand for in that column."""
+    peaks = ax.secondary_xaxis("bottom")
+    peaks.set_xticks(range(len(scale.row_peaks)), [scale.row_end(j) for j in range(len(scale.row_peaks))],
+                     rotation=45, ha="right", rotation_mode="anchor", fontsize=7)
+    peaks.set_xlabel("each step's max |raw| (the bar's \u00b1max)", fontsize=8)

@@ -97,7 +97,7 @@ def colour_scale(expl: Shown, shared_scale: bool = False) -> Scale:
             what = "one scale for all steps" if raw.shape[0] > 1 else "max |raw| at the ends"
             return Scale(raw, unit, True, -top, top, f"raw score (signed; {what})")
         return Scale(raw, unit, True, -top, top, "raw score (signed; each step scaled by its own max |raw|, "
-                     "shown on its row)", row_peaks=peak[:, 0])
+                     "shown with the step)", row_peaks=peak[:, 0])
     if not shared_scale:
         scores = expl.to_numpy()
         return Scale(scores, scores, False, 0.0, 1.0, "score (each step min-max'd to [0, 1])")

@@ -92,7 +92,7 @@ def suffix_score_fn(lm: LoadedModel, target: Target, kind: str, prefix: int,
     def f(embeds: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
         if cache is None:
             return target_scores(lm, embeds, positions, target.target_ids, kind, foil_ids)
-        return target_scores(lm, embeds, positions, target.target_ids, kind, foil_ids, past_key_values=cache,
+        return target_scores(lm, embeds, positions, target.target_ids, kind, foil_ids, cache=cache,
                              use_cache=True)
     return f
 

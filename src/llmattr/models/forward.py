@@ -22,7 +22,7 @@ from .probe import eager_attention
 def logits_at(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Tensor:
     """Logits ``(B, len(positions), V)`` at ``positions`` only (the LM head skips every other row).
 
-    With ``past_key_values`` (a cached prefix), ``inputs_embeds`` and ``positions`` refer to the tokens after it.
+    With ``cache`` (a cached prefix), ``inputs_embeds`` and ``positions`` refer to the tokens after it.
     ``positions`` is an index tensor, never the integer form of ``logits_to_keep``: an integer slices the hidden
     states into a strided ``(B, k, d)`` view, which the LM head's matmul cannot fold into one matrix product, so it
     broadcasts the ``(V, d)`` head over the batch (a ``B x V x d`` copy: 0.78 s and 0.9 GB for 16 rows of SmolLM2 in
@@ -65,7 +65,7 @@ def zero_input_logits(lm: LoadedModel, positions: torch.Tensor, like: torch.Tens
     if layers is None or layers[0][0].shape[-2] < start:
         layers = lm.kept.keep(lm.model, key, prefix_key_values(lm, zeros[:, :start]))
     cache = Cache(layers=[PrefixLayer(k[:, :, :start], v[:, :, :start]) for k, v in layers])
-    return logits_at(lm, zeros[:, start:], positions - start, past_key_values=cache, use_cache=True)
+    return logits_at(lm, zeros[:, start:], positions - start, cache=cache, use_cache=True)
 
 
 def content_key(*tensors: torch.Tensor) -> tuple:
@@ -79,7 +79,7 @@ def prefix_key_values(lm: LoadedModel, prefix_embeds: torch.Tensor) -> list[tupl
     """Each layer's keys and values ``(B, kv_heads, P, head_dim)`` of ``prefix_embeds``: one no-gradient forward."""
     cache = DynamicCache()
     with torch.no_grad():
-        lm.model(inputs_embeds=prefix_embeds.detach(), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        lm.model(inputs_embeds=prefix_embeds.detach(), cache=cache, use_cache=True, logits_to_keep=1)
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
@@ -104,7 +104,7 @@ class SharedPrefix:
 
     Keep it from a clean forward of the whole sequence (:func:`logits_and_prefix`) or run the prefix alone
     (:meth:`compute`); :meth:`cache` gives a fresh cache object to pass
-    as ``past_key_values`` with the tokens after the prefix as input.
+    as ``cache`` with the tokens after the prefix as input.
     """
 
     def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]], length: int):
@@ -129,7 +129,7 @@ class SharedPrefix:
         """:func:`logits_at` for rows of ``prefix + suffix_embeds``; ``positions`` count from the sequence start."""
         if not self.length:
             return logits_at(lm, suffix_embeds, positions)
-        return logits_at(lm, suffix_embeds, positions - self.length, past_key_values=self.cache(), use_cache=True)
+        return logits_at(lm, suffix_embeds, positions - self.length, cache=self.cache(), use_cache=True)
 
 
 class PathPrefix:
@@ -161,7 +161,7 @@ class PathPrefix:
         length = x.shape[1]
         if torch.equal(x, x0):
             cache = DynamicCache()
-            lm.model(inputs_embeds=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            lm.model(inputs_embeds=x, cache=cache, use_cache=True, logits_to_keep=1)
             return cls([(layer.keys, layer.values) for layer in cache.layers], None, length)
         parts = []
         for start in range(0, len(alphas), batch_size):
@@ -186,7 +186,7 @@ def _kv_derivatives(lm: LoadedModel, points: torch.Tensor, direction: torch.Tens
     """Keys/values of ``points`` ``(n, P, D)`` and their forward-mode derivatives along ``direction``."""
     with fwad.dual_level(), eager_attention():
         cache = DynamicCache()
-        lm.model(inputs_embeds=fwad.make_dual(points, direction), past_key_values=cache, use_cache=True,
+        lm.model(inputs_embeds=fwad.make_dual(points, direction), cache=cache, use_cache=True,
                  logits_to_keep=1)
         unpacked = [(fwad.unpack_dual(layer.keys), fwad.unpack_dual(layer.values)) for layer in cache.layers]
     return ([(k.primal, v.primal) for k, v in unpacked], [(k.tangent, v.tangent) for k, v in unpacked])
@@ -197,7 +197,7 @@ def logits_and_prefix(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: t
     """:func:`logits_at` of one sequence ``(1, S, D)``, keeping its first ``length`` tokens as a :class:`SharedPrefix`
     (a clean pass whose prefix the perturbed rows then reuse)."""
     cache = DynamicCache()
-    logits = logits_at(lm, inputs_embeds, positions, past_key_values=cache, use_cache=True)
+    logits = logits_at(lm, inputs_embeds, positions, cache=cache, use_cache=True)
     return logits, SharedPrefix.from_cache(cache, length)
 
 

@@ -248,7 +248,7 @@ def checkpointed(lm: LoadedModel, enable: bool = True,
                  recompute: Callable[[], AbstractContextManager] | None = None) -> Iterator[None]:
     """Activation checkpointing of every decoder block for the duration (``torch.utils.checkpoint``, non-reentrant):
     the backward pass keeps each block's input and recomputes the block. Not transformers' own
-    ``gradient_checkpointing_enable``: that drops ``past_key_values``, which the shared template prefix needs
+    ``gradient_checkpointing_enable``: that drops the key/value cache, which the shared template prefix needs
     (our prefix cache stores nothing, so recomputing a block with it is exact). ``recompute``: a context the
     recomputation runs in (a method whose forward runs under its own rules gives them again)."""
     if not enable:

@@ -86,8 +86,8 @@ def pi_curves(results: Results, model: str, routing: str, out: Path, spec: Figur
                       for d, label in keys if d == dataset}
         n = n_text(len(next(iter(c[key].values()))) for c in curves.values() for key in c if key[0] == dataset)
         path = out / f"{spec.name}_{dataset}_{routing}.png"
-        plot_pi_curves(per_method, path, title=f"{results.dataset_name(dataset)}, {model}, {routing} routing ({n})",
-                       colors=colors)
+        title = f"{results.dataset_name(dataset)}, model {model}, {routing} routing ({n})"  # a model may be "sst2"
+        plot_pi_curves(per_method, path, title=title, colors=colors)
         figures.append(Figure(path, f"{' and '.join(m.title for m in spec.rows)} vs π on "
                                     f"{results.dataset_name(dataset)}, {routing} "
                                     f"routing: mean over {n} examples per method, band = 95% bootstrap "
