@@ -161,16 +161,21 @@ def _visible(token: str) -> str:
     return token.replace("\n", "\u21b5")
 
 
+def spaced(token: str, following: str) -> bool:
+    """Whether whitespace already stands between ``token`` and ``following`` (a line may break there)."""
+    return token[-1:].isspace() or following[:1].isspace()
+
+
 def heatmap_text(tokens: list[str], unit, values=None, colours: str | None = "truecolor") -> Text:
     """One row of tokens on their colours (``colours``: rich's colour system of the console); with ``values``,
-    each token followed by its value, and a space where the next token starts a new word or sign (where a line
-    may break, never inside a number; a sub-word token goes on without one)."""
+    each token followed by its value, and a space where the next token starts a new word or sign without one of
+    its own (where a line may break, never inside a number; a sub-word token goes on without one)."""
     text = Text()
     for i, (token, u) in enumerate(zip(tokens, unit, strict=True)):
         text.append(_visible(token), style=terminal_style(u, colours))
         if values is not None:
             text.append(f"[{number(values[i])}]", style="dim")
-            if i + 1 < len(tokens) and not continues_word(token, tokens[i + 1]):
+            if i + 1 < len(tokens) and not spaced(token, tokens[i + 1]) and not continues_word(token, tokens[i + 1]):
                 text.append(" ")
     return text
 
