@@ -1,10 +1,14 @@
 """CLI: user errors print one line and exit 2; explain writes JSON and HTML."""
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from llmattr import methods
 
 
 def run_cli(*args, timeout=300):
@@ -84,3 +88,10 @@ def test_cli_explains_with_every_method(smollm, tmp_path, monkeypatch):
             n_span = data["span"][1] - data["span"][0]
             assert data["method"] == name and len(data["steps"]) == (1 if task[1] == "sentiment" else 10), name
             assert all(len(s["scores"]) == n_span and all(0 <= x <= 1 for x in s["scores"]) for s in data["steps"])
+
+
+def test_readme_method_list_names_every_registered_method():
+    """The README's "Methods (`llmattr methods`)" paragraph lists what `llmattr methods` lists."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    listed = re.search(r"Methods \(`llmattr methods`\):(.*?)Metrics:", readme, re.S).group(1)
+    assert set(re.findall(r"`([a-z0-9-]+)`", listed)) == set(methods.available())

@@ -48,6 +48,30 @@ def test_piped_arabic_heatmap_with_numbers_html_and_figure(tmp_path):
     assert figure.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_colour_forced_into_files_in_a_16_colour_terminal(tmp_path):
+    """``FORCE_COLOR=1 TERM=xterm llmattr explain --data ... > o.txt 2> e.txt``: stdout holds the heatmaps alone
+    (no spinner frame, progress bar or warning), blue and red in the terminal's 16 colours and every value;
+    the bar is on stderr, drawn once; the one-method page is not titled "side by side"."""
+    rows, page = tmp_path / "rows.csv", tmp_path / "rows.html"
+    rows.write_text("review\nAn engrossing film that is never boring.\nA dull and tedious mess.\n")
+    out, err = tmp_path / "o.txt", tmp_path / "e.txt"
+    env = {**os.environ, "FORCE_COLOR": "1", "TERM": "xterm", "COLUMNS": "80"}
+    env.pop("COLORTERM", None)
+    with out.open("w") as stdout, err.open("w") as stderr:
+        code = subprocess.run([sys.executable, "-m", "llmattr", "explain", "--data", str(rows), "--text-field",
+                               "review", "--method", "input-x-gradient", "--html", str(page)],
+                              stdout=stdout, stderr=stderr, env=env, timeout=600).returncode
+    shown, said = out.read_text(), err.read_text()
+    assert code == 0, said
+    assert "\r" not in shown and "explaining" not in shown and "loading model" not in shown
+    assert "Warning" not in shown and "\x1b[?25l" not in shown  # no warning, no live display's hidden cursor
+    codes = set(re.findall(r"\x1b\[[0-9;]*?(4[0-7]|10[0-7])m", shown))
+    assert codes & {"44", "104"} and codes & {"41", "101"} and "48;2;" not in shown  # 16 colours, blue and red
+    assert len(re.findall(r"\[-?[0-9.e+-]+\]", shown)) >= 2 * 7  # every value, colour or not
+    assert said.count("explaining") == 1 and "\r" not in said
+    assert "<title>llmattr: input-x-gradient on 2 texts</title>" in page.read_text()
+
+
 def test_format_json_layers_int_load_time_and_evaluate_scores(tmp_path):
     result = run_cli("explain", "A gorgeous, witty film.", "--layers", "4", "--format", "json")
     assert result.returncode == 0, result.stderr

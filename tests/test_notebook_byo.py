@@ -2,6 +2,7 @@
 
 import json
 import re
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -331,14 +332,16 @@ def test_cli_explain_side_by_side_names_the_refused_methods(tiny_llama, tmp_path
     refuse_saliency(monkeypatch)
     data = tmp_path / "out.json"
     args = ["explain", TEXT, "--task", "generate", "--answer", ANSWER, "--json", str(data), "--method"]
-    with pytest.warns(UserWarning):
+    with warnings.catch_warnings():  # the API's warning is not printed before the command's own error line
+        warnings.simplefilter("error")
         partial = CliRunner().invoke(app, [*args, "saliency,random"])
     assert isinstance(partial.exception, LlmattrError)
     assert str(partial.exception) == "not explained: saliency: would not fit in memory"
     assert [r["method"] for r in json.loads(data.read_text())] == ["random"]
     data.unlink()
     monkeypatch.setenv("LLMATTR_MEMORY_LIMIT", "1KB")
-    with pytest.warns(UserWarning):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         refused = CliRunner().invoke(app, [*args, "saliency,random"])
     assert isinstance(refused.exception, LlmattrError)
     message = str(refused.exception)

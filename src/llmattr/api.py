@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import time
 import warnings
 from collections.abc import Sequence
 from functools import lru_cache
 
 import torch
-from rich.console import Console
 from rich.progress import track
 
 from . import faithfulness, methods
@@ -20,18 +18,10 @@ from .explanation import Explanation, Explanations
 from .models import memory
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
+from .render import progress_console
 from .request import Request, check_text, check_texts
 from .targets import Target, label_target, make_target, step_probabilities, with_scope, word_target
 from .tasks import TASKS, Task, get_task
-
-
-def progress_console() -> Console:
-    """The console of the progress bars: rich's own, except in a Jupyter kernel without ipywidgets (which
-    rich's live display needs, and warns about): there the bar is plain text, drawn when it ends."""
-    console = Console()
-    if console.is_jupyter and importlib.util.find_spec("ipywidgets") is None:
-        return Console(force_jupyter=False)
-    return console
 
 
 @lru_cache(maxsize=2)
@@ -229,6 +219,12 @@ def explain(
     return out
 
 
+def naming(method: str, why: str) -> str:
+    """A method's failure as ``"method: why"``, the method named once (the memory guard's own line starts with
+    ``"saliency on ..."``)."""
+    return why if why.startswith(f"{method} ") else f"{method}: {why}"
+
+
 def explain_text(lm: LoadedModel, text: str | dict, request: Request,
                  skipped: list[str] | None = None) -> list[Explanation]:
     """One text explained by each of the request's methods on one prompt and one generation.
@@ -250,7 +246,7 @@ def explain_text(lm: LoadedModel, text: str | dict, request: Request,
         except LlmattrError as err:
             if skipped is None:
                 raise
-            skipped.append(f"{method_obj.name}: {err}")
+            skipped.append(naming(method_obj.name, str(err)))
     return explained
 
 

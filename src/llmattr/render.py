@@ -14,8 +14,15 @@ its own bar (an inline style), so several heatmaps on one page never share one.
 
 Tokens show their own characters of the text (``display_tokens``), so Arabic, CJK, emoji and combining
 accents are printed exactly; in HTML the tokens are plain inline spans (no padding or margin), so letters
-of a script that joins (Arabic) still join across tokens. Where colour is not visible (output piped into a
-file or a CI log) the terminal view prints each token's value after it; ``numbers=True`` forces it.
+of a script that joins (Arabic) still join across tokens, and the grid's cells (a column per token) carry
+zero-width joiners where a word goes on (:func:`llmattr.display.joined_cells`). Where colour is not visible
+(no colour, or output piped into a file or a CI log) the terminal view prints each token's value after it;
+``numbers=True`` forces it.
+
+The terminal's colour depth is rich's detection from ``TERM``/``COLORTERM`` (``COLORTERM=truecolor`` asks for
+24-bit colour); a 16-colour terminal gets :data:`SIXTEEN`, an explicit ramp of its own blues and reds (rich's
+nearest-colour downgrade of the RGB ramp would turn the pale blues grey). Spinners and progress bars are drawn on
+stderr, and redrawn only where stderr is a terminal (:func:`progress_console`).
 
 This module reads explanations by their attributes (:class:`Shown`) and imports nothing of
 :mod:`llmattr.explanation`, which imports it for its notebook views: the views go one way.
@@ -24,6 +31,8 @@ This module reads explanations by their attributes (:class:`Shown`) and imports 
 from __future__ import annotations
 
 import html
+import importlib.util
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,6 +41,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from .display import continues_word, joined_cells
 
 WHITE = np.array([255.0, 255.0, 255.0])
 RED = np.array([214.0, 39.0, 40.0])  # matplotlib's tab:red
@@ -132,46 +143,87 @@ def number(value: float) -> str:
 TERMINAL_INK = {"white": "bright_white", "black": "black"}
 
 
+# A 16-colour terminal's ramp, from -1 to +1: (upper end of the bin, style); its own blues and reds, white at 0.
+SIXTEEN = ((-0.55, "bright_white on blue"), (-0.15, "black on bright_blue"), (0.15, "black on bright_white"),
+           (0.55, "black on bright_red"), (1.0, "bright_white on red"))
+FEW_COLOURS = ("standard", "windows")  # rich's names of the 16- and 8-colour systems
+
+
+def terminal_style(u: float, colours: str | None) -> str:
+    """The rich style of a token whose scale value is ``u``: the RGB ramp of :func:`shade` (rich renders it in
+    24 or 256 colours), or :data:`SIXTEEN` where the terminal has 16 (``colours``: rich's colour system)."""
+    if colours in FEW_COLOURS:
+        return next(style for end, style in SIXTEEN if u <= end)
+    return f"{TERMINAL_INK[ink(u)]} on {rgb(u)}"
+
+
 def _visible(token: str) -> str:
     return token.replace("\n", "\u21b5")
 
 
-def heatmap_text(tokens: list[str], unit, values=None) -> Text:
-    """One row of tokens on their colours; with ``values``, each token followed by its value and a space
-    (where a line may break, never inside a number)."""
+def spaced(token: str, following: str) -> bool:
+    """Whether whitespace already stands between ``token`` and ``following`` (a line may break there)."""
+    return token[-1:].isspace() or following[:1].isspace()
+
+
+def heatmap_text(tokens: list[str], unit, values=None, colours: str | None = "truecolor") -> Text:
+    """One row of tokens on their colours (``colours``: rich's colour system of the console); with ``values``,
+    each token followed by its value, and a space where the next token starts a new word or sign without one of
+    its own (where a line may break, never inside a number; a sub-word token goes on without one)."""
     text = Text()
     for i, (token, u) in enumerate(zip(tokens, unit, strict=True)):
-        text.append(_visible(token), style=f"{TERMINAL_INK[ink(u)]} on {rgb(u)}")
+        text.append(_visible(token), style=terminal_style(u, colours))
         if values is not None:
             text.append(f"[{number(values[i])}]", style="dim")
-            text.append(" ")
+            if i + 1 < len(tokens) and not spaced(token, tokens[i + 1]) and not continues_word(token, tokens[i + 1]):
+                text.append(" ")
     return text
+
+
+def colour_hidden(console: Console) -> bool:
+    """Whether ``console`` shows no colour: no colour system (not a terminal), ``NO_COLOR``, or a file or pipe
+    that colour was forced into (``FORCE_COLOR``): there the heatmap prints its numbers by default."""
+    isatty = getattr(console.file, "isatty", None)
+    return console.color_system is None or console.no_color or not (isatty is not None and isatty())
+
+
+def progress_console() -> Console:
+    """The console of spinners and progress bars: stderr, so stdout holds only the results. Only where stderr is
+    a terminal is a bar redrawn in place; written to a file or a pipe (even with ``FORCE_COLOR``) a bar is drawn
+    once, when it ends, and a spinner not at all. In a Jupyter kernel the bar is a widget; without ipywidgets
+    (which rich's live display needs, and warns about) it is plain text in the cell, drawn when it ends."""
+    console = Console(stderr=True, force_terminal=None if sys.stderr.isatty() else False)
+    if console.is_jupyter and importlib.util.find_spec("ipywidgets") is None:
+        return Console(force_jupyter=False)
+    return console
 
 
 def print_explanation(expl: Shown, console: Console | None = None, max_steps: int = 20,
                       numbers: bool | None = None, shared_scale: bool = False) -> None:
     """The answer, then one heatmap row per generated token over the content span.
 
-    ``numbers`` (default: when the console is not a terminal, e.g. piped or in CI) prints each value.
+    ``numbers`` (default: where colour is not seen, :func:`colour_hidden`) prints each value. The header lines
+    (answer, scale) are never wrapped: a long answer stays on one line at any width.
     """
     console = console or Console()
-    numbers = not console.is_terminal if numbers is None else numbers
+    numbers = colour_hidden(console) if numbers is None else numbers
     scale = colour_scale(expl, shared_scale)
     console.print(f"[bold]model[/] {expl.model}  [bold]method[/] {expl.method}  [bold]answer[/] "
-                  f"{expl.generated!r}" + ("  (forced)" if expl.forced else ""), highlight=False)
+                  f"{expl.generated!r}" + ("  (forced)" if expl.forced else ""), highlight=False, soft_wrap=True)
     lo, hi = scale.ends
     ends = f"blue {lo} < 0 < red {hi}" if scale.diverging else f"white {lo} .. red {hi}"
+    console.print(f"[bold]scale[/] {scale.label}, {ends}", highlight=False, soft_wrap=True)
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     table.add_column("step")
     table.add_column("token")
     if scale.row_peaks is not None:
         table.add_column("max", no_wrap=True)
-    table.add_column(f"content span: {scale.label}, {ends}", overflow="fold")
+    table.add_column("content span", overflow="fold")
     tokens = expl.span_display
     for i, step in enumerate(expl.steps[:max_steps]):
         peak = (scale.row_end(i),) if scale.row_peaks is not None else ()
-        table.add_row(str(i), repr(step.token), *peak,
-                      heatmap_text(tokens, scale.unit[i], scale.values[i] if numbers else None))
+        table.add_row(str(i), repr(step.token), *peak, heatmap_text(
+            tokens, scale.unit[i], scale.values[i] if numbers else None, console.color_system))
     console.print(table)
     if len(expl.steps) > max_steps:
         console.print(f"... {len(expl.steps) - max_steps} more steps (see --html / --json)")
@@ -257,7 +309,7 @@ def grid_html(explanations: Sequence[Shown], numbers: bool = False, shared_scale
                    for signed in sorted(kinds, reverse=True))
     tables = []
     for (_, tokens), members in groups.items():
-        head = "".join(f'<th class="c">{html.escape(_visible(t))}</th>' for t in tokens)
+        head = "".join(f'<th class="c">{html.escape(_visible(t))}</th>' for t in joined_cells(list(tokens)))
         rows = []
         for expl in members:
             scale = colour_scale(expl, shared_scale)
@@ -296,6 +348,9 @@ def to_html(expl: Shown, numbers: bool = False, shared_scale: bool = False) -> s
 
 
 def grid_page(explanations: Sequence[Shown], numbers: bool = False, shared_scale: bool = False) -> str:
-    """A self-contained page of :func:`grid_html`."""
-    methods = ", ".join(dict.fromkeys(expl.method for expl in explanations))
-    return page(f"{methods} side by side", grid_html(explanations, numbers, shared_scale))
+    """A self-contained page of :func:`grid_html`, titled by its methods ("side by side" when several) and its
+    number of texts."""
+    methods = list(dict.fromkeys(expl.method for expl in explanations))
+    texts = len(dict.fromkeys(expl.text for expl in explanations))
+    title = ", ".join(methods) + (" side by side" if len(methods) > 1 else "")
+    return page(title + (f" on {texts} texts" if texts > 1 else ""), grid_html(explanations, numbers, shared_scale))

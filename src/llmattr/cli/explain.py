@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 from contextlib import nullcontext
 from json import dumps
 from pathlib import Path
@@ -16,6 +17,7 @@ from .app import DERIVED, app, plugin_command
 
 FORMATS = ("text", "json")
 METHOD_PANEL = "Method parameters"
+NOT_EXPLAINED = r"\d+ of \d+ item\(s\) not explained"  # llmattr.explain's warning of the items it left out
 
 
 def method_options() -> list[inspect.Parameter]:
@@ -52,11 +54,12 @@ def parse_fields(text: str, fields: list[str], valid: tuple[str, ...] = ()) -> s
     return {"__text__": text, **example}
 
 
-def run_evaluation(expl, lm, console: Console, routing: str, samples: int, seed: int) -> dict:
-    """``--evaluate``: pi-Soft-NC/NS of the explanation; prints the AUCs and returns the result."""
+def run_evaluation(expl, lm, console: Console, spinner: Console, routing: str, samples: int, seed: int) -> dict:
+    """``--evaluate``: pi-Soft-NC/NS of the explanation (``spinner``: the console of the spinner meanwhile);
+    prints the AUCs and returns the result."""
     from ..faithfulness import evaluate
 
-    with console.status(f"evaluating (pi-Soft-NC/NS, {routing} routing, {samples} samples) ..."):
+    with spinner.status(f"evaluating (pi-Soft-NC/NS, {routing} routing, {samples} samples) ..."):
         result = evaluate(expl, lm, routing=routing, samples=samples, seed=seed).to_dict()
     metrics = result["metrics"]
     console.print(f"AUC pi-Soft-NS {metrics['pi_soft_ns']['auc']:.4f}   "
@@ -165,7 +168,7 @@ def explain(
     from .. import methods
     from ..api import explain as run_explain
     from ..models.loading import load_model, resolve_dtype
-    from ..render import print_explanation
+    from ..render import print_explanation, progress_console
     from ..request import Request, check_texts
     from ..tasks.files import read_file_texts
 
@@ -208,9 +211,12 @@ def explain(
     if data is not None and plot is not None:
         raise LlmattrError("--plot draws one text's curves; with --data, --eval-json holds every row's")
     resolve_dtype(dtype, "cpu")  # a bad --dtype is refused before the model loads
-    with console.status(f"loading model {model} ..."):
+    spinner = progress_console()  # stderr; drawn only where stderr is a terminal
+    with spinner.status(f"loading model {model} ..."):
         lm = load_model(model, device=device, dtype=dtype, verbose=verbose)
-    with console.status(f"explaining with {', '.join(names)} ...") if data is None else nullcontext():
+    with spinner.status(f"explaining with {', '.join(names)} ...") if data is None else nullcontext(), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", NOT_EXPLAINED)  # the API's warning: this command's error line names them
         explained = run_explain(content, model=lm, request=request, progress=data is not None and format == "text")
     expls = list(explained) if many else [explained]
     failed = getattr(explained, "failed", {})
@@ -223,7 +229,8 @@ def explain(
             print_convergence(expl, console)
     if data is None:
         print_classification(expls[0].classification, console)
-    results = [run_evaluation(expl, lm, console, routing, samples, seed) if evaluate else None for expl in expls]
+    results = [run_evaluation(expl, lm, console, spinner, routing, samples, seed) if evaluate else None
+               for expl in expls]
     records = [explanation_data(expl, result) for expl, result in zip(expls, results, strict=True)]
     if format == "json":
         typer.echo(dumps(records if many else records[0], ensure_ascii=False))

@@ -25,6 +25,7 @@ from ..explanation import Explanation
 from ..faithfulness import Metric, MetricContext, get_metrics
 from ..models.card import card_facts, read_card
 from ..models.loading import LoadedModel, load_model
+from ..render import progress_console
 from ..request import Request
 from ..stats import stable_seed
 from ..store import MetricOutput, Store, Unit
@@ -104,7 +105,7 @@ def _explain(lm: LoadedModel, item: _Pending, target_cache: dict, cfg: EvalConfi
 def _progress(disable: bool) -> rp.Progress:
     return rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
                        rp.TimeElapsedColumn(), rp.TextColumn("ETA"), rp.TimeRemainingColumn(),
-                       disable=disable)
+                       disable=disable, console=progress_console())  # stderr; redrawn only on a terminal
 
 
 def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = load_dataset,
