@@ -15,7 +15,7 @@ from conftest import build_tiny
 from llmattr import api
 from llmattr.cli import app
 from llmattr.converters import from_captum, from_inseq
-from llmattr.errors import LlmattrError
+from llmattr.errors import LlmattrError, NotExplainedWarning
 from llmattr.explanation import Explanation
 
 TEXT = "An engrossing film that is never boring."
@@ -86,7 +86,7 @@ def test_batch_keeps_the_good_results_and_names_the_bad_items(tiny_llama, monkey
         return prepare(lm, text, *args, **kwargs)
 
     monkeypatch.setattr(api, "prepare", failing)
-    with pytest.warns(UserWarning, match=r"1 of 3 item\(s\) not explained.*item 1: the prompt is longer"):
+    with pytest.warns(NotExplainedWarning, match=r"1 of 3 item\(s\) not explained.*item 1: the prompt is longer"):
         out = llmattr.explain(["A fine film.", "Too long.", "Boring."], model=tiny_llama, method="random",
                               progress=False)
     assert isinstance(out, llmattr.Explanations) and isinstance(out, list)

@@ -13,7 +13,7 @@ from rich.progress import track
 from . import faithfulness, methods
 from .declarations import Catalog
 from .display import span_display
-from .errors import LlmattrError
+from .errors import LlmattrError, NotExplainedWarning
 from .explanation import Explanation, Explanations
 from .models import memory
 from .models.loading import LoadedModel, load_model
@@ -215,7 +215,8 @@ def explain(
         out.examples += [i] * len(explained)
     if out.failed:
         warnings.warn(f"{len(out.failed)} of {len(texts)} item(s) not explained (kept the others): "
-                      + "; ".join(f"item {i}: {why}" for i, why in out.failed.items()), stacklevel=2)
+                      + "; ".join(f"item {i}: {why}" for i, why in out.failed.items()),
+                      NotExplainedWarning, stacklevel=2)
     return out
 
 

@@ -6,3 +6,8 @@ class LlmattrError(ValueError):
 
     The message is one line that says what to do; the CLI prints it and exits with status 2.
     """
+
+
+class NotExplainedWarning(UserWarning):
+    """Some items of a batch were not explained (the others were kept): ``llmattr.explain`` names them, and the CLI,
+    whose own error line names them too, filters this category out."""

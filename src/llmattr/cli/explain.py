@@ -12,12 +12,11 @@ import typer
 from rich.console import Console
 
 from ..checks import FIGURE_SUFFIXES, ROUTINGS, one_of, positive_int, writable_file
-from ..errors import LlmattrError
+from ..errors import LlmattrError, NotExplainedWarning
 from .app import DERIVED, app, plugin_command
 
 FORMATS = ("text", "json")
 METHOD_PANEL = "Method parameters"
-NOT_EXPLAINED = r"\d+ of \d+ item\(s\) not explained"  # llmattr.explain's warning of the items it left out
 
 
 def method_options() -> list[inspect.Parameter]:
@@ -216,7 +215,7 @@ def explain(
         lm = load_model(model, device=device, dtype=dtype, verbose=verbose)
     with spinner.status(f"explaining with {', '.join(names)} ...") if data is None else nullcontext(), \
             warnings.catch_warnings():
-        warnings.filterwarnings("ignore", NOT_EXPLAINED)  # the API's warning: this command's error line names them
+        warnings.simplefilter("ignore", NotExplainedWarning)  # the API's warning: this command's error line names them
         explained = run_explain(content, model=lm, request=request, progress=data is not None and format == "text")
     expls = list(explained) if many else [explained]
     failed = getattr(explained, "failed", {})
