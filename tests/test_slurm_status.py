@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -157,6 +159,15 @@ def test_status_of_a_store_without_a_plan(tiny_llama, tmp_path, cheap_metric, sh
         conn.execute("DROP TABLE failed")
     (status,) = read_statuses([str(tmp_path / "r.sqlite")])
     assert (status.done, status.total, status.eta_s, status.failures) == (1, None, None, [])
+
+
+def test_status_reads_a_schema_2_store_without_changing_it(tmp_path):
+    store = tmp_path / "old.sqlite"
+    shutil.copy(Path(__file__).parent / "data" / "report_store.sqlite", store)
+    before = store.read_bytes()
+    (status,) = read_statuses([str(store)])
+    assert (status.done, status.total) == (18, None)
+    assert store.read_bytes() == before
 
 
 @pytest.mark.parametrize("kind", ["missing", "text", "foreign"])
