@@ -17,7 +17,7 @@ from llmattr.errors import LlmattrError
 from llmattr.evaluation import EvalConfig, run, shard_of
 from llmattr.faithfulness import METRICS, Metric, register
 from llmattr.status import read_statuses
-from llmattr.store import Row, Store
+from llmattr.store import MetricOutput, Row, Store, Unit
 
 SLURM = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT",
          "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_STEP", "RANK", "WORLD_SIZE")
@@ -131,6 +131,17 @@ def test_status_of_an_interrupted_run(tiny_llama, tmp_path, cheap_metric, shared
     assert result.exit_code == 0, result.output
     assert "1/4" in result.output and "text longer than the model's context" in result.output
     assert "1 store(s): 1/4 units done, 1 failed" in result.output
+    with Store(store) as writer:  # a run writes the failed unit: read from the write-ahead log while it runs
+        (model, params), (example,) = _unit(store), _failed(store)
+        writer.write(Unit(model, "sst2", example, "random", params), "{}", 0.5,
+                     [MetricOutput("cheap", "none", 0.5, [Row("cheap_mean", 0.5)])])
+        (status,) = read_statuses([str(store)])
+        assert (status.done, status.total, status.failures) == (2, 4, [])
+
+
+def _unit(store) -> tuple[str, str]:
+    with sqlite3.connect(store) as conn:
+        return conn.execute("SELECT model, params FROM planned").fetchone()
 
 
 def _failed(store) -> list[str]:
