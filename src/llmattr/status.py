@@ -11,13 +11,11 @@ is the slowest shard's.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import LlmattrError
-from .store import _check_meta, expand
+from .store import expand, open_read_only
 
 
 @dataclass
@@ -65,22 +63,9 @@ class ShardStatus:
         return None if None in etas else sum(etas)
 
 
-def _open(path: Path) -> sqlite3.Connection:
-    """A read-only connection to the store at ``path``, or one line saying it is not a store."""
-    try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "meta" not in tables:
-            raise LlmattrError(f"{path} is not an llmattr results store (no meta table)")
-        _check_meta(conn, path, write=False)
-    except sqlite3.DatabaseError as err:
-        raise LlmattrError(f"{path} is not an llmattr results store ({err})") from err
-    return conn
-
-
 def read_status(path: Path) -> ShardStatus:
     """Count one store's units done, planned and failed per (model, dataset, method), and its ETA."""
-    conn = _open(path)
+    conn, _ = open_read_only(path)
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     lines: dict[tuple[str, ...], Line] = {}
     wanted: dict[tuple[str, ...], set] = {}

@@ -333,6 +333,16 @@ class Store:
                                   (*key, out.metric, out.routing, out.seconds))
 
 
+def open_read_only(path: str | Path) -> tuple[sqlite3.Connection, str | None]:
+    """A read-only connection to the store at ``path`` (beside a writer: WAL readers do not block it) and the name
+    of its x column if it is a legacy store (``None``: current); one line if it is not an llmattr store."""
+    try:
+        conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        return conn, _check_meta(conn, path, write=False)
+    except sqlite3.DatabaseError as err:
+        raise LlmattrError(f"{path} is not an llmattr results store ({err})") from err
+
+
 def expand(paths: Iterable[str | Path]) -> list[Path]:
     """Store paths from a list of files and glob patterns, sorted, each once."""
     found: set[Path] = set()
@@ -373,11 +383,7 @@ class Results:
             self._merge(path)
 
     def _merge(self, path: Path) -> None:
-        try:
-            src = sqlite3.connect(str(path))
-            legacy = _check_meta(src, path, write=False)
-        except sqlite3.DatabaseError as err:
-            raise LlmattrError(f"{path} is not an llmattr results store ({err})") from err
+        src, legacy = open_read_only(path)
         for model, text in src.execute("SELECT model, settings FROM settings"):
             settings = current_settings(text)
             if self._settings.setdefault(model, settings) != settings:
