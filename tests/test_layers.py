@@ -16,9 +16,9 @@ HEAVY = ("torch", "captum", "transformers", "llmattr.evaluation", "llmattr.metho
          "llmattr.api", "llmattr.models")
 
 
-def test_the_report_imports_no_model_method_or_evaluation_code():
+def test_the_report_and_status_import_no_model_method_or_evaluation_code():
     code = ("import json, sys, llmattr.report, llmattr.report.queries, llmattr.report.model, llmattr.report.layouts, "
-            "llmattr.report.writers, llmattr.report.figures, llmattr.report.html; "
+            "llmattr.report.writers, llmattr.report.figures, llmattr.report.html, llmattr.status; "
             "print(json.dumps(sorted(sys.modules)))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                                        text=True).stdout)

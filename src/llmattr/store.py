@@ -10,6 +10,9 @@ Tables (docs/evaluate.md):
   params).
 - ``done``: one row per finished (model, dataset, example, method, params, metric, routing) with the
   metric's wall time; what a rerun skips.
+- ``planned``: the latest run's plan per (model, dataset, method, params): its shard's number of examples and the
+  (metric, routing) pairs each needs (JSON); ``failed``: the error of each unit the latest run could not evaluate
+  (removed when the unit is written). Both are read by ``llmattr status`` only.
 - ``results``: one value per (model, dataset, example, method, params, metric, routing, x, step).
   ``x`` is the x-axis of a curve (the soft metrics' pi, the ranking metrics' fraction of tokens or K, the
   per-layer metrics' layer) and ``step`` the generation step; ``-1`` in either means "scalar" / "averaged over
@@ -72,6 +75,12 @@ CREATE TABLE IF NOT EXISTS results (
     params TEXT NOT NULL, metric TEXT NOT NULL, routing TEXT NOT NULL, x REAL NOT NULL,
     step INTEGER NOT NULL, value REAL NOT NULL, mc_se REAL,
     PRIMARY KEY (model, dataset, example, method, params, metric, routing, x, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS planned (
+    model TEXT NOT NULL, dataset TEXT NOT NULL, method TEXT NOT NULL, params TEXT NOT NULL,
+    examples INTEGER NOT NULL, wanted TEXT NOT NULL, PRIMARY KEY (model, dataset, method, params));
+CREATE TABLE IF NOT EXISTS failed (
+    model TEXT NOT NULL, dataset TEXT NOT NULL, example TEXT NOT NULL, method TEXT NOT NULL,
+    params TEXT NOT NULL, error TEXT NOT NULL, PRIMARY KEY (model, dataset, example, method, params));
 """
 RESULT_KEY = ("model", "dataset", "example", "method", "params", "metric", "routing", "x", "step")
 
@@ -183,8 +192,11 @@ def _lock(path: Path):
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
             handle.close()
-            raise LlmattrError(f"{path} is being written by another llmattr evaluate; wait for it to finish "
-                               "(then rerun to complete it) or use another --out file") from err
+            raise LlmattrError(f"{path} is being written by another llmattr evaluate, still running: two "
+                               "processes took the same shard (under srun or a job array each task finds its own "
+                               "in SLURM_PROCID/SLURM_NTASKS or SLURM_ARRAY_TASK_ID, under torchrun in "
+                               "RANK/WORLD_SIZE; elsewhere give each --shard i/n) or the same --out; else wait for "
+                               "the other run to finish and rerun to complete it") from err
     return handle
 
 
@@ -290,11 +302,25 @@ class Store:
         sql = "SELECT explanation, attribution_s FROM explanations WHERE " + _where(KEY)
         return self.conn.execute(sql, unit.as_tuple()).fetchone()
 
+    def plan(self, model: str, units: Iterable[tuple[str, str, str, int]], wanted: Iterable[tuple[str, str]]) -> None:
+        """Record this run's plan for ``model``: (dataset, method, params, examples) per (dataset, method) and the
+        (metric, routing) pairs each unit needs (what ``llmattr status`` counts as the total)."""
+        pairs = json.dumps(sorted(wanted))
+        with self.conn:
+            self.conn.executemany("INSERT OR REPLACE INTO planned VALUES (?, ?, ?, ?, ?, ?)",
+                                  [(model, *row, pairs) for row in units])
+
+    def fail(self, unit: Unit, error: str) -> None:
+        """Record why ``unit`` could not be evaluated (a later run retries it; its write removes the record)."""
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO failed VALUES (?, ?, ?, ?, ?, ?)", (*unit.as_tuple(), error))
+
     def write(self, unit: Unit, explanation: str, attribution_s: float,
               outputs: Iterable[MetricOutput]) -> None:
         """Write one unit's explanation, metric rows and done markers in a single transaction."""
         key = unit.as_tuple()
         with self.conn:
+            self.conn.execute("DELETE FROM failed WHERE " + _where(KEY), key)
             self.conn.execute("INSERT OR IGNORE INTO explanations VALUES (?, ?, ?, ?, ?, ?, ?)",
                               (*key, explanation, attribution_s))
             for out in outputs:
@@ -305,6 +331,16 @@ class Store:
                       None if r.se is None else float(r.se)) for r in out.rows])
                 self.conn.execute("INSERT INTO done VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                                   (*key, out.metric, out.routing, out.seconds))
+
+
+def open_read_only(path: str | Path) -> tuple[sqlite3.Connection, str | None]:
+    """A read-only connection to the store at ``path`` (beside a writer: WAL readers do not block it) and the name
+    of its x column if it is a legacy store (``None``: current); one line if it is not an llmattr store."""
+    try:
+        conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        return conn, _check_meta(conn, path, write=False)
+    except sqlite3.DatabaseError as err:
+        raise LlmattrError(f"{path} is not an llmattr results store ({err})") from err
 
 
 def expand(paths: Iterable[str | Path]) -> list[Path]:
@@ -347,11 +383,7 @@ class Results:
             self._merge(path)
 
     def _merge(self, path: Path) -> None:
-        try:
-            src = sqlite3.connect(str(path))
-            legacy = _check_meta(src, path, write=False)
-        except sqlite3.DatabaseError as err:
-            raise LlmattrError(f"{path} is not an llmattr results store ({err})") from err
+        src, legacy = open_read_only(path)
         for model, text in src.execute("SELECT model, settings FROM settings"):
             settings = current_settings(text)
             if self._settings.setdefault(model, settings) != settings:

@@ -64,7 +64,7 @@ def evaluate(
     config: Path = typer.Option(None, help="TOML file with the same keys; command-line options "
                                              "override it."),
     shard: str = typer.Option(None, help="Take shard i of n of every dataset, as i/n (default: "
-                                         "RANK/WORLD_SIZE under torchrun or accelerate launch, else 0/1)."),
+                                         "RANK/WORLD_SIZE of torchrun/accelerate, else the Slurm task's, else 0/1)."),
     device: str = typer.Option(None, help="cpu, cuda, cuda:N or auto (default auto; LOCAL_RANK's GPU when "
                                           "sharded)."),
     dtype: str = typer.Option(None, help="float32, bfloat16, float16 or auto."),

@@ -137,6 +137,8 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
             lm = _load(cfg, summary.out if fresh else None, store)
         store.check_settings(lm.model_id, run_settings(cfg, metrics, lm, card))
         pending, totals, summary.skipped = _plan(store, lm.model_id, data, specs, metrics, routings)
+        store.plan(lm.model_id, [(d.name, s.name, s.key, len(d.examples)) for d in data for s in specs],
+                   [(m.name, r) for m in metrics for r in m.routings(routings)])  # llmattr status's totals
         left = {key: 0 for key in totals}
         for item in pending:
             left[(item.dataset.name, item.spec)] += 1
@@ -151,6 +153,7 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
                     summary.computed += 1
                 except LlmattrError as err:
                     summary.failed.append(f"{item.unit.dataset}/{item.unit.example} {item.spec.name}: {err}")
+                    store.fail(item.unit, str(err))
                 bar.advance(tasks[(item.dataset.name, item.spec)])
     summary.seconds = time.perf_counter() - start
     return summary

@@ -1,8 +1,10 @@
-"""Sharding of ``llmattr evaluate`` over processes: ``--shard i/n`` or torchrun/accelerate's environment."""
+"""Sharding of ``llmattr evaluate`` over processes: ``--shard i/n``, torchrun/accelerate's environment, or Slurm's
+(``srun`` tasks, job array tasks, or an array of ``srun`` steps)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -12,17 +14,44 @@ from .config import EvalConfig
 
 
 def shard_of(cfg: EvalConfig) -> tuple[int, int]:
-    """(rank, world size) from ``--shard i/n``, else from torchrun/accelerate's RANK and WORLD_SIZE."""
+    """(rank, world size): ``--shard i/n`` first, then torchrun/accelerate's RANK and WORLD_SIZE, then Slurm's
+    environment (:func:`slurm_shard`), else (0, 1)."""
     if cfg.shard:
         try:
             rank, world = (int(part) for part in cfg.shard.split("/"))
         except ValueError as err:
             raise LlmattrError(f"--shard expects i/n (e.g. 0/2), got {cfg.shard!r}") from err
+    elif "WORLD_SIZE" in os.environ:
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ["WORLD_SIZE"])
     else:
-        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        rank, world = slurm_shard(os.environ)
     if world < 1 or not 0 <= rank < world:
         raise LlmattrError(f"shard {rank}/{world} is out of range: use i/n with 0 <= i < n")
     return rank, world
+
+
+def slurm_shard(env: Mapping[str, str]) -> tuple[int, int]:
+    """(rank, world size) of this process in a Slurm job: the array task's place times the step's tasks plus the
+    task's ``SLURM_PROCID``. The step's tasks are ``SLURM_STEP_NUM_TASKS`` (set by ``srun``), else ``SLURM_NTASKS``;
+    the array task's place is ``(SLURM_ARRAY_TASK_ID - MIN) / STEP`` of ``SLURM_ARRAY_TASK_COUNT`` (else
+    ``(MAX - MIN) / STEP + 1``), so ``--array=1-8`` and ``--array=0-14:2`` count from 0 too. Outside Slurm: (0, 1)."""
+    tasks = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", 1)))
+    task = int(env.get("SLURM_PROCID", 0)) if tasks > 1 else 0
+    if "SLURM_ARRAY_TASK_ID" not in env:
+        return task, tasks
+    first, step = int(env.get("SLURM_ARRAY_TASK_MIN", 0)), int(env.get("SLURM_ARRAY_TASK_STEP", 1))
+    if "SLURM_ARRAY_TASK_COUNT" in env:
+        count = int(env["SLURM_ARRAY_TASK_COUNT"])
+    elif "SLURM_ARRAY_TASK_MAX" in env:
+        count = (int(env["SLURM_ARRAY_TASK_MAX"]) - first) // step + 1
+    else:
+        raise LlmattrError("SLURM_ARRAY_TASK_ID is set without SLURM_ARRAY_TASK_COUNT or SLURM_ARRAY_TASK_MAX: "
+                           "give --shard i/n")
+    place, off_grid = divmod(int(env["SLURM_ARRAY_TASK_ID"]) - first, step)
+    if off_grid or not 0 <= place < count:
+        raise LlmattrError(f"array task {env['SLURM_ARRAY_TASK_ID']} is not on the array's grid (min {first}, step "
+                           f"{step}, {count} tasks): submit --array=0-{count - 1}, or give --shard i/n")
+    return place * tasks + task, count * tasks
 
 
 def shard_path(out: str | Path, rank: int, world: int) -> Path:
