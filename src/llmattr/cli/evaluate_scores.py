@@ -10,6 +10,7 @@ from rich.console import Console
 
 from ..checks import ROUTINGS, one_of, positive_int, writable_file
 from ..errors import LlmattrError
+from ..tasks.datasets import read_json
 from .app import app
 
 SCORE_KEYS = {"text", "scores", "model", "task", "answer", "method", "signed", "columns", "params"}
@@ -18,12 +19,7 @@ SCORE_KEYS = {"text", "scores", "model", "task", "answer", "method", "signed", "
 def read_records(path: Path) -> list[dict]:
     """The records of a scores file: one JSON object or a list of them, each either an Explanation JSON
     (with ``steps``) or ``{"text", "scores", ...}`` (:func:`llmattr.api.from_scores`'s arguments)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as err:
-        raise LlmattrError(f"scores file not found: {path}") from err
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise LlmattrError(f"{path} is not a JSON file ({err})") from err
+    data = read_json(path, "scores file")
     records = data if isinstance(data, list) else [data]
     for i, record in enumerate(records):
         if not isinstance(record, dict) or not ("steps" in record or {"text", "scores"} <= set(record)):

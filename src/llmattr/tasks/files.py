@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import LlmattrError
 from .base import Task
 from .catalog import get_task
-from .datasets import read_rows, to_example
+from .datasets import read_numbered_rows, to_example
 
 
 def parse_labels(text: str) -> tuple[tuple[str, ...], dict]:
@@ -53,9 +53,8 @@ def file_rows(task: Task, path: str | Path, text_field: str | None = None,
     """Every row of ``path`` and the map from the task's fields (and ``"label"`` when ``label_field`` is not
     ``False``) to the file's columns, each row checked to hold them all (one line naming the file's columns)."""
     path = Path(path)
-    rows = read_rows(path)
-    if not rows:
-        raise LlmattrError(f"{path}: no rows")
+    rows, lines = read_numbered_rows(path)
+    where = "row" if path.suffix == ".json" else "line"
     columns = {name: task.columns.get(name, name) for name in task.fields}
     if text_field:
         columns[task.fields[0]] = text_field
@@ -63,11 +62,11 @@ def file_rows(task: Task, path: str | Path, text_field: str | None = None,
              **{name: f"task {task.name} reads it by this name" for name in task.fields[1:]}}
     if label_field is not False:
         columns["label"] = label_field or task.label_field or "label"
-    for i, row in enumerate(rows):
+    for row, line in zip(rows, lines, strict=True):
         for name, column in columns.items():
             if column not in row:
                 what = "the label" if name == "label" else f"field {name!r}"
-                raise LlmattrError(f"{path}: row {i + 1} has no column {column!r} for {what} ({hints[name]}); "
+                raise LlmattrError(f"{path}: {where} {line} has no column {column!r} for {what} ({hints[name]}); "
                                    f"its columns: {', '.join(map(str, row))}")
     return rows, columns
 
