@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..checks import ROUTINGS, one_of, positive_int, writable_file
 from ..errors import LlmattrError
@@ -78,7 +79,7 @@ def evaluate_scores(
             result = evaluate(expl, lm, routing=routing, samples=samples, seed=seed).to_dict()
         except LlmattrError as err:  # a bad record is named and skipped; the others are kept
             failed[i] = str(err)
-            console.print(f"[yellow]{i}: not evaluated:[/] {err}", highlight=False, soft_wrap=True)
+            console.print(f"[yellow]{i}: not evaluated:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
             results.append({"record": i, "error": str(err)})
             continue
         metrics = result["metrics"]

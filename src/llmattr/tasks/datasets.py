@@ -70,7 +70,7 @@ def read_json(path: str | Path, what: str = "data file") -> object:
 def read_jsonl(path: Path, what: str = "data file") -> tuple[list, list[int]]:
     """The JSON value of every non-blank line of ``path``, and its line number."""
     rows, lines = [], []
-    for number, line in enumerate(file_text(path, what).splitlines(), 1):
+    for number, line in enumerate(file_text(path, what).split("\n"), 1):  # not splitlines: U+2028 is text
         if line.strip():
             try:
                 rows.append(json.loads(line))
@@ -96,7 +96,8 @@ def read_json_rows(path: Path, what: str = "data file") -> tuple[list, list[int]
 def read_table(path: Path, what: str = "data file") -> tuple[list, list[int]]:
     """The rows of a CSV or TSV file (its first line names the columns) and each row's line number; a row with
     more or fewer fields than the header is refused."""
-    reader = csv.reader(io.StringIO(file_text(path, what), newline=""), delimiter="\t" if path.suffix == ".tsv" else ",")
+    delimiter, name = ("\t", "tab") if path.suffix == ".tsv" else (",", "comma")
+    reader = csv.reader(io.StringIO(file_text(path, what), newline=""), delimiter=delimiter)
     try:
         header = next(reader)
         if not any(name.strip() for name in header):
@@ -107,8 +108,7 @@ def read_table(path: Path, what: str = "data file") -> tuple[list, list[int]]:
                 continue
             if len(cells) != len(header):
                 raise LlmattrError(f"{path}: line {reader.line_num} has {len(cells)} field(s), the header "
-                                   f"{len(header)}; quote a field that holds a {'tab' if path.suffix == '.tsv' else 'comma'} "
-                                   "or fix the row")
+                                   f"{len(header)}; quote a field that holds a {name} or fix the row")
             rows.append(dict(zip(header, cells, strict=True)))
             lines.append(reader.line_num)
     except csv.Error as err:
@@ -242,14 +242,28 @@ def sample(examples: list[dict], n: int | None, seed: int = 0, balanced: bool = 
     groups = {label: [ex for ex in examples if ex["label"] == label] for label in classes}
     chosen = []
     for i, (label, group) in enumerate(groups.items()):
-        want = n // len(classes) + (1 if i < n % len(classes) else 0)
+        want = per_class(n, len(classes), i)
         if want > len(group):
             raise LlmattrError(f"only {len(group)} examples of class {label!r} for a balanced sample of {n}; "
-                               f"ask for n <= {len(classes) * min(map(len, groups.values()))}")
+                               f"ask for n <= {balanced_limit([len(g) for g in groups.values()])}, or for every "
+                               "row, unbalanced (--n all)")
         rng.shuffle(group)
         chosen += group[:want]
     rng.shuffle(chosen)
     return chosen
+
+
+def per_class(n: int, k: int, i: int) -> int:
+    """How many of a balanced sample of ``n`` the ``i``-th of ``k`` classes gives: ``n // k``, one more for the
+    first ``n % k`` classes."""
+    return n // k + (1 if i < n % k else 0)
+
+
+def balanced_limit(sizes: list[int]) -> int:
+    """The largest ``n`` :func:`sample` can balance over classes of these sizes (in ``classes`` order): the
+    remainder goes to the first classes, so 4 Positive + 1 Negative give 3 (2 + 1), not 2 x 1."""
+    return max(n for n in range(sum(sizes) + 1)
+               if all(per_class(n, len(sizes), i) <= size for i, size in enumerate(sizes)))
 
 
 def load_examples(task: str | Task, source: str | Path | None = None, n: int | None = None, seed: int = 0,

@@ -76,8 +76,15 @@ def read_file_texts(task: str | Task, path: str | Path, text_field: str | None =
     of every field for a multi-field task), in file order; no label is read (``llmattr explain --data``)."""
     task = get_task(task)
     rows, columns = file_rows(task, path, text_field, label_field=False)
-    texts = [{name: str(row[column]) for name, column in columns.items()} for row in rows]
-    return [text[task.fields[0]] for text in texts] if len(task.fields) == 1 else texts
+    return example_texts(task, [{name: str(row[column]) for name, column in columns.items()} for row in rows])
+
+
+def example_texts(task: Task, examples: list[dict]) -> list[str | dict]:
+    """Each example's text as :func:`llmattr.explain` takes it: its first field, or a dict of every field of a
+    multi-field task."""
+    if len(task.fields) == 1:
+        return [example[task.fields[0]] for example in examples]
+    return [{name: example[name] for name in task.fields} for example in examples]
 
 
 def read_file_examples(task: str | Task, path: str | Path, text_field: str | None = None,
