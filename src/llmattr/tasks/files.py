@@ -49,12 +49,13 @@ def label_text(value) -> str | None:
 
 
 def file_rows(task: Task, path: str | Path, text_field: str | None = None,
-              label_field: str | None = None) -> tuple[list[dict], dict]:
-    """Every row of ``path`` and the map from the task's fields (and ``"label"`` when ``label_field`` is not
-    ``False``) to the file's columns, each row checked to hold them all (one line naming the file's columns)."""
+              label_field: str | None = None) -> tuple[list[dict], list[str], dict]:
+    """Every row of ``path``, where each is (``line N``; a .json file's ``row N``) and the map from the task's
+    fields (and ``"label"`` when ``label_field`` is not ``False``) to the file's columns, each row checked to hold
+    them all (one line naming the file's columns)."""
     path = Path(path)
     rows, lines = read_numbered_rows(path)
-    where = "row" if path.suffix == ".json" else "line"
+    where = [f"{'row' if path.suffix == '.json' else 'line'} {line}" for line in lines]
     columns = {name: task.columns.get(name, name) for name in task.fields}
     if text_field:
         columns[task.fields[0]] = text_field
@@ -62,20 +63,20 @@ def file_rows(task: Task, path: str | Path, text_field: str | None = None,
              **{name: f"task {task.name} reads it by this name" for name in task.fields[1:]}}
     if label_field is not False:
         columns["label"] = label_field or task.label_field or "label"
-    for row, line in zip(rows, lines, strict=True):
+    for row, at in zip(rows, where, strict=True):
         for name, column in columns.items():
             if column not in row:
                 what = "the label" if name == "label" else f"field {name!r}"
-                raise LlmattrError(f"{path}: {where} {line} has no column {column!r} for {what} ({hints[name]}); "
+                raise LlmattrError(f"{path}: {at} has no column {column!r} for {what} ({hints[name]}); "
                                    f"its columns: {', '.join(map(str, row))}")
-    return rows, columns
+    return rows, where, columns
 
 
 def read_file_texts(task: str | Task, path: str | Path, text_field: str | None = None) -> list[str | dict]:
     """The text of every row of ``path`` as :func:`llmattr.explain` takes it (the first field's string, or a dict
     of every field for a multi-field task), in file order; no label is read (``llmattr explain --data``)."""
     task = get_task(task)
-    rows, columns = file_rows(task, path, text_field, label_field=False)
+    rows, _, columns = file_rows(task, path, text_field, label_field=False)
     return example_texts(task, [{name: str(row[column]) for name, column in columns.items()} for row in rows])
 
 
@@ -96,8 +97,14 @@ def read_file_examples(task: str | Task, path: str | Path, text_field: str | Non
     """
     task = file_task(task, labels)
     path = Path(path)
-    rows, columns = file_rows(task, path, text_field, label_field)
+    rows, where, columns = file_rows(task, path, text_field, label_field)
     label_column = columns["label"]
     rows = [{"id": f"{path.stem}-{i}", **row} for i, row in enumerate(rows)]
     rows = [{**row, label_column: label_text(row[label_column])} for row in rows]
-    return task, [to_example(task, row, i, columns) for i, row in enumerate(rows)]
+    examples = []
+    for i, (row, at) in enumerate(zip(rows, where, strict=True)):
+        try:
+            examples.append(to_example(task, row, i, columns))
+        except LlmattrError as err:  # a label that is no label word: name the file and the line
+            raise LlmattrError(f"{path}: {at}: {err}") from None
+    return task, examples
