@@ -100,7 +100,7 @@ def read_table(path: Path, what: str = "data file") -> tuple[list, list[int]]:
     reader = csv.reader(io.StringIO(file_text(path, what), newline=""), delimiter=delimiter)
     try:
         header = next(reader)
-        if not any(name.strip() for name in header):
+        if not any(column.strip() for column in header):
             raise LlmattrError(f"{path}: line 1 names no columns; the first line is the header (e.g. text,label)")
         rows, lines = [], []
         for cells in reader:
