@@ -61,7 +61,7 @@ def test_fewer_than_two_label_words_are_refused(labels):
 
 def test_a_missing_column_names_the_columns_the_file_has(tmp_path):
     path = write_csv(tmp_path / "r.csv", [{"review": "Fine.", "stars": "1"}])
-    with pytest.raises(LlmattrError, match=r"row 1 has no column 'label' for the label \(set --label-field\); "
+    with pytest.raises(LlmattrError, match=r"line 2 has no column 'label' for the label \(set --label-field\); "
                                             r"its columns: review, stars"):
         read_file_examples("sentiment", path, "review")
     with pytest.raises(LlmattrError, match="no column 'text' for field 'text' .*--text-field"):

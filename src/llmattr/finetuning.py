@@ -89,10 +89,10 @@ class FinetuneConfig:
         if self.loss not in LOSSES:
             raise LlmattrError(f"unknown --loss {self.loss!r}; valid: {', '.join(LOSSES)}")
         if self.loss == "label" and not task.classifies:
-            raise LlmattrError(
-                f"finetune --loss label needs a classification task with label words; {task.name} is a "
-                f"{task.kind} task (STS-B's regression head is not supported: paper 003 trains a sequence-"
-                "regression head that llmattr does not explain); use --loss lm to fine-tune on its text")
+            regression = (" (STS-B's regression head is not supported: paper 003 trains a sequence-regression "
+                          "head that llmattr does not explain)") if task.kind == "regression" else ""
+            raise LlmattrError(f"finetune --loss label needs a classification task with label words; {task.name} "
+                               f"is a {task.kind} task{regression}; use --loss lm to fine-tune on its text")
         for name in ("held_out", "epochs", "batch_size", "max_tokens", "save_steps", "logging_steps"):
             positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
         if not (isinstance(self.learning_rate, float | int) and 0 < self.learning_rate < 1):

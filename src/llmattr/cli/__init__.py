@@ -11,6 +11,7 @@ import pkgutil
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import LlmattrError
 from .app import app, load_plugins
@@ -25,5 +26,5 @@ def main() -> None:
         load_plugins()  # before the commands are built: a plugin's methods, metrics and tasks get their options
         app()
     except LlmattrError as err:
-        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         sys.exit(2)

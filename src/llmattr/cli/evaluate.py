@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .app import DERIVED, app, plugin_command
 
@@ -48,8 +49,9 @@ def evaluate(
     metrics: str = typer.Option(None, help="Comma-separated metrics, e.g. pi-soft,soft,deletion-insertion "
                                            "(default pi-soft)."),
     routing: str = typer.Option(None, help="Soft-metric protocol: dynamic (default), fixed or both."),
-    n: int = typer.Option(None, "--n", "-n", "--examples", help="Examples per dataset (balanced per class; default "
-                          "50). Under torchrun write -n or --examples (torchrun takes --n for its own --nnodes)."),
+    n: str = typer.Option(None, "--n", "-n", "--examples", help="Examples per dataset, or all (every row). Default: "
+                          "50 of a shipped dataset, balanced per class; every row of --data. Under torchrun write -n "
+                          "or --examples (torchrun takes --n for its own --nnodes)."),
     seed: int = typer.Option(None, help="Seed of example sampling, attributions and perturbations "
                                         "(default 0)."),
     layers: str = typer.Option(None, help="Sweep of the parameter a method names as its layer sweep (Grad-ELLM: "
@@ -81,7 +83,8 @@ def evaluate(
                                           "e.g. 0=Negative,1=Positive (default: the task's)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
-    """Evaluate attribution methods on datasets; every finished example is stored at once, reruns resume."""
+    """Evaluate attribution methods on datasets; every finished example is stored at once, reruns resume. Exits 1
+    when a unit failed (every good one is stored; the same command again retries the failed ones)."""
     from ..evaluation import EvalConfig, run
 
     cli = {"model": model, "datasets": datasets, "methods": methods, "metrics": metrics, "routing": routing,
@@ -106,4 +109,8 @@ def evaluate(
     console.print(f"{summary.computed} computed, {summary.skipped} already in the store, "
                   f"{len(summary.failed)} failed, {summary.seconds:.1f} s -> {summary.out}")
     for line in summary.failed:
-        console.print(f"[yellow]skipped[/] {line}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]skipped[/] {escape(line)}", highlight=False, soft_wrap=True)
+    if summary.failed:  # every good unit is stored; a script sees from the exit code that some are missing
+        console.print(f"{len(summary.failed)} unit(s) failed; every other one is in {summary.out}: fix the cause "
+                      "and run the same command again to retry only the failed ones", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)

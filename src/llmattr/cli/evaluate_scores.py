@@ -7,9 +7,11 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..checks import ROUTINGS, one_of, positive_int, writable_file
 from ..errors import LlmattrError
+from ..tasks.datasets import read_json
 from .app import app
 
 SCORE_KEYS = {"text", "scores", "model", "task", "answer", "method", "signed", "columns", "params"}
@@ -18,12 +20,7 @@ SCORE_KEYS = {"text", "scores", "model", "task", "answer", "method", "signed", "
 def read_records(path: Path) -> list[dict]:
     """The records of a scores file: one JSON object or a list of them, each either an Explanation JSON
     (with ``steps``) or ``{"text", "scores", ...}`` (:func:`llmattr.api.from_scores`'s arguments)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as err:
-        raise LlmattrError(f"scores file not found: {path}") from err
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise LlmattrError(f"{path} is not a JSON file ({err})") from err
+    data = read_json(path, "scores file")
     records = data if isinstance(data, list) else [data]
     for i, record in enumerate(records):
         if not isinstance(record, dict) or not ("steps" in record or {"text", "scores"} <= set(record)):
@@ -82,7 +79,7 @@ def evaluate_scores(
             result = evaluate(expl, lm, routing=routing, samples=samples, seed=seed).to_dict()
         except LlmattrError as err:  # a bad record is named and skipped; the others are kept
             failed[i] = str(err)
-            console.print(f"[yellow]{i}: not evaluated:[/] {err}", highlight=False, soft_wrap=True)
+            console.print(f"[yellow]{i}: not evaluated:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
             results.append({"record": i, "error": str(err)})
             continue
         metrics = result["metrics"]

@@ -169,6 +169,7 @@ def explain(
     from ..models.loading import load_model, resolve_dtype
     from ..render import print_explanation, progress_console
     from ..request import Request, check_texts
+    from ..tasks.datasets import read_rows
     from ..tasks.files import read_file_texts
 
     one_of(format, FORMATS, "--format")
@@ -201,8 +202,8 @@ def explain(
     for option, path in outputs.items():  # every output path is checked before the model loads
         if path is not None:
             writable_file(path, option, FIGURE_SUFFIXES if option in ("--plot", "--figure") else None)
-    if shots_from is not None and not shots_from.is_file():
-        raise LlmattrError(f"--shots-from {shots_from}: file not found")
+    if shots_from is not None:  # a bad file is refused before the model loads, as --data is
+        read_rows(shots_from, "--shots-from file")
     many = len(names) > 1 or data is not None  # an Explanations collection: lists in the JSON, a grid page
     if many and figure is not None:
         raise LlmattrError("--figure draws one method's matrix of one text; give one --method and one TEXT "

@@ -21,11 +21,11 @@ class EvalConfig:
     keyword too (``EvalConfig(samples=2)``), kept in ``options``."""
 
     model: str = "default"
-    datasets: list[str] = field(default_factory=lambda: ["sst2"])
+    datasets: list[str] | None = None  # None: DEFAULT_DATASETS, or --data's file alone
     methods: list[str] = field(default_factory=lambda: ["grad-ellm"])
     metrics: list[str] = field(default_factory=lambda: ["pi-soft"])
     routing: str = "dynamic"
-    n: int = 50
+    n: int | str | None = None  # examples per dataset; None: DEFAULT_N of a shipped dataset, every row of --data
     seed: int = 0
     layers: list[str] | None = None
     max_new_tokens: int | None = None
@@ -84,7 +84,10 @@ class EvalConfig:
 
     def validate(self) -> None:
         """Refuse bad values before the model loads and before anything is stored."""
-        positive_int(self.n, "--n")
+        self.n = examples_wanted(self.n)
+        if self.data is not None and self.datasets is not None:
+            raise LlmattrError(f"--data evaluates your file {self.data}; --datasets {','.join(self.datasets)} "
+                               "names shipped ones: give one of them (run twice for both)")
         if self.max_new_tokens is not None:
             positive_int(self.max_new_tokens, "--max-new-tokens")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -96,6 +99,17 @@ class EvalConfig:
         parse_max_memory(self.max_memory)
         resolve_dtype(self.dtype, "cpu")
         writable_file(self.out, "--out")
+
+    def dataset_names(self) -> list[str]:
+        """``--datasets``, else :data:`DEFAULT_DATASETS` (a run with ``--data`` evaluates its file instead)."""
+        return self.datasets or list(DEFAULT_DATASETS)
+
+    def sample_size(self) -> int | None:
+        """Examples per dataset (None: every row): ``--n``; ``all``; without ``--n``, :data:`DEFAULT_N` balanced
+        per class of a shipped dataset and every row of the user's own ``--data`` file."""
+        if self.n == "all" or (self.n is None and self.data is not None):
+            return None
+        return DEFAULT_N if self.n is None else self.n
 
     @property
     def routings(self) -> tuple[str, ...]:
@@ -117,6 +131,19 @@ class EvalConfig:
 
 
 FIELDS = {f.name for f in fields(EvalConfig)}
+DEFAULT_DATASETS = ("sst2",)
+DEFAULT_N = 50  # examples per shipped dataset, balanced per class (paper 000 appendix C)
+
+
+def examples_wanted(value: object) -> int | str | None:
+    """``--n`` checked: a positive number (``"3"`` from the command line is 3), ``all`` or None (unset)."""
+    if value is None or value == "all":
+        return value
+    if isinstance(value, str):
+        if not value.strip().isdigit():
+            raise LlmattrError(f"--n takes a number of examples or all (every row), got {value!r}")
+        value = int(value)
+    return positive_int(value, "--n")
 
 
 def split_list(text: str) -> list[str]:

@@ -123,12 +123,13 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
     specs = expand_methods(cfg.methods, cfg.layers)
     card = read_card(cfg.model)  # a finetune's folder: never evaluate a row it was trained on
     exclude = trained_rows(card)
+    n = cfg.sample_size()
     if cfg.data is not None:
-        loaded = [file_dataset(cfg.data, cfg.task, cfg.n, cfg.seed, cfg.text_field, cfg.label_field, cfg.labels,
+        loaded = [file_dataset(cfg.data, cfg.task, n, cfg.seed, cfg.text_field, cfg.label_field, cfg.labels,
                                exclude)]
     else:
-        loaded = [loader(name, cfg.n, cfg.seed, **({"exclude": exclude} if exclude else {}))
-                  for name in expand_datasets(cfg.datasets)]
+        loaded = [loader(name, n, cfg.seed, **({"exclude": exclude} if exclude else {}))
+                  for name in expand_datasets(cfg.dataset_names())]
     data = [Dataset(ds.name, ds.task, ds.examples[rank::world]) for ds in loaded]
     summary = Summary(out=shard_path(cfg.out, rank, world), excluded={ds.name: ds.excluded for ds in loaded})
     fresh = not summary.out.exists()

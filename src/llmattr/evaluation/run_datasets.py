@@ -8,9 +8,10 @@ from pathlib import Path
 
 from ..errors import LlmattrError
 from ..models.card import content_hash
+from ..request import check_texts
 from ..tasks import TASKS, Task, get_task, load_examples
 from ..tasks.datasets import sample
-from ..tasks.files import read_file_examples
+from ..tasks.files import example_texts, read_file_examples
 
 
 @dataclass
@@ -23,7 +24,7 @@ class Dataset:
     excluded: int = 0  # rows left out because the model was trained on them (its model card)
 
 
-DatasetLoader = Callable[[str, int, int], Dataset]
+DatasetLoader = Callable[[str, int | None, int], Dataset]  # (name, n or None for every row, seed)
 Exclude = Callable[[Task, dict, str], bool]  # (task, example, data source) -> the model was trained on it
 
 
@@ -41,9 +42,10 @@ def trained_rows(card: dict | None) -> Exclude | None:
     return seen
 
 
-def draw(name: str, task: Task, examples: list[dict], n: int, seed: int, source: str,
+def draw(name: str, task: Task, examples: list[dict], n: int | None, seed: int, source: str,
          exclude: Exclude | None) -> Dataset:
-    """``n`` examples balanced per class, drawn with ``seed`` from those the model was not trained on."""
+    """``n`` examples balanced per class (None: every one), drawn with ``seed`` from those the model was not
+    trained on."""
     kept = [ex for ex in examples if not exclude(task, ex, source)]
     return Dataset(name, task, sample(kept, n, seed, True, task.classes), excluded=len(examples) - len(kept))
 
@@ -69,8 +71,9 @@ def expand_datasets(names: list[str]) -> list[str]:
     return list(dict.fromkeys(member for name in names for member in groups.get(name, (name,))))
 
 
-def load_dataset(name: str, n: int, seed: int, exclude: Exclude | None = None) -> Dataset:
-    """``n`` examples of dataset ``name`` (its task's sample file in llmattr/data), balanced, seeded; with
+def load_dataset(name: str, n: int | None, seed: int, exclude: Exclude | None = None) -> Dataset:
+    """``n`` examples of dataset ``name`` (its task's sample file in llmattr/data), balanced, seeded (None: every
+    row); with
     ``exclude``, drawn from the rows it does not exclude."""
     if name not in dataset_names():
         valid = sorted([*dataset_names(), *dataset_groups()])
@@ -81,9 +84,11 @@ def load_dataset(name: str, n: int, seed: int, exclude: Exclude | None = None) -
     return draw(name, task, load_examples(task, seed=seed), n, seed, task.data, exclude)
 
 
-def file_dataset(path: str | Path, task: str | Task, n: int, seed: int, text_field: str | None = None,
+def file_dataset(path: str | Path, task: str | Task, n: int | None, seed: int, text_field: str | None = None,
                  label_field: str | None = None, labels: str | None = None,
                  exclude: Exclude | None = None) -> Dataset:
-    """``n`` examples of the user's own file (:func:`llmattr.tasks.files.read_file_examples`), named by its stem."""
+    """``n`` examples of the user's own file (:func:`llmattr.tasks.files.read_file_examples`; None: every row),
+    named by its stem; an empty text is refused here, before the model loads, as ``explain --data`` does."""
     task, examples = read_file_examples(task, path, text_field, label_field, labels)
+    check_texts(example_texts(task, examples), first=1, noun="row")
     return draw(Path(path).stem, task, examples, n, seed, str(path), exclude or (lambda *_: False))

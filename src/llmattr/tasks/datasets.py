@@ -11,6 +11,7 @@ examples that were not sampled.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import random
@@ -29,23 +30,119 @@ def data_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[1] / "data"
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a JSONL (or JSON list), CSV or TSV file, as dicts of the file's columns."""
+def file_text(path: str | Path, what: str = "data file") -> str:
+    """The text of ``path``, refused in one line when it is missing, a folder, empty or not UTF-8 (the line and
+    byte that are not)."""
     path = Path(path)
+    if path.is_dir():
+        raise LlmattrError(f"{path} is a folder; give the {what} itself")
     if not path.is_file():
-        raise LlmattrError(f"data file not found: {path}")
-    if path.suffix == ".jsonl":
-        with path.open(encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
-    if path.suffix == ".json":
-        rows = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(rows, list):
-            raise LlmattrError(f"{path}: a .json data file must hold a list of objects")
-        return rows
-    if path.suffix in (".csv", ".tsv"):
-        with path.open(encoding="utf-8", newline="") as handle:
-            return list(csv.DictReader(handle, delimiter="\t" if path.suffix == ".tsv" else ","))
-    raise LlmattrError(f"{path}: unknown data format; use one of {', '.join(SUFFIXES)}")
+        raise LlmattrError(f"{what} not found: {path}")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise LlmattrError(f"{path}: line {line} is not UTF-8 (byte {raw[err.start]:#04x}); save the file as UTF-8 "
+                           "(e.g. iconv -f latin1 -t utf-8)") from None
+    if not text.strip():
+        raise LlmattrError(f"{path} is empty; give a file with a header (CSV/TSV) or one JSON object per row")
+    return text
+
+
+def json_error(path: Path, err: json.JSONDecodeError, offset: int = 0) -> LlmattrError:
+    """One line naming the line of ``path`` that is not JSON (``offset``: lines before the parsed text)."""
+    return LlmattrError(f"{path}: line {err.lineno + offset} is not JSON ({err.msg}, column {err.colno}); fix or "
+                        "delete that line")
+
+
+def read_json(path: str | Path, what: str = "data file") -> object:
+    """The JSON value of ``path`` (:func:`file_text`'s refusals, and one line naming the line that is not JSON)."""
+    path = Path(path)
+    try:
+        return json.loads(file_text(path, what))
+    except json.JSONDecodeError as err:
+        raise json_error(path, err) from None
+    except RecursionError:
+        raise LlmattrError(f"{path}: nested too deeply to be a {what}") from None
+
+
+def read_jsonl(path: Path, what: str = "data file") -> tuple[list, list[int]]:
+    """The JSON value of every non-blank line of ``path``, and its line number."""
+    rows, lines = [], []
+    for number, line in enumerate(file_text(path, what).split("\n"), 1):  # not splitlines: U+2028 is text
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise json_error(path, err, number - 1) from None
+            except RecursionError:
+                raise LlmattrError(f"{path}: line {number} is nested too deeply to be a row") from None
+            lines.append(number)
+    return rows, lines
+
+
+def read_json_rows(path: Path, what: str = "data file") -> tuple[list, list[int]]:
+    """The rows of a ``.json`` file: a list of objects, or one object (a single row); no line numbers are known,
+    so each row's number is its place in the list (from 1)."""
+    rows = read_json(path, what)
+    rows = [rows] if isinstance(rows, dict) else rows
+    if not isinstance(rows, list):
+        raise LlmattrError(f"{path}: a .json data file holds a list of objects (one per row), not a "
+                           f"{type(rows).__name__}")
+    return rows, list(range(1, len(rows) + 1))
+
+
+def read_table(path: Path, what: str = "data file") -> tuple[list, list[int]]:
+    """The rows of a CSV or TSV file (its first line names the columns) and each row's line number; a row with
+    more or fewer fields than the header is refused."""
+    delimiter, name = ("\t", "tab") if path.suffix == ".tsv" else (",", "comma")
+    reader = csv.reader(io.StringIO(file_text(path, what), newline=""), delimiter=delimiter)
+    try:
+        header = next(reader)
+        if not any(column.strip() for column in header):
+            raise LlmattrError(f"{path}: line 1 names no columns; the first line is the header (e.g. text,label)")
+        rows, lines = [], []
+        for cells in reader:
+            if not any(cell.strip() for cell in cells):
+                continue
+            if len(cells) != len(header):
+                raise LlmattrError(f"{path}: line {reader.line_num} has {len(cells)} field(s), the header "
+                                   f"{len(header)}; quote a field that holds a {name} or fix the row")
+            rows.append(dict(zip(header, cells, strict=True)))
+            lines.append(reader.line_num)
+    except csv.Error as err:
+        raise LlmattrError(f"{path}: line {reader.line_num} is not {path.suffix[1:].upper()} ({err}); fix that "
+                           "line") from None
+    return rows, lines
+
+
+READERS = {".jsonl": read_jsonl, ".json": read_json_rows, ".csv": read_table, ".tsv": read_table}
+
+
+def read_numbered_rows(path: str | Path, what: str = "data file") -> tuple[list[dict], list[int]]:
+    """Rows of a JSONL (or JSON list), CSV or TSV file, as dicts of the file's columns, and each row's line
+    number (a .json file: its place in the list). Every problem is one :class:`LlmattrError` line naming the
+    file, the line and the fix: a missing file, a folder, an empty file, bytes that are not UTF-8, a line that is
+    not JSON, a CSV row with the wrong number of fields, a row that is not an object, no rows at all."""
+    path = Path(path)
+    if path.suffix not in READERS:
+        raise LlmattrError(f"{path}: unknown data format; use one of {', '.join(SUFFIXES)}")
+    rows, lines = READERS[path.suffix](path, what)
+    where = "line" if path.suffix != ".json" else "row"
+    for row, line in zip(rows, lines, strict=True):
+        if not isinstance(row, dict):
+            raise LlmattrError(f"{path}: {where} {line} is a {type(row).__name__}, not an object of columns "
+                               '(e.g. {"text": "...", "label": "..."})')
+    if not rows:
+        raise LlmattrError(f"{path}: no rows; add one row per example")
+    return rows, lines
+
+
+def read_rows(path: str | Path, what: str = "data file") -> list[dict]:
+    """Rows of a JSONL (or JSON list), CSV or TSV file, as dicts of the file's columns
+    (:func:`read_numbered_rows`' refusals)."""
+    return read_numbered_rows(path, what)[0]
 
 
 def hf_rows(task: Task, hf_id: str | None = None, split: str | None = None) -> list[dict]:
@@ -145,14 +242,28 @@ def sample(examples: list[dict], n: int | None, seed: int = 0, balanced: bool = 
     groups = {label: [ex for ex in examples if ex["label"] == label] for label in classes}
     chosen = []
     for i, (label, group) in enumerate(groups.items()):
-        want = n // len(classes) + (1 if i < n % len(classes) else 0)
+        want = per_class(n, len(classes), i)
         if want > len(group):
             raise LlmattrError(f"only {len(group)} examples of class {label!r} for a balanced sample of {n}; "
-                               f"ask for n <= {len(classes) * min(map(len, groups.values()))}")
+                               f"ask for n <= {balanced_limit([len(g) for g in groups.values()])}, or for every "
+                               "row, unbalanced (--n all)")
         rng.shuffle(group)
         chosen += group[:want]
     rng.shuffle(chosen)
     return chosen
+
+
+def per_class(n: int, k: int, i: int) -> int:
+    """How many of a balanced sample of ``n`` the ``i``-th of ``k`` classes gives: ``n // k``, one more for the
+    first ``n % k`` classes."""
+    return n // k + (1 if i < n % k else 0)
+
+
+def balanced_limit(sizes: list[int]) -> int:
+    """The largest ``n`` :func:`sample` can balance over classes of these sizes (in ``classes`` order): the
+    remainder goes to the first classes, so 4 Positive + 1 Negative give 3 (2 + 1), not 2 x 1."""
+    return max(n for n in range(sum(sizes) + 1)
+               if all(per_class(n, len(sizes), i) <= size for i, size in enumerate(sizes)))
 
 
 def load_examples(task: str | Task, source: str | Path | None = None, n: int | None = None, seed: int = 0,

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import LlmattrError
 from .base import Task
 from .catalog import get_task
-from .datasets import read_rows, to_example
+from .datasets import read_numbered_rows, to_example
 
 
 def parse_labels(text: str) -> tuple[tuple[str, ...], dict]:
@@ -49,13 +49,13 @@ def label_text(value) -> str | None:
 
 
 def file_rows(task: Task, path: str | Path, text_field: str | None = None,
-              label_field: str | None = None) -> tuple[list[dict], dict]:
-    """Every row of ``path`` and the map from the task's fields (and ``"label"`` when ``label_field`` is not
-    ``False``) to the file's columns, each row checked to hold them all (one line naming the file's columns)."""
+              label_field: str | None = None) -> tuple[list[dict], list[str], dict]:
+    """Every row of ``path``, where each is (``line N``; a .json file's ``row N``) and the map from the task's
+    fields (and ``"label"`` when ``label_field`` is not ``False``) to the file's columns, each row checked to hold
+    them all (one line naming the file's columns)."""
     path = Path(path)
-    rows = read_rows(path)
-    if not rows:
-        raise LlmattrError(f"{path}: no rows")
+    rows, lines = read_numbered_rows(path)
+    where = [f"{'row' if path.suffix == '.json' else 'line'} {line}" for line in lines]
     columns = {name: task.columns.get(name, name) for name in task.fields}
     if text_field:
         columns[task.fields[0]] = text_field
@@ -63,22 +63,29 @@ def file_rows(task: Task, path: str | Path, text_field: str | None = None,
              **{name: f"task {task.name} reads it by this name" for name in task.fields[1:]}}
     if label_field is not False:
         columns["label"] = label_field or task.label_field or "label"
-    for i, row in enumerate(rows):
+    for row, at in zip(rows, where, strict=True):
         for name, column in columns.items():
             if column not in row:
                 what = "the label" if name == "label" else f"field {name!r}"
-                raise LlmattrError(f"{path}: row {i + 1} has no column {column!r} for {what} ({hints[name]}); "
+                raise LlmattrError(f"{path}: {at} has no column {column!r} for {what} ({hints[name]}); "
                                    f"its columns: {', '.join(map(str, row))}")
-    return rows, columns
+    return rows, where, columns
 
 
 def read_file_texts(task: str | Task, path: str | Path, text_field: str | None = None) -> list[str | dict]:
     """The text of every row of ``path`` as :func:`llmattr.explain` takes it (the first field's string, or a dict
     of every field for a multi-field task), in file order; no label is read (``llmattr explain --data``)."""
     task = get_task(task)
-    rows, columns = file_rows(task, path, text_field, label_field=False)
-    texts = [{name: str(row[column]) for name, column in columns.items()} for row in rows]
-    return [text[task.fields[0]] for text in texts] if len(task.fields) == 1 else texts
+    rows, _, columns = file_rows(task, path, text_field, label_field=False)
+    return example_texts(task, [{name: str(row[column]) for name, column in columns.items()} for row in rows])
+
+
+def example_texts(task: Task, examples: list[dict]) -> list[str | dict]:
+    """Each example's text as :func:`llmattr.explain` takes it: its first field, or a dict of every field of a
+    multi-field task."""
+    if len(task.fields) == 1:
+        return [example[task.fields[0]] for example in examples]
+    return [{name: example[name] for name in task.fields} for example in examples]
 
 
 def read_file_examples(task: str | Task, path: str | Path, text_field: str | None = None,
@@ -90,8 +97,14 @@ def read_file_examples(task: str | Task, path: str | Path, text_field: str | Non
     """
     task = file_task(task, labels)
     path = Path(path)
-    rows, columns = file_rows(task, path, text_field, label_field)
+    rows, where, columns = file_rows(task, path, text_field, label_field)
     label_column = columns["label"]
     rows = [{"id": f"{path.stem}-{i}", **row} for i, row in enumerate(rows)]
     rows = [{**row, label_column: label_text(row[label_column])} for row in rows]
-    return task, [to_example(task, row, i, columns) for i, row in enumerate(rows)]
+    examples = []
+    for i, (row, at) in enumerate(zip(rows, where, strict=True)):
+        try:
+            examples.append(to_example(task, row, i, columns))
+        except LlmattrError as err:  # a label that is no label word: name the file and the line
+            raise LlmattrError(f"{path}: {at}: {err}") from None
+    return task, examples
