@@ -60,6 +60,11 @@ def test_folders_missing_files_and_missing_columns(tmp_path):
         read_numbered_rows(tmp_path / "d.csv")
     with pytest.raises(LlmattrError, match="data file not found"):
         read_numbered_rows(tmp_path / "none.csv")
+    (tmp_path / "folder").mkdir()  # a folder or a missing file is named as such whatever its suffix
+    with pytest.raises(LlmattrError, match=r"folder is a folder; give the data file itself"):
+        read_numbered_rows(tmp_path / "folder")
+    with pytest.raises(LlmattrError, match="data file not found"):
+        read_numbered_rows(tmp_path / "none")
     path = tmp_path / "r.jsonl"
     path.write_text('{"review": "a", "label": "positive"}\n\n{"text": "b", "label": "negative"}\n')
     with pytest.raises(LlmattrError, match=r"r.jsonl: line 3 has no column 'review' .*--text-field"):

@@ -30,14 +30,19 @@ def data_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[1] / "data"
 
 
-def file_text(path: str | Path, what: str = "data file") -> str:
-    """The text of ``path``, refused in one line when it is missing, a folder, empty or not UTF-8 (the line and
-    byte that are not)."""
-    path = Path(path)
+def check_file(path: Path, what: str = "data file") -> None:
+    """Refuse, in one line, a ``path`` that is a folder or is missing."""
     if path.is_dir():
         raise LlmattrError(f"{path} is a folder; give the {what} itself")
     if not path.is_file():
         raise LlmattrError(f"{what} not found: {path}")
+
+
+def file_text(path: str | Path, what: str = "data file") -> str:
+    """The text of ``path``, refused in one line when it is missing, a folder, empty or not UTF-8 (the line and
+    byte that are not)."""
+    path = Path(path)
+    check_file(path, what)
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")
@@ -126,6 +131,7 @@ def read_numbered_rows(path: str | Path, what: str = "data file") -> tuple[list[
     file, the line and the fix: a missing file, a folder, an empty file, bytes that are not UTF-8, a line that is
     not JSON, a CSV row with the wrong number of fields, a row that is not an object, no rows at all."""
     path = Path(path)
+    check_file(path, what)
     if path.suffix not in READERS:
         raise LlmattrError(f"{path}: unknown data format; use one of {', '.join(SUFFIXES)}")
     rows, lines = READERS[path.suffix](path, what)
