@@ -158,15 +158,16 @@ class OneTokenLM(torch.nn.Module):
     def get_input_embeddings(self):
         return self.emb
 
-    def forward(self, inputs_embeds=None, logits_to_keep=1, use_cache=False, past_key_values=None, input_ids=None,
+    def forward(self, inputs_embeds=None, logits_to_keep=1, use_cache=False, cache=None, input_ids=None,
                 **kwargs):
-        """A cached prefix of P tokens (stored as P dummy keys) shifts position j to j - P in the input."""
+        """A cached prefix of P tokens (stored as P dummy keys) shifts position j to j - P in the input; the cache
+        comes as ``cache=``, transformers' name for it since 5.24 (``past_key_values`` before)."""
         if inputs_embeds is None:
             inputs_embeds = self.emb(input_ids)
-        prefix = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if use_cache and past_key_values is not None:
+        prefix = cache.get_seq_length() if cache is not None else 0
+        if use_cache and cache is not None:
             dummy = inputs_embeds.new_zeros(inputs_embeds.shape[0], 1, inputs_embeds.shape[1], 1)
-            past_key_values.update(dummy, dummy, 0)
+            cache.update(dummy, dummy, 0)
         if self.j < prefix + inputs_embeds.shape[1] and self.j >= prefix:
             logits = 4.0 * inputs_embeds[:, self.j - prefix] @ self.emb.weight.T
         else:  # the prefix pass, before position j

@@ -90,7 +90,7 @@ class FinetuneConfig:
             raise LlmattrError(f"unknown --loss {self.loss!r}; valid: {', '.join(LOSSES)}")
         if self.loss == "label" and not task.classifies:
             regression = (" (STS-B's regression head is not supported: paper 003 trains a sequence-regression "
-                          "head that llmattr does not explain)") if task.kind == "regression" else ""
+                          "head that llmattr does not explain)") if task.numeric else ""
             raise LlmattrError(f"finetune --loss label needs a classification task with label words; {task.name} "
                                f"is a {task.kind} task{regression}; use --loss lm to fine-tune on its text")
         for name in ("held_out", "epochs", "batch_size", "max_tokens", "save_steps", "logging_steps"):
