@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from llmattr.cli import app
 from llmattr.errors import LlmattrError
 from llmattr.evaluation import EvalConfig, run
-from llmattr.evaluation.launch import store_pattern, submit
+from llmattr.evaluation.launch import Resources, executor, store_pattern, submit
 from test_runner import count_done, report_files, tiny_folder  # noqa: F401 - tiny_folder is a fixture
 
 SHARDS = 4
@@ -77,11 +77,28 @@ def evaluate(*args: str) -> subprocess.CompletedProcess:
     (["--launcher", "slurm", "--shards", "0"], "--shards must be at least 1, got 0"),
     (["--launcher", "local", "--shards", "2", "--shard", "0/2"], "--shard 0/2 runs one shard yourself"),
     (["--launcher", "slurm", "--shards", "2", "--time", "0"], "--time must be at least 1 minute"),
+    (["--launcher", "slurm", "--shards", "2"], "srun is not on this machine's PATH"),
 ])
 def test_bad_launcher_options_refused_in_one_line(args, message, tmp_path):
     done = evaluate(*args, "--out", str(tmp_path / "r.sqlite"))
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert not (tmp_path / "submitit").exists()
+
+
+def test_slurm_jobs_ask_for_the_resources(tmp_path, monkeypatch):
+    """The sbatch script of a shard's job names the partition, GPUs, time, memory and account, and the USR2 signal
+    before the time limit that makes the job requeue itself."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    made = executor("slurm", tmp_path / "submitit", Resources(partition="gpu", gpus=1, minutes=240, mem_gb=64,
+                                                              account="myproj"))
+    script = made._executor._make_submission_file_text("llmattr", "uid")
+    for line in ("--partition=gpu", "--gpus-per-node=1", "--time=240", "--mem=64GB", "--account=myproj",
+                 "--signal=USR2@"):
+        assert line in script
 
 
 def test_without_submitit_the_launcher_names_the_extra(tmp_path, monkeypatch):

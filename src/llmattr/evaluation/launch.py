@@ -5,6 +5,7 @@ its store does not hold yet (docs/evaluate.md)."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -59,6 +60,9 @@ def executor(launcher: str, folder: Path, resources: Resources) -> submitit.Exec
         return made
     if launcher != "slurm":
         raise LlmattrError(f"unknown launcher {launcher!r}; valid: {', '.join(LAUNCHERS)}")
+    if shutil.which("srun") is None:
+        raise LlmattrError("--launcher slurm submits to Slurm, and srun is not on this machine's PATH: run it on the "
+                           "cluster's login node, or use --launcher local")
     made = submitit.AutoExecutor(folder=folder, cluster="slurm")
     given = {"slurm_partition": resources.partition, "mem_gb": resources.mem_gb, "slurm_account": resources.account}
     made.update_parameters(timeout_min=resources.minutes, gpus_per_node=resources.gpus, tasks_per_node=1,
