@@ -82,6 +82,19 @@ def evaluate(
     labels: str = typer.Option(None, help="--data: label words, e.g. Positive,Negative, or file value=word pairs, "
                                           "e.g. 0=Negative,1=Positive (default: the task's)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    launcher: str = typer.Option("none", rich_help_panel="Launcher", help="Run --shards shards as one job array "
+                                 "through submitit: slurm, or local (processes on this machine); none runs here."),
+    shards: int = typer.Option(None, rich_help_panel="Launcher", help="--launcher: how many shards (jobs)."),
+    partition: str = typer.Option(None, rich_help_panel="Launcher", help="--launcher slurm: the partition."),
+    gpus: int = typer.Option(None, rich_help_panel="Launcher", help="--launcher slurm: GPUs per shard (default 0)."),
+    time: int = typer.Option(None, rich_help_panel="Launcher", help="--launcher: minutes per job before it is "
+                             "requeued (default 60); a preempted or timed-out shard resumes from its store."),
+    mem: int = typer.Option(None, rich_help_panel="Launcher", help="--launcher slurm: memory per shard in GB."),
+    account: str = typer.Option(None, rich_help_panel="Launcher", help="--launcher slurm: the account charged."),
+    wait: bool = typer.Option(None, "--wait/--no-wait", rich_help_panel="Launcher", help="--launcher: wait for "
+                              "every shard (default for local) or return once submitted (default for slurm)."),
+    submitit_folder: Path = typer.Option(None, rich_help_panel="Launcher", help="--launcher: folder of the jobs' "
+                                         "logs (default: submitit/ next to --out)."),
 ) -> None:
     """Evaluate attribution methods on datasets; every finished example is stored at once, reruns resume. Exits 1
     when a unit failed (every good one is stored; the same command again retries the failed ones)."""
@@ -96,6 +109,11 @@ def evaluate(
     base = EvalConfig.from_toml(config) if config is not None else None
     cfg = EvalConfig.from_mapping(cli, base)
     console = Console(stderr=True)
+    launch = {"shards": shards, "partition": partition, "gpus": gpus, "time": time, "mem": mem, "account": account,
+              "wait": wait, "submitit_folder": submitit_folder}
+    if launcher != "none" or any(value is not None for value in launch.values()):
+        launch_shards(cfg, launcher, console, **launch)
+        return
     try:
         summary = run(cfg, progress=not quiet)
     except KeyboardInterrupt:
@@ -113,4 +131,62 @@ def evaluate(
     if summary.failed:  # every good unit is stored; a script sees from the exit code that some are missing
         console.print(f"{len(summary.failed)} unit(s) failed; every other one is in {summary.out}: fix the cause "
                       "and run the same command again to retry only the failed ones", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
+def launch_shards(cfg, launcher: str, console: Console, *, shards: int | None, partition: str | None,
+                  gpus: int | None, time: int | None, mem: int | None, account: str | None, wait: bool | None,
+                  submitit_folder: Path | None) -> None:
+    """``--launcher local|slurm``: every option checked, then the shards submitted as one job array; waits (and
+    exits 1 when a shard failed) or prints the job ids; either way prints the status and report commands."""
+    import importlib.util
+
+    from ..errors import LlmattrError
+
+    if launcher == "none":
+        raise LlmattrError("--shards, --partition, --gpus, --time, --mem, --account, --wait and --submitit-folder "
+                           "need --launcher local or slurm")
+    if launcher not in ("local", "slurm"):
+        raise LlmattrError(f"unknown launcher {launcher!r}; valid: none, local, slurm")
+    if shards is None:
+        raise LlmattrError(f"--launcher {launcher} needs --shards n (how many jobs)")
+    slurm_only = {"--partition": partition, "--gpus": gpus, "--mem": mem, "--account": account}
+    if launcher == "local" and any(value is not None for value in slurm_only.values()):
+        named = ", ".join(flag for flag, value in slurm_only.items() if value is not None)
+        raise LlmattrError(f"{named}: Slurm options; --launcher local runs processes on this machine")
+    for flag, value in (("--gpus", gpus), ("--mem", mem)):
+        if value is not None and value < 0:
+            raise LlmattrError(f"{flag} must be 0 or more, got {value}")
+    if time is not None and time < 1:
+        raise LlmattrError(f"--time must be at least 1 minute, got {time}")
+    if importlib.util.find_spec("submitit") is None:
+        raise LlmattrError(f"--launcher {launcher} submits through submitit: pip install 'llmattr[slurm]'")
+    from ..evaluation.launch import Resources, shard_configs, store_pattern, submit
+
+    shard_configs(cfg, shards)  # refuses --shard and --shards < 1 before anything is written
+    cfg.validate()
+    folder = submitit_folder or Path(cfg.out).parent / "submitit"
+    resources = Resources(partition=partition, gpus=gpus or 0, minutes=time or 60, mem_gb=mem, account=account)
+    jobs = submit(cfg, shards, launcher, folder, resources)
+    console.print(f"{launcher}: submitted {shards} shard(s) as jobs {', '.join(job.job_id for job in jobs)}; logs "
+                  f"in {folder}", highlight=False, soft_wrap=True)
+    failed = 0
+    if wait if wait is not None else launcher == "local":
+        for i, job in enumerate(jobs):
+            try:
+                summary = job.result()
+            except Exception as err:  # noqa: BLE001 - a job's failure is reported per shard, the others still count
+                console.print(f"shard {i}/{shards} failed: {str(err).strip().splitlines()[-1]}", highlight=False,
+                              soft_wrap=True)
+                failed += 1
+                continue
+            console.print(f"shard {i}/{shards}: {summary.computed} computed, {summary.skipped} already in the store,"
+                          f" {len(summary.failed)} failed -> {summary.out}", highlight=False, soft_wrap=True)
+            failed += bool(summary.failed)
+    else:
+        console.print(f"progress: llmattr status '{store_pattern(cfg, shards)}'", highlight=False, soft_wrap=True)
+    console.print(f"report: llmattr report '{store_pattern(cfg, shards)}'", highlight=False, soft_wrap=True)
+    if failed:
+        console.print(f"{failed} shard(s) did not finish every unit; the same command again resumes them",
+                      highlight=False, soft_wrap=True)
         raise typer.Exit(1)
