@@ -30,11 +30,11 @@ def over_mean(values: list[float]) -> float:
     return max(values) / (sum(values) / len(values))
 
 
-def evaluate_shard(lm, shard: list, folder: Path, args) -> float:
+def evaluate_shard(lm, shard: list, out: Path, args) -> float:
     """Seconds the evaluation loop takes on one shard's examples (a fresh store)."""
     chosen = {ds.name: ds for ds in shard}
     cfg = EvalConfig(datasets=list(chosen), methods=args.methods.split(","), metrics=args.metrics.split(","),
-                     n=args.n, device="cpu", out=str(folder / "r.sqlite"))
+                     n=args.n, device="cpu", out=str(out))
     start = time.perf_counter()
     summary = run(cfg, lm=lm, loader=lambda name, n, seed, **_: chosen[name], progress=False)
     assert not summary.failed, summary.failed
@@ -54,11 +54,11 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         warm = [replace(ds, examples=ds.examples[:1]) for ds in data]
-        evaluate_shard(lm, warm, Path(tmp) / "warm-up", args)
+        evaluate_shard(lm, warm, Path(tmp) / "warm-up.sqlite", args)
         for rule in (STRIDED, BALANCED):
             shards = [shard_examples(data, rank, args.shards, rule) for rank in range(args.shards)]
             cost = [sum(example_cost(ds.task, ex) for ds in shard for ex in ds.examples) for shard in shards]
-            seconds = [evaluate_shard(lm, shard, Path(tmp) / f"{rule.replace(':', '')}{rank}", args)
+            seconds = [evaluate_shard(lm, shard, Path(tmp) / f"{rule.replace(':', '')}{rank}.sqlite", args)
                        for rank, shard in enumerate(shards)]
             rows.append((rule, f"{over_mean(cost):.3f}", f"{over_mean(seconds):.3f}",
                          " / ".join(f"{s:.1f}" for s in seconds)))
