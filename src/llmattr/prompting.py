@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import LlmattrError
+from .sources import Sources
 from .tasks import Task
 
 
@@ -19,6 +20,7 @@ class Prompt:
     offsets: list[tuple[int, int]]
     span: tuple[int, int]  # [start, end) token indices of the content span
     char_span: tuple[int, int]
+    sources: Sources | None = None  # which tokens form each source (documents, sentences), when the input has them
 
     @property
     def length(self) -> int:

@@ -278,15 +278,19 @@ class Store:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def settings(self, model: str) -> dict | None:
+        """The settings recorded for ``model`` (:func:`current_settings`), None before its first run."""
+        row = self.conn.execute("SELECT settings FROM settings WHERE model = ?", (model,)).fetchone()
+        return None if row is None else current_settings(row[0])
+
     def check_settings(self, model: str, settings: dict) -> None:
         """Record ``settings`` for ``model`` or refuse if the store holds different ones."""
-        row = self.conn.execute("SELECT settings FROM settings WHERE model = ?", (model,)).fetchone()
-        if row is None:
+        stored = self.settings(model)
+        if stored is None:
             with self.conn:
                 self.conn.execute("INSERT INTO settings VALUES (?, ?)",
                                   (model, json.dumps(settings, sort_keys=True)))
             return
-        stored = current_settings(row[0])
         if stored != settings:
             raise LlmattrError(f"{self.path} holds results for {model} with other settings "
                                f"({_diff(stored, settings)}); rerun with the stored settings or write to "

@@ -32,7 +32,7 @@ from ..store import MetricOutput, Store, Unit
 from .config import EvalConfig
 from .method_specs import MethodSpec, expand_methods
 from .run_datasets import Dataset, DatasetLoader, expand_datasets, file_dataset, load_dataset, trained_rows
-from .sharding import shard_device, shard_of, shard_path
+from .sharding import rule_setting, shard_device, shard_examples, shard_of, shard_path, shard_rule
 
 
 @dataclass
@@ -112,8 +112,10 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
         progress: bool = True) -> Summary:
     """Evaluate ``cfg``: every (dataset, example, method, metric, routing) not yet in the store.
 
-    Names are validated before the model loads. This process takes examples ``rank::world`` of each
-    dataset (``--shard`` or torchrun/accelerate env) and writes its own store file.
+    Names are validated before the model loads. This process is shard ``rank`` of ``world`` (``--shard``,
+    torchrun/accelerate's or Slurm's environment), writes its own store file and takes the examples its store's
+    shard rule gives it (:func:`~llmattr.evaluation.sharding.shard_examples`: balanced by estimated cost; ``i::n``
+    in a store written before balancing).
     """
     start = time.perf_counter()
     cfg.validate()
@@ -130,13 +132,14 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
     else:
         loaded = [loader(name, n, cfg.seed, **({"exclude": exclude} if exclude else {}))
                   for name in expand_datasets(cfg.dataset_names())]
-    data = [Dataset(ds.name, ds.task, ds.examples[rank::world]) for ds in loaded]
     summary = Summary(out=shard_path(cfg.out, rank, world), excluded={ds.name: ds.excluded for ds in loaded})
     fresh = not summary.out.exists()
     with Store(summary.out) as store:  # refuses a foreign file or a store another run writes, before the load
         if lm is None:
             lm = _load(cfg, summary.out if fresh else None, store)
-        store.check_settings(lm.model_id, run_settings(cfg, metrics, lm, card))
+        rule = shard_rule(store.settings(lm.model_id))
+        store.check_settings(lm.model_id, {**run_settings(cfg, metrics, lm, card), **rule_setting(rule)})
+        data = shard_examples(loaded, rank, world, rule)
         pending, totals, summary.skipped = _plan(store, lm.model_id, data, specs, metrics, routings)
         store.plan(lm.model_id, [(d.name, s.name, s.key, len(d.examples)) for d in data for s in specs],
                    [(m.name, r) for m in metrics for r in m.routings(routings)])  # llmattr status's totals

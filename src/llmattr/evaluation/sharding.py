@@ -1,16 +1,23 @@
 """Sharding of ``llmattr evaluate`` over processes: ``--shard i/n``, torchrun/accelerate's environment, or Slurm's
-(``srun`` tasks, job array tasks, or an array of ``srun`` steps)."""
+(``srun`` tasks, job array tasks, or an array of ``srun`` steps); and which examples each shard takes
+(:func:`shard_examples`: balanced by estimated cost, or ``i::n`` in a store written before balancing)."""
 
 from __future__ import annotations
 
+import heapq
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from ..errors import LlmattrError
+from ..tasks import Task
 from .config import EvalConfig
+from .run_datasets import Dataset
+
+BALANCED, STRIDED = "balanced", "i::n"  # the shard rules; a store that records none was written with i::n
 
 
 def shard_of(cfg: EvalConfig) -> tuple[int, int]:
@@ -65,3 +72,48 @@ def shard_device(device: str) -> str:
     if device == "auto" and torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
         return f"cuda:{int(os.environ['LOCAL_RANK'])}"
     return device
+
+
+def shard_rule(stored: Mapping | None) -> str:
+    """The rule that gives this store its examples: the one its settings record (``shards``); a store written
+    before the rule was recorded took ``i::n``; a new store (no settings yet) is :data:`BALANCED`."""
+    return BALANCED if stored is None else stored.get("shards", STRIDED)
+
+
+def rule_setting(rule: str) -> dict:
+    """The rule as recorded in the store's settings: ``{"shards": rule}``; nothing for ``i::n``, so a store written
+    before balancing keeps the settings it has (and resumes, and merges, as it was written)."""
+    return {} if rule == STRIDED else {"shards": rule}
+
+
+def example_cost(task: Task, example: dict) -> int:
+    """An example's estimated cost: the characters of its user message (the tokens it will have, known before
+    any tokenizer loads and from no library's version). Every method and metric of the run runs on every example
+    of a shard, so their cost classes multiply every example's cost alike and leave the assignment unchanged."""
+    return len(task.user_content(example)[0])
+
+
+def balanced_owners(data: list[Dataset], world: int) -> dict[tuple[str, str], int]:
+    """Shard of each (dataset, example id): longest processing time first (Graham 1969), examples sorted by
+    :func:`example_cost` descending (ties by dataset and id), each to the shard with the least cost so far (ties:
+    the lowest rank). Every shard computes the same owners from the same examples, with no coordination."""
+    ranked = sorted(((example_cost(ds.task, ex), ds.name, str(ex["id"])) for ds in data for ex in ds.examples),
+                    key=lambda item: (-item[0], item[1], item[2]))
+    loads = [(0, shard) for shard in range(world)]
+    owners = {}
+    for cost, dataset, example in ranked:
+        load, shard = heapq.heappop(loads)
+        owners[(dataset, example)] = shard
+        heapq.heappush(loads, (load + cost, shard))
+    return owners
+
+
+def shard_examples(data: list[Dataset], rank: int, world: int, rule: str = BALANCED) -> list[Dataset]:
+    """Each dataset with the examples shard ``rank`` of ``world`` evaluates, in their order: under ``rule``
+    :data:`BALANCED` those :func:`balanced_owners` gives it, under :data:`STRIDED` (``i::n``) every ``world``-th
+    from the ``rank``-th."""
+    if rule == STRIDED:
+        return [replace(ds, examples=ds.examples[rank::world]) for ds in data]
+    owners = balanced_owners(data, world)
+    return [replace(ds, examples=[ex for ex in ds.examples if owners[(ds.name, str(ex["id"]))] == rank])
+            for ds in data]
