@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import build_tiny, make_tiny_tokenizer
 from llmattr.cli import app
 from llmattr.errors import LlmattrError
 from llmattr.evaluation import EvalConfig, run, shard_of
@@ -85,7 +88,7 @@ def examples(path) -> set[str]:
 
 
 def test_each_srun_or_array_task_takes_its_own_shard_and_store(env, tiny_llama, tmp_path, cheap_metric,
-                                                               shared_data):
+                                                               shared_data):  # noqa: F811
     cheap_metric["n"] = -10  # no failure
     (tmp_path / "srun").mkdir(), (tmp_path / "array").mkdir()
     outs = []
@@ -101,7 +104,7 @@ def test_each_srun_or_array_task_takes_its_own_shard_and_store(env, tiny_llama, 
 
 
 def test_two_processes_taking_one_shard_are_refused_in_one_line(env, tiny_llama, tmp_path, cheap_metric,
-                                                                shared_data):
+                                                                shared_data):  # noqa: F811
     env(SLURM_ARRAY_TASK_ID=0, SLURM_ARRAY_TASK_COUNT=1)  # both believe they are shard 0 of 1
     with Store(tmp_path / "r.sqlite"):  # the other process, still running
         with pytest.raises(LlmattrError, match="two processes took the same shard") as err:
@@ -193,3 +196,70 @@ def test_status_refuses_a_path_that_is_not_a_store(tmp_path, kind):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and str(path.name) in done.stderr
+
+
+def sbatch_scripts() -> list[str]:
+    """The bash blocks of docs/evaluate.md that are sbatch scripts (they hold ``#SBATCH`` lines)."""
+    doc = (Path(__file__).parents[1] / "docs" / "evaluate.md").read_text(encoding="utf-8")
+    return [block for block in re.findall(r"```bash\n(.*?)```", doc, flags=re.S) if "#SBATCH" in block]
+
+
+def slurm_tasks(script: str) -> list[dict]:
+    """The environment Slurm gives each task of the script: ``srun`` under ``--ntasks=N``, or one task per array
+    index of the ``sbatch --array=A-B`` its comment says to submit it with."""
+    if ntasks := re.search(r"#SBATCH .*--ntasks=(\d+)", script):
+        n = int(ntasks[1])
+        return [{"SLURM_PROCID": i, "SLURM_NTASKS": n, "SLURM_STEP_NUM_TASKS": n} for i in range(n)]
+    first, last = map(int, re.search(r"sbatch --array=(\d+)-(\d+)", script).groups())
+    return [{"SLURM_ARRAY_TASK_ID": i, "SLURM_ARRAY_TASK_MIN": first, "SLURM_ARRAY_TASK_MAX": last,
+             "SLURM_ARRAY_TASK_COUNT": last - first + 1} for i in range(first, last + 1)]
+
+
+def script_command(script: str) -> list[str]:
+    """The script's command line (continuations joined, comments dropped), without ``srun``."""
+    lines = [line for line in script.replace("\\\n", " ").splitlines() if line and not line.startswith("#")]
+    (line,) = lines
+    words = shlex.split(line, comments=True)
+    return words[1:] if words[0] == "srun" else words
+
+
+@pytest.fixture(scope="module")
+def boolq_folder(tmp_path_factory) -> Path:
+    """A tiny random Llama folder whose tokenizer has BoolQ's label words as single tokens."""
+    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
+    tokenizer = make_tiny_tokenizer()
+    tokenizer.add_tokens(["true", "false"])
+    build_tiny("llama", tokenizer, max_position_embeddings=2048).model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["srun-ntasks", "job-array"])
+def test_the_sbatch_examples_of_the_docs_run_as_written(which, env, boolq_folder, tmp_path, monkeypatch,
+                                                        shared_data):
+    """docs/evaluate.md's two sbatch scripts, each task run in the environment Slurm gives it: every task takes its
+    own shard and store, and together they do every unit once. The model and ``--n`` are the only words changed
+    (a tiny model folder and one example per dataset for the 8B model and 500)."""
+    script = sbatch_scripts()[which]
+    words = script_command(script)
+    assert words[:2] == ["llmattr", "evaluate"] and "--shard" not in words
+    words[words.index("--model") + 1], words[words.index("--n") + 1] = str(boolq_folder), "1"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    tasks = slurm_tasks(script)
+    for task in tasks:
+        env(**task)
+        result = CliRunner().invoke(app, words[1:], terminal_width=200)
+        assert result.exit_code == 0, result.output
+    stores = sorted((tmp_path / "runs").glob("llama.rank*.sqlite"), key=lambda p: int(p.name[10:-7]))
+    assert [p.name for p in stores] == [f"llama.rank{i}.sqlite" for i in range(len(tasks))]
+    done = [examples(p) for p in stores]
+    assert sum(map(len, done)) == len(set().union(*done)) == 3  # one example of imdb, sst2, boolq, each once
+    methods = words[words.index("--methods") + 1].split(",")
+    units = [unit for p in stores for unit in done_units(p)]
+    assert len(units) == len(set(units)) == 3 * len(methods)  # every (example, method) once, in one store
+
+
+def done_units(path) -> list[tuple[str, str]]:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT DISTINCT example, method FROM done").fetchall()
