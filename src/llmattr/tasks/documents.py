@@ -65,6 +65,11 @@ def with_documents(rows: list[dict], k: int = DISTRACTORS, position: str | None 
     return out
 
 
+def names_person(answer: str, name: str) -> bool:
+    """Whether a generated ``answer`` names the person: it holds the name's last word (case-insensitive)."""
+    return name.split()[-1].strip(",.").lower() in answer.lower()
+
+
 BIO_LOOKUP = Task(
     name="bio-lookup", user_template=CONTEXT.user_template, fields=("question",), documents=True,
     system=CONTEXT_SYSTEM, kind=GENERATE.kind, max_new_tokens=8, answer_prefix="Answer:", data="wikibio",
