@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 import torch
-from rich.progress import track
+from rich.progress import Progress, track
 
 from . import faithfulness, methods
 from .declarations import Catalog
@@ -216,18 +216,22 @@ def explain(
     check_texts(texts)
     lm = resolve_model(model, device)
     out = Explanations()
-    for i, item in enumerate(track(texts, description="explaining", disable=not progress or len(texts) < 2,
-                                  console=progress_console())):
-        skipped: list[str] = []
-        try:
-            explained = explain_text(lm, item, request, skipped=skipped)
-        except LlmattrError as err:
-            out.failed[i] = str(err)
-            continue
-        if skipped:
-            out.failed[i] = "; ".join(skipped)
-        out.extend(explained)
-        out.examples += [i] * len(explained)
+    units = len(texts) * len(request.method_objs)  # the bar counts (text, method) explanations
+    with Progress(console=progress_console(), disable=not progress or units < 2) as bar:
+        task_id = bar.add_task("explaining", total=units)
+        for i, item in enumerate(texts):
+            skipped: list[str] = []
+            try:
+                explained = explain_text(lm, item, request, skipped=skipped,
+                                         advance=lambda: bar.advance(task_id))
+            except LlmattrError as err:
+                out.failed[i] = str(err)
+                bar.update(task_id, completed=(i + 1) * len(request.method_objs))
+                continue
+            if skipped:
+                out.failed[i] = "; ".join(skipped)
+            out.extend(explained)
+            out.examples += [i] * len(explained)
     if out.failed:
         warnings.warn(f"{len(out.failed)} of {len(texts)} item(s) not explained (kept the others): "
                       + "; ".join(f"item {i}: {why}" for i, why in out.failed.items()),
@@ -241,12 +245,13 @@ def naming(method: str, why: str) -> str:
     return why if why.startswith(f"{method} ") else f"{method}: {why}"
 
 
-def explain_text(lm: LoadedModel, text: str | dict, request: Request,
-                 skipped: list[str] | None = None) -> list[Explanation]:
+def explain_text(lm: LoadedModel, text: str | dict, request: Request, skipped: list[str] | None = None,
+                 advance=None) -> list[Explanation]:
     """One text explained by each of the request's methods on one prompt and one generation.
 
     With a ``skipped`` list, a method that fails (LlmattrError: the memory guard, say) is left out and
-    named there as ``"method: why"``; without it the error is raised."""
+    named there as ``"method: why"``; without it the error is raised. ``advance`` is called after each method
+    (a progress bar's step)."""
     for method_obj in request.method_objs:
         if method_obj.objective:
             method_obj.explained(lm)  # a foil that is not one token fails before the generation
@@ -263,6 +268,8 @@ def explain_text(lm: LoadedModel, text: str | dict, request: Request,
             if skipped is None:
                 raise
             skipped.append(naming(method_obj.name, str(err)))
+        if advance is not None:
+            advance()
     return explained
 
 

@@ -273,7 +273,8 @@ def bar_text(u: float, value: float, colours: str | None) -> Text:
     one, then the value."""
     blocks = int(round(abs(float(u)) * BAR_WIDTH))
     colour = ("red" if u >= 0 else "blue") if colours in FEW_COLOURS else rgb(1.0 if u >= 0 else -1.0)
-    text = Text("\u2588" * blocks, style=colour)
+    text = Text()
+    text.append("\u2588" * blocks, style=colour)
     text.append(" " * (BAR_WIDTH - blocks) + f" {number(value)}")
     return text
 
@@ -331,10 +332,11 @@ STYLE = """<style>
 .llmattr .grid th.c{font-weight:normal;padding:2px 3px;white-space:pre;text-align:center;background:#f6f6f6}
 .llmattr .side{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start}
 .llmattr .side>*{flex:1 1 420px;min-width:0}
-.llmattr .sbar{min-width:140px;position:relative}
+.llmattr .side>.sources{flex:1 1 560px}
+.llmattr .sbar{min-width:110px;white-space:nowrap}
 .llmattr .sbar .fill{display:inline-block;height:12px;vertical-align:middle;margin-right:6px}
 .llmattr .sbar .num{display:inline;font-size:80%}
-.llmattr .src{max-width:360px;font-size:90%}
+.llmattr .src{min-width:200px;max-width:360px;font-size:90%}
 </style>"""
 
 

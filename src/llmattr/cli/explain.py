@@ -261,10 +261,11 @@ def explain(
     spinner = progress_console()  # stderr; drawn only where stderr is a terminal
     with spinner.status(f"loading model {model} ..."):
         lm = load_model(model, device=device, dtype=dtype, verbose=verbose)
-    with spinner.status(f"explaining with {', '.join(names)} ...") if data is None else nullcontext(), \
+    bar = many and format == "text"  # a bar over (text, method) explanations; one method on one text: a spinner
+    with spinner.status(f"explaining with {', '.join(names)} ...") if not bar else nullcontext(), \
             warnings.catch_warnings():
         warnings.simplefilter("ignore", NotExplainedWarning)  # the API's warning: this command's error line names them
-        explained = run_explain(content, model=lm, request=request, progress=data is not None and format == "text")
+        explained = run_explain(content, model=lm, request=request, progress=bar)
     expls = list(explained) if many else [explained]
     failed = getattr(explained, "failed", {})
     if not expls:  # every method refused (the memory guard, say) or every row failed: nothing to show or write

@@ -36,6 +36,9 @@ KINDS = {
 }
 
 
+SOURCE_KEYS = ("documents", "spans", "gold_sources")  # an example's sources (docs/sources.md)
+
+
 @dataclass(frozen=True)
 class Pairing:
     """Where a row holds a minimal pair (BLiMP's one-prefix method): the prefix column and the columns of the good
@@ -182,6 +185,12 @@ class Task:
                                    "--context FILE)")
             values["documents"] = context_text(check_documents(example["documents"]))[0]
         return values
+
+    def inputs(self, example: dict) -> dict:
+        """What of a loaded example a prompt is built from: its fields and, where it has them, its sources
+        (``documents``, ``spans``, ``gold_sources``: :data:`SOURCE_KEYS`)."""
+        return {**{name: example[name] for name in self.fields},
+                **{key: example[key] for key in SOURCE_KEYS if example.get(key) is not None}}
 
     def user_content(self, example: dict) -> tuple[str, tuple[int, int]]:
         """The user message and the character range of the content span inside it: from the first slot's value

@@ -18,7 +18,7 @@ import random
 from pathlib import Path
 
 from ..errors import LlmattrError
-from .base import Task
+from .base import SOURCE_KEYS, Task
 from .catalog import get_task
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
@@ -227,7 +227,7 @@ def to_example(task: Task, row: dict, index: int, columns: dict | None = None) -
             f"task {task.name}: label {row.get(label_column)!r} of row {example['id']} is not one of "
             f"{list(task.label_map) or list(task.label_words)}; fix the file or map the label column"
         )
-    for key in ("foil", "evidence_words", "evidence", "documents", "spans", "gold_sources"):
+    for key in ("foil", "evidence_words", "evidence", *SOURCE_KEYS):
         if key in row:
             example[key] = list_cell(row[key])
     return example
