@@ -266,3 +266,30 @@ def test_twenty_documents_of_8k_tokens_on_the_embedded_model(smollm):
             memory.plan(smollm, methods.get(name), len(expl.tokens), "auto")
         except LlmattrError as err:
             assert "\n" not in str(err) and name in str(err)
+
+
+def test_a_data_column_holding_a_list_of_documents(tmp_path):
+    """--data: a JSONL list column, or a CSV cell holding the list as JSON text."""
+    from llmattr.tasks.files import read_file_texts
+
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"question": "q?", "docs": ["a b", "c d"]}) + "\n")
+    (tmp_path / "rows.csv").write_text('question,documents\nq?,"[""a b"", ""c d""]"\n')
+    assert read_file_texts("context", tmp_path / "rows.jsonl", documents_field="docs") == [
+        {"question": "q?", "documents": ["a b", "c d"]}]
+    assert read_file_texts("context", tmp_path / "rows.csv") == [{"question": "q?", "documents": ["a b", "c d"]}]
+    with pytest.raises(LlmattrError, match="no column 'documents'"):
+        read_file_texts("context", tmp_path / "rows.jsonl")
+
+
+def test_gold_sources_of_the_bio_lookup_task_reach_the_prompt(tiny_tokenizer):
+    from llmattr.prompting import build_prompt
+    from llmattr.tasks import get_task, load_examples
+
+    task = get_task("bio-lookup")
+    for example in load_examples(task, n=4):
+        inputs = task.inputs(example)
+        prompt = build_prompt(tiny_tokenizer, task, inputs, sources="sentence")
+        gold_doc = example["gold_sources"][0]
+        assert prompt.sources.documents.gold == (gold_doc,)
+        assert prompt.sources.gold == tuple(i for i, d in enumerate(prompt.sources.parents) if d == gold_doc)
+        assert example["label"] in prompt.text[slice(*prompt.sources.documents.chars[gold_doc])]
