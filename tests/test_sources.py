@@ -293,3 +293,12 @@ def test_gold_sources_of_the_bio_lookup_task_reach_the_prompt(tiny_tokenizer):
         assert prompt.sources.documents.gold == (gold_doc,)
         assert prompt.sources.gold == tuple(i for i, d in enumerate(prompt.sources.parents) if d == gold_doc)
         assert example["label"] in prompt.text[slice(*prompt.sources.documents.chars[gold_doc])]
+
+
+def test_a_context_longer_than_the_model_is_one_line_before_any_forward(tiny_llama):
+    """The tiny model's context is 256 tokens: 20 documents of about 60 tokens are refused by the prompt-length
+    check of :func:`llmattr.targets.make_target`, before the generation and the method run."""
+    docs = long_documents(tiny_llama.tokenizer, 20, 1200)
+    with pytest.raises(LlmattrError, match="context of 256 tokens") as err:
+        llmattr.explain("Which review is best?", documents=docs, model=tiny_llama, method="saliency", progress=False)
+    assert "\n" not in str(err.value)
