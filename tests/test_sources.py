@@ -181,6 +181,9 @@ def test_sentences_and_spans_as_sources(tiny_llama):
     text = "good food, bad service"
     expl = llmattr.explain(text, spans=[(0, 9), (11, 22)], model=tiny_llama, method="saliency", progress=False)
     assert [expl.text[s:e] for s, e in expl.sources.chars] == ["good food", "bad service"]
+    expl = llmattr.explain("It rained. We stayed in.", sources="sentence", model=tiny_llama, method="saliency",
+                           progress=False)
+    assert expl.sources.names == ("text, sentence 1", "text, sentence 2") and expl.sources.parents == (0, 0)
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -138,7 +138,8 @@ def build_prompt(tokenizer, task: Task, example: dict, demonstrations: str = "",
     prompt = tokenize_prompt(tokenizer, text, char_span)
     ranges = source_ranges(task, example, sources)
     if ranges is not None:
-        names = None if task.documents else [f"span {i}" for i in range(1, len(ranges) + 1)]
+        names = (None if task.documents else ["text"] if example.get("spans") is None
+                 else [f"span {i}" for i in range(1, len(ranges) + 1)])
         prompt.sources = build_sources([(char_span[0] + s, char_span[0] + e) for s, e in ranges], text,
                                        prompt.offsets, prompt.span, sources or "document",
                                        example.get("gold_sources") or (), language, names)
