@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import re
 
-from .base import GENERATE, Task
+from .base import Task
 
 CONTEXT_SYSTEM = ("You answer questions about the documents the user gives. Answer briefly, using only what the "
                   "documents say.")
@@ -72,7 +72,7 @@ def names_person(answer: str, name: str) -> bool:
 
 BIO_LOOKUP = Task(
     name="bio-lookup", user_template=CONTEXT.user_template, fields=("question",), documents=True,
-    system=CONTEXT_SYSTEM, kind=GENERATE.kind, max_new_tokens=8, answer_prefix="Answer:", data="wikibio",
+    system=CONTEXT_SYSTEM, kind="generation", max_new_tokens=8, answer_prefix="Answer:", data="wikibio",
     label_field="answer", compose=with_documents, display="Bio lookup", report_order=5,
     description=f"who is the person described? the gold biography among {DISTRACTORS} others from WikiBio "
                 "(gold source known)",
