@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 import torch
-from rich.progress import track
+from rich.progress import Progress, track
 
 from . import faithfulness, methods
 from .declarations import Catalog
@@ -48,9 +48,10 @@ def prepare(lm: LoadedModel, text: str | dict, request: Request) -> Target:
     """
     check_text(text)
     task = request.task
-    example = task.example_from_text(text)
+    example = request.example(text)
     task.check_model(lm)
-    prompt: Prompt = build_prompt(lm.tokenizer, task, example, request.few_shot_text(example))
+    prompt: Prompt = build_prompt(lm.tokenizer, task, example, request.few_shot_text(example), request.sources,
+                                  request.language)
     n_new = task.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
     tokens = prompt.length + max(n_new, 1) - 1
     if request.method_objs and tokens < lm.max_length:  # longer than the context: make_target says so
@@ -111,7 +112,7 @@ def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod
         timings={**(timings or {}), "attribution_s": seconds},
         task=task.name if task else None, text=target.prompt.text, offsets=target.prompt.offsets,
         generated=tok.decode(step_ids), forced=target.forced, example=example or {}, scope=target.scope,
-        classification=target.classification or {},
+        classification=target.classification or {}, sources=target.prompt.sources,
     )
 
 
@@ -122,7 +123,7 @@ def explain(
     text: str | dict | list,
     model: str | LoadedModel = "default",
     method: str | methods.AttributionMethod | list = "grad-ellm",
-    task: str | Task = "sentiment",
+    task: str | Task | None = None,
     max_new_tokens: int | None = None,
     answer: str | None = None,
     device: str = "auto",
@@ -139,6 +140,10 @@ def explain(
     objective: str | None = None,
     foil: str | int | None = None,
     request: Request | None = None,
+    documents: list[str] | None = None,
+    spans: list | None = None,
+    sources: str | None = None,
+    language: str = "en",
     **params,
 ) -> Explanation | Explanations:
     """Explain the model's answer to ``text`` with ``method``.
@@ -167,6 +172,14 @@ def explain(
     default), ``"prompt"`` (every prompt token, template included: paper 000's pipeline) or ``"all"``
     (prompt and generated prefix: the ReAGent evaluator code).
 
+    ``task``: the prompt recipe (default ``sentiment``; ``context`` with ``documents``).
+
+    Sources (docs/sources.md): ``documents`` (a list of texts; ``text`` is then the question, asked with the
+    ``context`` task by default) makes each document one source, ``spans`` (``[start, end)`` character ranges
+    into ``text``) each range; ``sources="sentence"`` makes each sentence of them one source (split for
+    ``language``). The Explanation's ``sources`` say which tokens form each source and ``source_scores()``
+    sums every method's token scores over them; LIME and the random baseline then perturb (draw) whole sources.
+
     ``request``: a :class:`~llmattr.request.Request` holding all of the above at once, instead of them
     (``explain(text, model=lm, request=Request("sst2", ["saliency"], target="gold"))``, what ``llmattr
     explain`` passes); a request of several methods explains them side by side. Every value is checked when
@@ -185,9 +198,11 @@ def explain(
     method_params = {**(method_params or {}), **params}
     if target in ("probability", "logit"):  # the objective's earlier spelling
         method_params["objective"], target = target, "label"
+    task = task if task is not None else "context" if documents is not None else "sentiment"
     asked = Request.of(method, task, method_params, objective, foil, max_new_tokens=max_new_tokens, answer=answer,
                        shots=shots, shots_seed=shots_seed, demonstrations=demonstrations, shots_from=shots_from,
-                       target=target, gold=gold, scope=scope, checkpointing=checkpointing)
+                       target=target, gold=gold, scope=scope, checkpointing=checkpointing, documents=documents,
+                       spans=spans, sources=sources, language=language)
     if request is not None and asked != UNASKED:
         raise LlmattrError("explain(request=...): give the method, task and options to the Request, not beside it")
     request = asked if request is None else request
@@ -201,18 +216,22 @@ def explain(
     check_texts(texts)
     lm = resolve_model(model, device)
     out = Explanations()
-    for i, item in enumerate(track(texts, description="explaining", disable=not progress or len(texts) < 2,
-                                  console=progress_console())):
-        skipped: list[str] = []
-        try:
-            explained = explain_text(lm, item, request, skipped=skipped)
-        except LlmattrError as err:
-            out.failed[i] = str(err)
-            continue
-        if skipped:
-            out.failed[i] = "; ".join(skipped)
-        out.extend(explained)
-        out.examples += [i] * len(explained)
+    units = len(texts) * len(request.method_objs)  # the bar counts (text, method) explanations
+    with Progress(console=progress_console(), disable=not progress or units < 2) as bar:
+        task_id = bar.add_task("explaining", total=units)
+        for i, item in enumerate(texts):
+            skipped: list[str] = []
+            try:
+                explained = explain_text(lm, item, request, skipped=skipped,
+                                         advance=lambda: bar.advance(task_id))
+            except LlmattrError as err:
+                out.failed[i] = str(err)
+                bar.update(task_id, completed=(i + 1) * len(request.method_objs))
+                continue
+            if skipped:
+                out.failed[i] = "; ".join(skipped)
+            out.extend(explained)
+            out.examples += [i] * len(explained)
     if out.failed:
         warnings.warn(f"{len(out.failed)} of {len(texts)} item(s) not explained (kept the others): "
                       + "; ".join(f"item {i}: {why}" for i, why in out.failed.items()),
@@ -226,12 +245,13 @@ def naming(method: str, why: str) -> str:
     return why if why.startswith(f"{method} ") else f"{method}: {why}"
 
 
-def explain_text(lm: LoadedModel, text: str | dict, request: Request,
-                 skipped: list[str] | None = None) -> list[Explanation]:
+def explain_text(lm: LoadedModel, text: str | dict, request: Request, skipped: list[str] | None = None,
+                 advance=None) -> list[Explanation]:
     """One text explained by each of the request's methods on one prompt and one generation.
 
     With a ``skipped`` list, a method that fails (LlmattrError: the memory guard, say) is left out and
-    named there as ``"method: why"``; without it the error is raised."""
+    named there as ``"method: why"``; without it the error is raised. ``advance`` is called after each method
+    (a progress bar's step)."""
     for method_obj in request.method_objs:
         if method_obj.objective:
             method_obj.explained(lm)  # a foil that is not one token fails before the generation
@@ -239,7 +259,7 @@ def explain_text(lm: LoadedModel, text: str | dict, request: Request,
     prepared_target = prepare(lm, text, request)
     prepared = time.perf_counter()
     timings = {"load_s": float(lm.info.get("load_s", 0.0)), "generate_s": prepared - loaded}
-    example = request.task.example_from_text(text)
+    example = request.example(text)
     explained = []
     for method_obj in request.method_objs:
         try:
@@ -248,6 +268,8 @@ def explain_text(lm: LoadedModel, text: str | dict, request: Request,
             if skipped is None:
                 raise
             skipped.append(naming(method_obj.name, str(err)))
+        if advance is not None:
+            advance()
     return explained
 
 

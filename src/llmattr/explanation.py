@@ -18,6 +18,7 @@ from .declarations import current_params
 from .display import display_tokens, span_display
 from .errors import LlmattrError
 from .scores import retain_probs
+from .sources import Sources
 
 # A word is a run of non-space characters, except that every CJK ideograph is a word of its own (the
 # convention of BERT's basic tokenizer, as Chinese and Japanese text has no spaces between words).
@@ -67,6 +68,7 @@ class Explanation:
     classification: dict = field(default_factory=dict)  # label-word target record (llmattr.targets.label_record)
     scope: str = "span"  # what ``span`` covers: content span, whole prompt, or prompt + generated prefix
     version: int = SCHEMA_VERSION
+    sources: Sources | None = None  # which prompt tokens form each source (docs/sources.md); None: no sources
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor, signed: bool, step_tokens: list[str], step_ids: list[int],
@@ -170,6 +172,21 @@ class Explanation:
         raw = self.to_numpy(raw=True)
         return words, np.stack([raw[:, g].sum(-1) for g in groups], axis=-1)
 
+    def source_scores(self, raw: bool = True) -> np.ndarray:
+        """``(steps, sources)``: each source's score, the sum of its tokens' raw scores (``raw=False``: of their
+        [0, 1] scores) over its columns of the span (:meth:`llmattr.sources.Sources.columns`). Summing keeps a
+        signed method's sign: a source whose tokens lowered the output gets a negative score. Every method
+        gets source scores this way; LIME and the random baseline already spread one value per source evenly
+        over its tokens, so the sum is that value (docs/sources.md)."""
+        if self.sources is None:
+            raise LlmattrError("this explanation has no sources; give documents=[...] or spans=[...] to explain")
+        scores = self.to_numpy(raw=raw)
+        return np.stack([scores[:, cols].sum(-1) for cols in self.sources.columns(self.span)], axis=-1)
+
+    def source_texts(self) -> list[str]:
+        """Each source's text (its characters of the prompt)."""
+        return [] if self.sources is None else self.sources.texts(self.text)
+
     # ------------------------------------------------------------------ notebooks
     def to_numpy(self, raw: bool = False) -> np.ndarray:
         """``(steps, span)`` array of retain probabilities (or the method's raw scores)."""
@@ -212,6 +229,10 @@ class Explanation:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["span"] = list(self.span)
+        if self.sources is None:  # an explanation without sources writes the JSON it wrote before them
+            del data["sources"]
+        else:
+            data["sources"] = self.sources.to_dict()
         data["offsets"] = [list(o) for o in self.offsets]
         return data
 
@@ -229,6 +250,7 @@ class Explanation:
         data["params"] = current_params(data["params"], "explanation params")  # one written before a rename
         data["span"] = tuple(data["span"])
         data["offsets"] = [tuple(o) for o in data.get("offsets", [])]
+        data["sources"] = None if data.get("sources") is None else Sources.from_dict(data["sources"])
         return cls(**data)
 
     @classmethod

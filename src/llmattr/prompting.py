@@ -8,6 +8,7 @@ import torch
 
 from .errors import LlmattrError
 from .sources import Sources
+from .sources.build import build_sources, check_documents, check_spans, context_text
 from .tasks import Task
 
 
@@ -116,6 +117,30 @@ def decode_pieces(tokenizer, ids: list[int]) -> list[str]:
     return pieces
 
 
-def build_prompt(tokenizer, task: Task, example: dict, demonstrations: str = "") -> Prompt:
+def source_ranges(task: Task, example: dict, granularity: str | None) -> list[tuple[int, int]] | None:
+    """The sources' character ranges relative to the content span's start: each document's text (a task that
+    takes ``documents``), the example's ``spans`` (ranges into its first field, the text), or with
+    ``granularity="sentence"`` and neither, the whole text (then split into sentences); None: no sources."""
+    if task.documents:
+        return context_text(check_documents(example["documents"]))[1]
+    text = str(example[task.fields[0]])
+    if example.get("spans") is not None:
+        return list(check_spans(example["spans"], len(text)))
+    return [(0, len(text))] if granularity == "sentence" else None
+
+
+def build_prompt(tokenizer, task: Task, example: dict, demonstrations: str = "", sources: str | None = None,
+                 language: str = "en") -> Prompt:
+    """The prompt of ``example``, with its :class:`~llmattr.sources.Sources` where it has documents or spans (or
+    ``sources="sentence"``): one per document or span, or one per sentence of each (``sources``); the example's
+    ``gold_sources`` (document indices) are the gold ones."""
     text, char_span = render(tokenizer, task, example, demonstrations)
-    return tokenize_prompt(tokenizer, text, char_span)
+    prompt = tokenize_prompt(tokenizer, text, char_span)
+    ranges = source_ranges(task, example, sources)
+    if ranges is not None:
+        names = (None if task.documents else ["text"] if example.get("spans") is None
+                 else [f"span {i}" for i in range(1, len(ranges) + 1)])
+        prompt.sources = build_sources([(char_span[0] + s, char_span[0] + e) for s, e in ranges], text,
+                                       prompt.offsets, prompt.span, sources or "document",
+                                       example.get("gold_sources") or (), language, names)
+    return prompt

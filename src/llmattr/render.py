@@ -63,10 +63,16 @@ class Shown(Protocol):
     warnings: list[str]
     text: str
 
+    sources: object | None  # llmattr.sources.Sources, or None
+
     @property
     def span_display(self) -> list[str]: ...
 
     def to_numpy(self, raw: bool = False) -> np.ndarray: ...
+
+    def source_scores(self, raw: bool = True) -> np.ndarray: ...
+
+    def source_texts(self) -> list[str]: ...
 
 
 @dataclass
@@ -227,8 +233,88 @@ def print_explanation(expl: Shown, console: Console | None = None, max_steps: in
     console.print(table)
     if len(expl.steps) > max_steps:
         console.print(f"... {len(expl.steps) - max_steps} more steps (see --html / --json)")
+    if getattr(expl, "sources", None) is not None:
+        console.print(source_table(expl, console.color_system))
     for warning in expl.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
+
+
+SOURCE_STEPS = 4  # steps whose source scores the views show side by side (the JSON has them all)
+BAR_WIDTH = 12  # characters of a full bar in the terminal's source table
+EXCERPT = 60  # characters of a source's text shown beside its bar
+
+
+@dataclass
+class SourceView:
+    """What the views show of an explanation's sources: names, text excerpts, each source's score at the first
+    steps (``values`` ``(sources, steps)``: :meth:`Explanation.source_scores`, the sum of its tokens' raw scores)
+    and the same over each step's largest ``|value|`` (``unit``, in [-1, 1])."""
+
+    names: list[str]
+    excerpts: list[str]
+    values: np.ndarray
+    unit: np.ndarray
+    steps: list[str]
+
+
+def source_view(expl: Shown, max_steps: int = SOURCE_STEPS) -> SourceView:
+    """The sources of ``expl`` as the views show them (:class:`SourceView`)."""
+    values = expl.source_scores(raw=True)[:max_steps].T
+    peak = np.abs(values).max(axis=0, keepdims=True, initial=0.0)
+    unit = np.divide(values, peak, out=np.zeros_like(values), where=peak > 0)
+    excerpts = [" ".join(text.split()) for text in expl.source_texts()]
+    excerpts = [t if len(t) <= EXCERPT else t[: EXCERPT - 1] + "\u2026" for t in excerpts]
+    return SourceView(list(expl.sources.names), excerpts, values, unit,
+                      [repr(step.token) for step in expl.steps[:max_steps]])
+
+
+def bar_text(u: float, value: float, colours: str | None) -> Text:
+    """A terminal bar of ``|u|`` x :data:`BAR_WIDTH` blocks, red for a positive value and blue for a negative
+    one, then the value."""
+    blocks = int(round(abs(float(u)) * BAR_WIDTH))
+    colour = ("red" if u >= 0 else "blue") if colours in FEW_COLOURS else rgb(1.0 if u >= 0 else -1.0)
+    text = Text()
+    text.append("\u2588" * blocks, style=colour)
+    text.append(" " * (BAR_WIDTH - blocks) + f" {number(value)}")
+    return text
+
+
+def source_table(expl: Shown, colours: str | None = "truecolor") -> Table:
+    """The terminal's source table: each source's name, text and bar per step (the sum of its tokens' raw
+    scores; the bar's length is the value over the step's largest ``|value|``)."""
+    view = source_view(expl)
+    table = Table(title="sources (sum of each source's token scores; signed methods keep the sign)",
+                  title_justify="left", box=None, pad_edge=False, header_style="bold")
+    table.add_column("source")
+    table.add_column("text", overflow="fold", max_width=EXCERPT)
+    for step in view.steps:
+        table.add_column(f"step {step}", no_wrap=True)
+    for i, name in enumerate(view.names):
+        table.add_row(name, view.excerpts[i], *(bar_text(view.unit[i, j], view.values[i, j], colours)
+                                                 for j in range(len(view.steps))))
+    return table
+
+
+def bar_cell(u: float, value: float) -> str:
+    """A table cell with a bar of ``|u|`` x its width (red for a positive value, blue for a negative one) and the
+    value."""
+    return (f'<td class="sbar"><span class="fill" style="width:{abs(u) * 70:.1f}%;background:'
+            f'{rgb(1.0 if u >= 0 else -1.0)}"></span><span class="num">{html.escape(number(value))}</span></td>')
+
+
+def source_html(expl: Shown) -> str:
+    """The source table as HTML: each source's name and text (full text on hover) and a bar per step."""
+    view = source_view(expl)
+    texts = expl.source_texts()
+    head = "".join(f"<th>step {html.escape(step)}</th>" for step in view.steps)
+    rows = []
+    for i, name in enumerate(view.names):
+        bars = "".join(bar_cell(u, v) for u, v in zip(view.unit[i], view.values[i], strict=True))
+        rows.append(f'<tr><td><b>{html.escape(name)}</b></td><td class="src" title="{html.escape(texts[i])}">'
+                    f"{html.escape(view.excerpts[i])}</td>{bars}</tr>")
+    return ('<div class="sources"><p class="meta">sources: the sum of each source\'s token scores (signed methods '
+            'keep the sign: red raises the output, blue lowers it)</p><table><tr><th>source</th><th>text</th>'
+            f"{head}</tr>" + "\n".join(rows) + "</table></div>")
 
 
 # One style for every heatmap: nothing in it depends on an explanation (the bar's gradient is inline).
@@ -244,6 +330,13 @@ STYLE = """<style>
 .llmattr .bar{display:inline-block;width:220px;height:12px;vertical-align:middle;border:1px solid #ccc}
 .llmattr .grid td.c{text-align:center;padding:2px 3px;white-space:pre}
 .llmattr .grid th.c{font-weight:normal;padding:2px 3px;white-space:pre;text-align:center;background:#f6f6f6}
+.llmattr .side{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start}
+.llmattr .side>*{flex:1 1 420px;min-width:0}
+.llmattr .side>.sources{flex:1 1 560px}
+.llmattr .sbar{min-width:110px;white-space:nowrap}
+.llmattr .sbar .fill{display:inline-block;height:12px;vertical-align:middle;margin-right:6px}
+.llmattr .sbar .num{display:inline;font-size:80%}
+.llmattr .src{min-width:200px;max-width:360px;font-size:90%}
 </style>"""
 
 
@@ -286,9 +379,16 @@ def heatmap_html(expl: Shown, numbers: bool = False, shared_scale: bool = False)
         f'<p class="meta">model <b>{html.escape(expl.model)}</b> &middot; method <b>{html.escape(expl.method)}</b>'
         f' &middot; params {html.escape(str(expl.params))} &middot; answer <b>{html.escape(repr(expl.generated))}</b>'
         f'{" (forced)" if expl.forced else ""}</p>'
-        f'<table><tr><th>step</th><th>token</th>{peak_head}<th>content span</th></tr>' + "\n".join(rows)
-        + f"</table>{warnings}</div>"
+        + beside(f'<table><tr><th>step</th><th>token</th>{peak_head}<th>content span</th></tr>' + "\n".join(rows)
+                 + "</table>", expl) + f"{warnings}</div>"
     )
+
+
+def beside(heatmap: str, expl: Shown) -> str:
+    """The heatmap, with the source table beside it where the explanation has sources."""
+    if getattr(expl, "sources", None) is None:
+        return heatmap
+    return f'<div class="side"><div>{heatmap}</div>{source_html(expl)}</div>'
 
 
 def grid_html(explanations: Sequence[Shown], numbers: bool = False, shared_scale: bool = False) -> str:
@@ -324,8 +424,26 @@ def grid_html(explanations: Sequence[Shown], numbers: bool = False, shared_scale
                             f"{html.escape(expl.model)}</td><td><code>{html.escape(repr(step.token))}</code></td>"
                             f"<td class='meta'>{html.escape(end)}</td>{cells}</tr>")
         tables.append('<table class="grid"><tr><th>method</th><th>model</th><th>step</th><th>scale</th>'
-                      f"{head}</tr>" + "\n".join(rows) + "</table>")
+                      f"{head}</tr>" + "\n".join(rows) + "</table>" + sources_grid_html(members))
     return f'{STYLE}<div class="llmattr">{bars}' + "<br>".join(tables) + "</div>"
+
+
+def sources_grid_html(members: Sequence[Shown]) -> str:
+    """Explanations of one text side by side at source level: a row per source, a bar per (method, step) of the
+    first steps (each column over its own largest ``|value|``); "" where the text has no sources."""
+    members = [expl for expl in members if getattr(expl, "sources", None) is not None]
+    if not members:
+        return ""
+    views = [source_view(expl) for expl in members]
+    head = "".join(f"<th>{html.escape(expl.method)} {html.escape(step)}</th>"
+                   for expl, view in zip(members, views, strict=True) for step in view.steps)
+    rows = []
+    for i, name in enumerate(views[0].names):
+        bars = "".join(bar_cell(u, v) for view in views for u, v in zip(view.unit[i], view.values[i], strict=True))
+        rows.append(f"<tr><td><b>{html.escape(name)}</b></td><td class='src'>{html.escape(views[0].excerpts[i])}"
+                    f"</td>{bars}</tr>")
+    return ('<p class="meta">sources: the sum of each source\'s token scores per method and step</p>'
+            f"<table><tr><th>source</th><th>text</th>{head}</tr>" + "\n".join(rows) + "</table>")
 
 
 _PAGE = """<!doctype html>

@@ -16,6 +16,8 @@ from .errors import LlmattrError
 from .methods import AttributionMethod
 from .methods import get as get_method
 from .models.memory import check_checkpointing
+from .sources.build import check_documents, check_spans
+from .sources.spans import GRANULARITIES
 from .targets import SCOPES, TARGET_MODES, check_gold_word
 from .tasks import Task, few_shot, get_task
 
@@ -28,6 +30,12 @@ class Request:
     ``max_new_tokens`` tokens, the task's default if None), what is attributed (``scope``), the few-shot text
     before the content span (``demonstrations``, plus ``shots`` drawn with ``shots_seed`` from ``shots_from`` or
     the task's sample data) and ``checkpointing`` (``auto``, ``on``, ``off``).
+
+    Sources (docs/sources.md): ``documents``, the context every text is asked about (a task that takes
+    documents, such as ``context``; each document one source), or ``spans``, the user's ``[start, end)``
+    character ranges into the text (each one source); ``sources`` says what one source is, ``document`` (a
+    document or span) or ``sentence`` (each sentence of them, split for ``language``). An example's own
+    ``documents``/``spans`` (a ``--data`` row's) stand where the request has none.
 
     A request without methods prepares targets only (:func:`llmattr.api.prepare`: no memory guard); the
     methods are built, and so checked, with the request (``method_objs``, once for every text)."""
@@ -45,6 +53,10 @@ class Request:
     shots_seed: int = 0
     shots_from: str | Path | None = None
     checkpointing: str = "auto"
+    documents: Sequence[str] | None = None
+    spans: Sequence[Sequence[int]] | None = None
+    sources: str | None = None
+    language: str = "en"
     method_objs: tuple[AttributionMethod, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -54,6 +66,7 @@ class Request:
         member(self.target, TARGET_MODES, "target")
         member(self.scope, SCOPES, "scope")
         check_checkpointing(self.checkpointing)
+        self.check_sources()
         one = isinstance(self.methods, str | AttributionMethod)
         set_field(self, "methods", (self.methods,) if one else tuple(self.methods))
         set_field(self, "params", dict(self.params))
@@ -74,6 +87,27 @@ class Request:
                                        if value is not None}}
         return cls(task, method, params, **options)
 
+    def check_sources(self) -> None:
+        """The sources asked for, refused in one line: documents that are not a non-empty list of non-empty
+        texts, documents beside spans or for a task that takes none, spans that are not disjoint ranges."""
+        if self.sources is not None:
+            member(self.sources, GRANULARITIES, "sources")
+        if self.documents is not None:
+            if not self.task.documents:
+                raise LlmattrError(f"task {self.task.name} takes no documents; use --task context (or a task "
+                                   "that shows documents)")
+            if self.spans is not None:
+                raise LlmattrError("give documents or spans, not both")
+            object.__setattr__(self, "documents", check_documents(self.documents))
+        if self.spans is not None:
+            object.__setattr__(self, "spans", check_spans(self.spans))
+
+    def example(self, text: str | dict) -> dict:
+        """The example of ``text`` (:meth:`Task.example_from_text`) with the request's documents or spans."""
+        example = self.task.example_from_text(text)
+        extra = {"documents": self.documents, "spans": self.spans}
+        return {**example, **{key: value for key, value in extra.items() if value is not None}}
+
     def gold_of(self, example: dict) -> str | None:
         """The gold word of ``example``: the request's ``gold``, else the example's ``label``."""
         return example.get("label") if self.gold is None else self.gold
@@ -90,7 +124,11 @@ class Request:
         """Refuse, before any work, what is not a text of this request: not a str or a dict of the task's
         fields, empty, an empty field, or (``target="gold"`` on a next-word task) without its gold word."""
         check_text(text)
-        example = self.task.example_from_text(text)
+        example = self.example(text)
+        if self.task.documents:
+            check_documents(example.get("documents") if example.get("documents") is not None else ())
+        if example.get("spans") is not None:
+            check_spans(example["spans"], len(str(example[self.task.fields[0]])))
         if self.target == "gold" and self.task.next_word and self.answer is None:
             check_gold_word(self.task, self.gold_of(example))
 

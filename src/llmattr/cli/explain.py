@@ -103,7 +103,31 @@ def task_help() -> dict[str, str]:
     """``--task``'s help, naming every registered task."""
     from ..tasks import TASKS
 
-    return {"task": f"Prompt recipe (default sentiment): {', '.join(sorted(TASKS))}."}
+    return {"task": f"Prompt recipe (default sentiment; context with --document/--context): "
+                    f"{', '.join(sorted(TASKS))}."}
+
+
+def context_documents(path: Path) -> list[str]:
+    """``--context FILE``'s documents: a ``.json`` file holds a list of texts; any other file is text whose
+    paragraphs (separated by blank lines) are the documents."""
+    from ..sources.build import check_documents
+    from ..tasks.datasets import file_text, read_json
+
+    if path.suffix == ".json":
+        return list(check_documents(read_json(path, "--context file")))
+    text = file_text(path, "--context file").replace("\r\n", "\n")
+    return [part.strip() for part in text.split("\n\n") if part.strip()]
+
+
+def parse_spans(items: list[str]) -> list[tuple[int, int]] | None:
+    """``--span START:END`` options as character ranges (None without any)."""
+    spans = []
+    for item in items:
+        start, sep, end = item.partition(":")
+        if not sep or not start.strip().isdigit() or not end.strip().isdigit():
+            raise LlmattrError(f"--span expects START:END character offsets into the text, got {item!r}")
+        spans.append((int(start), int(end)))
+    return spans or None
 
 
 @app.command(cls=plugin_command(method_options, task_help))
@@ -112,7 +136,7 @@ def explain(
     text: str = typer.Argument(None, help="The text to explain (the content span of the prompt); or --data FILE."),
     model: str = typer.Option("default", help="'default' (SmolLM2-135M-Instruct), 'gemma-3-270m', a hub id, "
                                                  "a folder or a .gguf."),
-    task: str = typer.Option("sentiment", help="Prompt recipe: sentiment, boolq, generate, ..."),
+    task: str = typer.Option(None, help="Prompt recipe: sentiment, boolq, generate, context, ..."),
     method: str = typer.Option("grad-ellm", help="Attribution method (see `llmattr methods`); several, comma-"
                                                  "separated, explain one generation side by side (--html: "
                                                  "one aligned grid)."),
@@ -161,6 +185,15 @@ def explain(
                                          "(--json: a list, --html: one grid per row)."),
     text_field: str = typer.Option(None, help="--data: the column holding the text (default: the task's field)."),
     n: int = typer.Option(None, help="--data: explain the first N rows only."),
+    document: list[str] = typer.Option([], help="A document of the context TEXT (the question) is asked about; "
+                                                "repeat for several. Each is one source (docs/sources.md)."),
+    context: Path = typer.Option(None, help="The documents from a file: its paragraphs (blank-line separated), "
+                                            "or a .json list of texts."),
+    span: list[str] = typer.Option([], help="A source as START:END character offsets into TEXT; repeat."),
+    sources: str = typer.Option(None, help="What one source is: document (each document or --span) or "
+                                           "sentence (each sentence of them, or of TEXT)."),
+    documents_field: str = typer.Option(None, help="--data with a task that takes documents: the column "
+                                                   "holding each row's list of documents (default documents)."),
 ) -> None:
     """Explain the model's answer to TEXT (or to every row of --data FILE): answer, token heatmap, optional HTML
     and JSON. Every registered method's parameters are options (the Method parameters panel)."""
@@ -176,17 +209,31 @@ def explain(
     console = Console(stderr=format == "json")
     if (text is None) == (data is None):
         raise LlmattrError("give the text to explain, or --data FILE (not both)")
-    if data is None and (text_field is not None or n is not None):
-        raise LlmattrError("--text-field and --n go with --data FILE")
+    if data is None and (text_field is not None or n is not None or documents_field is not None):
+        raise LlmattrError("--text-field, --documents-field and --n go with --data FILE")
     given = {key: value for key, value in ctx.meta.get(DERIVED, {}).items() if value is not None}
     params = methods.parse_params(param + [f"{key}={value}" for key, value in given.items()], "--param NAME=VALUE")
     names = [name.strip() for name in method.split(",") if name.strip()] or [method]
+    if document and context is not None:
+        raise LlmattrError("give --document (repeated) or --context FILE, not both")
+    documents = context_documents(context) if context is not None else (document or None)
+    if data is not None and (documents is not None or span):
+        raise LlmattrError("--document, --context and --span go with one TEXT; with --data each row holds its "
+                           "documents (--documents-field)")
+    task = task if task is not None else "context" if documents is not None else "sentiment"
     request = Request.of(names, task, params, objective, foil, max_new_tokens=max_new_tokens, answer=answer,
-                         shots=shots, shots_from=shots_from, target=target, scope=scope, checkpointing=checkpointing)
+                         shots=shots, shots_from=shots_from, target=target, scope=scope, checkpointing=checkpointing,
+                         documents=documents, spans=parse_spans(span), sources=sources)
     task_obj = request.task
     gold_field = ("label",) if task_obj.has_gold_word else ()  # --target gold's word
     if data is not None:
-        content = file_texts(read_file_texts(task_obj, data, text_field), n, field, target, check_texts)
+        content = file_texts(read_file_texts(task_obj, data, text_field, documents_field), n, field, target,
+                             check_texts)
+        for row, text_item in enumerate(content, 1):  # documents and spans of every row, before the model loads
+            try:
+                request.check_text(text_item)
+            except LlmattrError as err:
+                raise LlmattrError(f"{data}: row {row}: {err}") from None
     else:
         content = parse_fields(text, field, task_obj.fields + gold_field)
     if isinstance(content, dict):
@@ -214,10 +261,11 @@ def explain(
     spinner = progress_console()  # stderr; drawn only where stderr is a terminal
     with spinner.status(f"loading model {model} ..."):
         lm = load_model(model, device=device, dtype=dtype, verbose=verbose)
-    with spinner.status(f"explaining with {', '.join(names)} ...") if data is None else nullcontext(), \
+    bar = many and format == "text"  # a bar over (text, method) explanations; one method on one text: a spinner
+    with spinner.status(f"explaining with {', '.join(names)} ...") if not bar else nullcontext(), \
             warnings.catch_warnings():
         warnings.simplefilter("ignore", NotExplainedWarning)  # the API's warning: this command's error line names them
-        explained = run_explain(content, model=lm, request=request, progress=data is not None and format == "text")
+        explained = run_explain(content, model=lm, request=request, progress=bar)
     expls = list(explained) if many else [explained]
     failed = getattr(explained, "failed", {})
     if not expls:  # every method refused (the memory guard, say) or every row failed: nothing to show or write

@@ -93,7 +93,7 @@ def _explain(lm: LoadedModel, item: _Pending, target_cache: dict, cfg: EvalConfi
     key = (item.dataset.name, item.unit.example)
     if key not in target_cache:
         target_cache.clear()
-        fields_ = {name: item.example[name] for name in task.fields}
+        fields_ = task.inputs(item.example)
         request = Request(task, target=cfg.target, gold=item.example.get("label"), scope=cfg.scope,
                           max_new_tokens=cfg.max_new_tokens)
         target_cache[key] = request, prepare(lm, fields_, request)

@@ -124,6 +124,23 @@ class AttributionMethod:
         return memory.checkpointed(lm, enable)
 
 
+def source_features(target: Target) -> torch.Tensor | None:
+    """``(n_span,)``: the source of each span token (-1: none), where the prompt has sources
+    (:attr:`llmattr.prompting.Prompt.sources`): the features of a method that perturbs or draws whole sources
+    instead of tokens (LIME, the random baseline); None without sources."""
+    sources = target.prompt.sources
+    return None if sources is None else torch.from_numpy(sources.owners(target.span))
+
+
+def spread(values: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
+    """``(T, k)`` per-source values as ``(T, n_span)`` token scores: each source's value divided evenly over its
+    tokens (so a source's summed score, :meth:`llmattr.explanation.Explanation.source_scores`, is its value),
+    0 on the tokens of no source."""
+    sizes = torch.bincount(owner[owner >= 0], minlength=values.shape[1]).to(values.dtype)
+    per_token = torch.cat([values / sizes, torch.zeros_like(values[:, :1])], dim=1)
+    return per_token[:, torch.where(owner >= 0, owner, values.shape[1])]
+
+
 def layer_parameter(cls: type[AttributionMethod]) -> str | None:
     """The parameter of ``cls`` that picks one layer's reading (``layer_param`` where its defaults have it), or
     ``None`` for a method without per-layer scores."""

@@ -1,6 +1,9 @@
 """LIME (Ribeiro et al., 2016) through Captum's ``Lime``, over a token-mask function of our own.
 
-Interpretable features are the content tokens; a perturbation keeps each with probability 1/2 (Captum's
+Interpretable features are the content tokens, or, where the prompt has sources (documents, sentences, spans:
+docs/sources.md), the sources: a perturbation then keeps or removes whole sources, the tokens of no source (the
+question, the template words between documents) stay as they are, and each source's coefficient is spread evenly
+over its tokens (:func:`~llmattr.methods.base.spread`). A perturbation keeps each with probability 1/2 (Captum's
 default sampler) and replaces a removed token's input embedding by the zero baseline (template tokens
 stay intact). Samples are weighted by Captum's default exponential kernel on the cosine distance of
 the embeddings, and the explained output is the target token's probability (Inseq's default, which
@@ -23,7 +26,7 @@ from ..errors import LlmattrError
 from ..models.forward import SharedPrefix
 from ..models.loading import LoadedModel
 from ..targets import Target
-from .base import AttributionMethod, register
+from .base import AttributionMethod, register, source_features, spread
 
 
 class WeightedRidge:
@@ -100,17 +103,25 @@ class SharedSteps:
 
 
 def lime_step(forward, span_embeds: torch.Tensor, n_samples: int, batch_size: int, alpha: float,
-              seed: int) -> torch.Tensor:
-    """Captum ``Lime`` on ``forward`` (B, n, d) -> (B,) with one feature per token: ``(n,)`` coefficients."""
+              seed: int, owner: torch.Tensor | None = None) -> torch.Tensor:
+    """Captum ``Lime`` on ``forward`` (B, n, d) -> (B,) with one feature per token: ``(n,)`` coefficients; or,
+    with ``owner`` (the source of each token, -1 for none), one feature per source: ``(k,)`` coefficients.
+
+    The tokens of no source form one more feature whose baseline is their own embedding, so removing it changes
+    nothing (its coefficient is dropped)."""
     n, d = span_embeds.shape[1:]
-    mask = torch.arange(n, device=span_embeds.device)[None, :, None].expand(1, n, d)
+    features = torch.arange(n) if owner is None else torch.where(owner >= 0, owner, int(owner.max()) + 1)
+    mask = features.to(span_embeds.device)[None, :, None].expand(1, n, d)
+    baselines = 0.0 if owner is None else torch.where((owner >= 0).to(span_embeds.device)[None, :, None],
+                                                      torch.zeros_like(span_embeds), span_embeds)
     lime = Lime(forward, interpretable_model=WeightedRidge(alpha))
     gpu = [span_embeds.device] if span_embeds.device.type == "cuda" else []
     with torch.random.fork_rng(devices=gpu):  # the seed leaves the caller's generators (CPU and GPU) as they were
         torch.manual_seed(seed)
-        coef = lime.attribute(span_embeds, baselines=0.0, feature_mask=mask, n_samples=n_samples,
+        coef = lime.attribute(span_embeds, baselines=baselines, feature_mask=mask, n_samples=n_samples,
                               perturbations_per_eval=batch_size, return_input_shape=False)
-    return coef.reshape(-1).cpu()
+    coef = coef.reshape(-1).cpu()
+    return coef if owner is None else coef[: int(owner.max()) + 1]
 
 
 @register
@@ -144,6 +155,7 @@ class LimeMethod(AttributionMethod):
             span_embeds = lm.embed(target.input_ids)[:, a:b]
         shared = SharedSteps(span_forward(lm, target, *self.explained(lm)))
         p = self.params
-        rows = [lime_step(shared.at_step(t), span_embeds, p["n_samples"], p["batch_size"], float(p["alpha"]),
-                          int(p["seed"])) for t in range(target.n_steps)]
-        return torch.stack(rows)
+        owner = source_features(target)
+        rows = torch.stack([lime_step(shared.at_step(t), span_embeds, p["n_samples"], p["batch_size"],
+                                      float(p["alpha"]), int(p["seed"]), owner) for t in range(target.n_steps)])
+        return rows if owner is None else spread(rows, owner)

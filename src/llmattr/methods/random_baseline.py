@@ -8,12 +8,13 @@ import torch
 
 from ..models.loading import LoadedModel
 from ..targets import Target
-from .base import AttributionMethod, register
+from .base import AttributionMethod, register, source_features, spread
 
 
 @register
 class RandomBaseline(AttributionMethod):
-    """Independent U(0, 1) scores per step and content token.
+    """Independent U(0, 1) scores per step and content token; where the prompt has sources, per step and source
+    (each spread evenly over its tokens: :func:`~llmattr.methods.base.spread`).
 
     The generator is seeded with ``seed`` mixed with a CRC of the input ids: the same seed and input
     give the same scores, different inputs get different draws.
@@ -32,4 +33,7 @@ class RandomBaseline(AttributionMethod):
         ids = target.input_ids[0].to(torch.int64).numpy().tobytes()
         generator = torch.Generator().manual_seed(int(self.params["seed"]) * 1_000_003 + zlib.crc32(ids))
         a, b = target.span
-        return torch.rand((target.n_steps, b - a), generator=generator)
+        owner = source_features(target)
+        if owner is None:
+            return torch.rand((target.n_steps, b - a), generator=generator)
+        return spread(torch.rand((target.n_steps, int(owner.max()) + 1), generator=generator), owner)

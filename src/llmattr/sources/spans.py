@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+GRANULARITIES = ("document", "sentence")  # what one source is: a document (or a user's span), or a sentence
+
 
 @dataclass(frozen=True)
 class Sources:
@@ -14,6 +18,9 @@ class Sources:
     character range in the prompt text. ``gold`` lists the indices of the sources known to hold the answer
     (empty when unknown). ``parents[i]``, on a sentence level, is the index of the source in ``documents`` that
     sentence ``i`` belongs to; on a document level both are ``None``.
+
+    On an :class:`~llmattr.explanation.Explanation` the same object is kept (absolute positions); the score
+    columns of source ``i`` are ``groups[i]`` minus ``span[0]`` (:meth:`columns`).
     """
 
     names: tuple[str, ...]
@@ -25,3 +32,35 @@ class Sources:
 
     def __len__(self) -> int:
         return len(self.groups)
+
+    def columns(self, span: tuple[int, int]) -> list[np.ndarray]:
+        """Each source's token indices into ``span`` (the score columns of an Explanation whose span it is)."""
+        return [np.asarray(group, dtype=np.int64) - span[0] for group in self.groups]
+
+    def owners(self, span: tuple[int, int]) -> np.ndarray:
+        """``(b - a,)``: the source of each token of ``span``, -1 for a token of no source (the question, the
+        template words between documents): the feature of each token for a method that perturbs whole sources."""
+        owner = np.full(span[1] - span[0], -1, dtype=np.int64)
+        for i, cols in enumerate(self.columns(span)):
+            owner[cols] = i
+        return owner
+
+    def texts(self, text: str) -> list[str]:
+        """Each source's characters of the prompt ``text``."""
+        return [text[s:e] for s, e in self.chars]
+
+    def to_dict(self) -> dict:
+        """JSON-ready: lists for tuples, ``documents`` nested."""
+        return {"names": list(self.names), "groups": [list(g) for g in self.groups],
+                "chars": [list(c) for c in self.chars], "gold": list(self.gold),
+                "parents": None if self.parents is None else list(self.parents),
+                "documents": None if self.documents is None else self.documents.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Sources:
+        """The inverse of :meth:`to_dict`."""
+        parents, documents = data.get("parents"), data.get("documents")
+        return cls(names=tuple(data["names"]), groups=tuple(tuple(int(p) for p in g) for g in data["groups"]),
+                   chars=tuple((int(s), int(e)) for s, e in data["chars"]), gold=tuple(data.get("gold", ())),
+                   parents=None if parents is None else tuple(parents),
+                   documents=None if documents is None else cls.from_dict(documents))

@@ -9,6 +9,7 @@ import torch
 
 from ..errors import LlmattrError
 from ..models.anatomy import output_head, part
+from ..sources.build import check_documents, context_text
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ KINDS = {
     "regression": Kind(numeric=True),
     "lm": Kind(next_word=True),
 }
+
+
+SOURCE_KEYS = ("documents", "spans", "gold_sources")  # an example's sources (docs/sources.md)
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,12 @@ class Task:
     ``evidence_words`` (and the words as ``evidence``), which the alignment metric reads. ``chat=False``
     renders the raw text without the chat template (language-modelling tasks such as BLiMP).
     ``first_token=True`` scores multi-token label words by their first token; otherwise every label
-    word must be one token. ``head`` is the output head the task needs (``"lm"`` for a causal LM).
+    word must be one token. ``documents=True``: the template's ``{documents}`` slot shows the example's
+    ``documents`` (a list of texts, each one source: :func:`llmattr.sources.build.context_text`), and the
+    content span starts there (docs/sources.md). ``compose`` turns the sample file's rows into the task's rows
+    before they become examples (a multi-document task drawing distractors from other rows; ``documents`` and
+    ``gold_sources`` are then kept with each example). ``head`` is the output head the task needs (``"lm"`` for
+    a causal LM).
 
     Report side: ``display`` is the dataset's name in the report's tables and figures (default: ``name``) and
     ``report_order`` its place among the datasets (then by name; paper 000's order for its five).
@@ -93,6 +102,8 @@ class Task:
     chat: bool = True
     first_token: bool = False
     head: str = "lm"
+    documents: bool = False
+    compose: Callable[[list[dict]], list[dict]] | None = None
     description: str = ""
     display: str = ""
     report_order: float = 100
@@ -159,12 +170,35 @@ class Task:
             )
         return example
 
-    def user_content(self, example: dict) -> tuple[str, tuple[int, int]]:
-        """The user message and the character range of the content span inside it."""
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """The template's slots in order: ``documents`` (a task that takes them), then the fields."""
+        return (("documents",) if self.documents else ()) + self.fields
+
+    def slot_values(self, example: dict) -> dict:
+        """Each slot's text: the fields as given, the documents as :func:`~llmattr.sources.build.context_text`
+        shows them (a task that takes documents refuses an example without them, in one line)."""
         values = {name: example[name] for name in self.fields}
+        if self.documents:
+            if example.get("documents") is None:
+                raise LlmattrError(f"task {self.name} needs documents (documents=[...]; CLI: --document or "
+                                   "--context FILE)")
+            values["documents"] = context_text(check_documents(example["documents"]))[0]
+        return values
+
+    def inputs(self, example: dict) -> dict:
+        """What of a loaded example a prompt is built from: its fields and, where it has them, its sources
+        (``documents``, ``spans``, ``gold_sources``: :data:`SOURCE_KEYS`)."""
+        return {**{name: example[name] for name in self.fields},
+                **{key: example[key] for key in SOURCE_KEYS if example.get(key) is not None}}
+
+    def user_content(self, example: dict) -> tuple[str, tuple[int, int]]:
+        """The user message and the character range of the content span inside it: from the first slot's value
+        to the end of the last slot's value."""
+        values = self.slot_values(example)
         content = self.user_template.format(**values)
-        head = self.user_template.split("{" + self.fields[0] + "}")[0].format(**values)
-        tail = self.user_template.split("{" + self.fields[-1] + "}")[-1].format(**values)
+        head = self.user_template.split("{" + self.slots[0] + "}")[0].format(**values)
+        tail = self.user_template.split("{" + self.slots[-1] + "}")[-1].format(**values)
         return content, (len(head), len(content) - len(tail))
 
     def uses_chat(self, tokenizer) -> bool:

@@ -14,6 +14,7 @@ from ..checks import register_once
 from ..errors import LlmattrError
 from .base import BUILTIN, GENERATE, SENTIMENT, Task
 from .blimp import BLIMP
+from .documents import DOCUMENT_TASKS
 
 GLUE = "nyu-mll/glue"
 
@@ -82,6 +83,7 @@ STSB_REGRESSION = replace(
 
 PAPER_TASKS = {t.name: t for t in (IMDB, SST2, TELLMEWHY, WIKIBIO, MNLI, QNLI, STSB, STSB_REGRESSION)}
 PAPER_TASKS.update(BLIMP)
+PAPER_TASKS.update(DOCUMENT_TASKS)
 
 
 TASKS: dict[str, Task] = {**BUILTIN, **PAPER_TASKS}  # every task by name

@@ -18,7 +18,7 @@ import random
 from pathlib import Path
 
 from ..errors import LlmattrError
-from .base import Task
+from .base import SOURCE_KEYS, Task
 from .catalog import get_task
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
@@ -227,10 +227,20 @@ def to_example(task: Task, row: dict, index: int, columns: dict | None = None) -
             f"task {task.name}: label {row.get(label_column)!r} of row {example['id']} is not one of "
             f"{list(task.label_map) or list(task.label_words)}; fix the file or map the label column"
         )
-    for key in ("foil", "evidence_words", "evidence"):
+    for key in ("foil", "evidence_words", "evidence", *SOURCE_KEYS):
         if key in row:
-            example[key] = row[key]
+            example[key] = list_cell(row[key])
     return example
+
+
+def list_cell(value):
+    """A list-valued column as a list: JSON rows hold one; a CSV/TSV cell holds it as JSON text (``["a", "b"]``)."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as err:
+            raise LlmattrError(f"a list column is not JSON ({err.msg}): {value[:60]!r}") from None
+    return value
 
 
 def sample(examples: list[dict], n: int | None, seed: int = 0, balanced: bool = True,
@@ -283,6 +293,7 @@ def load_examples(task: str | Task, source: str | Path | None = None, n: int | N
     task = get_task(task)
     rows, _ = resolve_rows(task, source, split)
     rows = [row for row in rows if all(row.get(k) == v for k, v in task.select.items())]
+    rows = task.compose(rows) if task.compose is not None else rows
     if not rows:
         raise LlmattrError(f"task {task.name}: no rows in {source or task.data} match {task.select}")
     examples = [to_example(task, row, i, columns) for i, row in enumerate(rows)]

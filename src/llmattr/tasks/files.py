@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import LlmattrError
 from .base import Task
 from .catalog import get_task
-from .datasets import read_numbered_rows, to_example
+from .datasets import list_cell, read_numbered_rows, to_example
 
 
 def parse_labels(text: str) -> tuple[tuple[str, ...], dict]:
@@ -72,20 +72,32 @@ def file_rows(task: Task, path: str | Path, text_field: str | None = None,
     return rows, where, columns
 
 
-def read_file_texts(task: str | Task, path: str | Path, text_field: str | None = None) -> list[str | dict]:
+def read_file_texts(task: str | Task, path: str | Path, text_field: str | None = None,
+                    documents_field: str | None = None) -> list[str | dict]:
     """The text of every row of ``path`` as :func:`llmattr.explain` takes it (the first field's string, or a dict
-    of every field for a multi-field task), in file order; no label is read (``llmattr explain --data``)."""
+    of every field for a multi-field task or a task that takes documents, whose list is the column
+    ``documents_field``, default ``documents``: a JSON list, or in a CSV/TSV cell a JSON list as text), in file
+    order; no label is read (``llmattr explain --data``)."""
     task = get_task(task)
-    rows, _, columns = file_rows(task, path, text_field, label_field=False)
-    return example_texts(task, [{name: str(row[column]) for name, column in columns.items()} for row in rows])
+    rows, where, columns = file_rows(task, path, text_field, label_field=False)
+    texts = [{name: str(row[column]) for name, column in columns.items()} for row in rows]
+    if task.documents:
+        column = documents_field or "documents"
+        for text, row, at in zip(texts, rows, where, strict=True):
+            if column not in row:
+                raise LlmattrError(f"{path}: {at} has no column {column!r} for the documents (set "
+                                   f"--documents-field); its columns: {', '.join(map(str, row))}")
+            text["documents"] = list_cell(row[column])
+    return example_texts(task, texts)
 
 
 def example_texts(task: Task, examples: list[dict]) -> list[str | dict]:
     """Each example's text as :func:`llmattr.explain` takes it: its first field, or a dict of every field of a
-    multi-field task."""
-    if len(task.fields) == 1:
+    multi-field task (and its ``documents`` for a task that takes them)."""
+    if len(task.fields) == 1 and not task.documents:
         return [example[task.fields[0]] for example in examples]
-    return [{name: example[name] for name in task.fields} for example in examples]
+    keep = task.fields + (("documents",) if task.documents else ())
+    return [{name: example[name] for name in keep} for example in examples]
 
 
 def read_file_examples(task: str | Task, path: str | Path, text_field: str | None = None,
