@@ -39,7 +39,7 @@ import torch
 from scipy import stats as sps
 
 from .. import methods
-from ..declarations import MetricRow, TableSpec
+from ..declarations import FAIL_RHO, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.anatomy import decoder_blocks
@@ -50,7 +50,6 @@ from .inputs import check_tokenizer, evaluated_steps, example_key, target_from_e
 from .registry import Metric, MetricContext, Option, register
 from .soft import STEP_STRIDE
 
-FAIL_RHO = 0.5  # a method fails when the whole 95% interval of rho lies above this (docs/trust.md)
 SANITY_STRIDE = Option("sanity_stride", 1, "Model randomisation: randomise every k-th block (the top block and "
                        "block 0 always)", positive=True)
 PERMUTED_MODEL = Option("permuted_model", "", "Data randomisation: the model fine-tuned on permuted labels "
