@@ -84,9 +84,10 @@ def test_pi_soft_absorbs_the_power_that_moves_soft(tiny_llama):
     expl = replace(expl, steps=[replace(expl.steps[0], scores=s.tolist())])
     ctx = MetricContext(tiny_llama, expl, MetricOptions(seed=0, values={"samples": 3}))
     got = rows_by_name(reliability_rows(ctx, measured("pi-soft,soft"), c=2.0))
-    assert got["pi_soft_ns_auc|power"] == pytest.approx(0, abs=1e-12) and got["pi_soft_nc_auc|power"] == pytest.approx(0, abs=1e-12)
+    assert got["pi_soft_ns_auc|power"] == pytest.approx(0, abs=1e-12)  # the same masks: the same values
+    assert got["pi_soft_nc_auc|power"] == pytest.approx(0, abs=1e-12)
     assert got["expected_retained|power"] == pytest.approx(float((s ** 2).sum() - s.sum()), rel=1e-9)
-    assert abs(got["soft_ns|power"]) > 10 * abs(got["pi_soft_ns_auc|power"])
+    assert abs(got["soft_ns|power"]) > 1e-3 and abs(got["soft_nc|power"]) > 1e-3
 
 
 def test_unknown_measured_metric_is_one_line():
