@@ -46,7 +46,7 @@ def main() -> None:
         for method in args.methods.split(","):
             holder = {}
 
-            def attribute(method=method, holder=holder):
+            def attribute(method=method, holder=holder, text=text):
                 holder["expl"] = explain(text, model=lm, method=method, task="sentiment")
 
             seconds = once(attribute)
