@@ -63,6 +63,15 @@ def method_label(name: str, params: dict | str, defaults: Mapping | None) -> str
     return ":".join([name, *extra])
 
 
+# the trust metrics (faithfulness.sanity, faithfulness.reliability) and the report's trust section (report.trust)
+FAIL_RHO = 0.5  # a method fails a sanity check when the whole 95% interval of rho lies above this (docs/trust.md)
+SANITY_ROWS = ("cascade_spearman", "independent_spearman", "data_spearman")  # the sanity checks' stored rows
+MINOR = ("seed", "power")  # reliability: perturbations that must not change a metric's verdict (noise resilience)
+DISRUPTIVE = ("shuffle", "invert")  # reliability: perturbations that must (adversarial reactivity)
+UNPERTURBED = "none"  # reliability: the row suffix of the value on the explanation itself
+PERTURBED_SEP = "|"  # reliability: a stored row is named ``<value>|<perturbation>``
+
+
 @dataclass(frozen=True)
 class MetricRow:
     """One stored value name in a table: stored name, display name, direction and number format."""

@@ -438,6 +438,12 @@ class Results:
             "ORDER BY dataset, method, params, example, x, step",
             (model, metric, routing))
 
+    def metric_names(self, model: str, routing: str) -> list[str]:
+        """The stored value names (``results.metric``) of ``model`` under ``routing``, sorted."""
+        rows = self.conn.execute("SELECT DISTINCT metric FROM results WHERE model = ? AND routing = ? ORDER BY metric",
+                                 (model, routing))
+        return [r[0] for r in rows]
+
     def explanations(self, model: str) -> Iterator[tuple]:
         """(dataset, method, params, example, explanation JSON, attribution seconds), in key order."""
         return self.conn.execute(

@@ -29,6 +29,7 @@ from .model import (
     metric_grid,
 )
 from .queries import example_values, mean, stored_mc_se
+from .trust import trust_tables
 
 
 def mc_notes(results: Results, model: str, metrics: list[MetricRow], routing: str) -> list[str]:
@@ -242,10 +243,12 @@ LAYOUTS = {"datasets_by_methods": datasets_by_methods, "metrics_by_methods": met
 def paper_tables(results: Results, model: str, resamples: int = stats.RESAMPLES, *,
                  tables: Sequence[TableSpec], controls: Sequence[str] = ()) -> list[Table]:
     """Task accuracy, then every table of ``tables`` (the registered metrics', in report order) whose
-    metrics are in the store, then the timings; ``resamples`` bootstrap resamples per confidence interval, every
+    metrics are in the store, then the trust section (:mod:`.trust`: where the store holds its metrics), then the
+    timings; ``resamples`` bootstrap resamples per confidence interval, every
     method tested against the ``controls`` (:class:`~llmattr.declarations.Catalog`'s)."""
     cfg = Stats(resamples=resamples, controls=tuple(controls))
     built = [accuracy_table(results, model, cfg), *(metric_table(results, model, spec, cfg) for spec in tables),
+             *trust_tables(results, model, cfg, [row for spec in tables for row in spec.rows]),
              timing_table(results, model, cfg)]
     return [t for t in built if t is not None and any(c.value is not None for s in t.sections
                                                          for _, cells in s.rows for c in cells)]

@@ -1,0 +1,126 @@
+"""Reliability of the faithfulness metrics: MetaQuantus's two criteria (Hedström et al. 2023), adapted to LLMs.
+
+A metric should keep its verdict under perturbations that must not change it (**noise resilience**) and move when
+the explanation is disrupted (**adversarial reactivity**). For one Explanation with scores ``(raw, s)`` (raw scores,
+retain probabilities) the ``reliability`` metric evaluates each metric of ``--reliability-of`` on the explanation
+itself and on four perturbed copies (:func:`perturbed`):
+
+minor (the verdict must not move)
+    ``seed``: the same scores under another Monte-Carlo seed (the run's seed + 1; deterministic metrics cannot move);
+    ``power``: the monotone transform ``s -> s**c``, ``raw -> sign(raw) |raw|**c`` (``c`` = ``--reliability-power``,
+    2 by default), which keeps every ranking and which pi-Soft claims to ignore (paper 000 eq. 7: ``alpha`` absorbs
+    ``c``);
+disruptive (the verdict must move)
+    ``shuffle``: the scores moved to other tokens (one seeded permutation of the span, the same at every step);
+    ``invert``: ``s -> 1 - s``, ``raw -> -raw`` (the ranking reversed).
+
+Rows, per value ``v`` of the metric's report tables (a value is the mean of its rows, over curve points and steps,
+as the report reads it): ``v|none`` (the value on the explanation) and ``v|<perturbation>`` = the perturbed value
+minus it, ``Delta``, with the Monte-Carlo standard error of that difference where the metric reports one. The report
+(:mod:`llmattr.report.trust`) turns them into resilience (``E|Delta|`` under the minor perturbations) and reactivity
+(``E|Delta|`` under the disruptive ones), both in units of the value's standard deviation over the run's examples,
+and adds the agreement of the metrics' rankings of the methods (Kendall's tau) and their split-half stability.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import replace
+
+import torch
+
+from ..declarations import DISRUPTIVE, MINOR, PERTURBED_SEP, UNPERTURBED
+from ..errors import LlmattrError
+from ..explanation import Explanation
+from ..stats import stable_seed
+from ..store import Row
+from .inputs import example_key
+from .ranking import REMOVAL
+from .registry import METRICS, NO_ROUTING, Metric, MetricContext, MetricOptions, Option, register
+from .soft import SOFT_OPTIONS
+
+PERTURBATIONS = (*MINOR, *DISRUPTIVE)
+RELIABILITY_OF = Option("reliability_of", "pi-soft,soft,comp-suff,log-odds,deletion-insertion",
+                        "Reliability: the metrics (comma-separated) whose resilience and reactivity are measured")
+POWER = Option("reliability_power", 2.0, "Reliability: c of the monotone transform s -> s**c")
+ROUTING = "dynamic"  # the routing the measured metrics run under
+
+
+def power(x: torch.Tensor, c: float) -> torch.Tensor:
+    """``sign(x) |x|**c``: monotone increasing for ``c > 0`` (``s**c`` on retain probabilities)."""
+    return x.sign() * x.abs().pow(c)
+
+
+def perturbed(expl: Explanation, kind: str, c: float = POWER.default, seed: int = 0) -> Explanation:
+    """A copy of ``expl`` with its scores perturbed by ``kind`` (module docstring); ``seed`` draws the shuffle."""
+    if kind not in PERTURBATIONS:
+        raise LlmattrError(f"unknown perturbation {kind!r}; valid: {', '.join(PERTURBATIONS)}")
+    raw, s = expl.score_matrix(raw=True), expl.score_matrix()
+    if kind == "power":
+        raw, s = power(raw, c), s.pow(c)
+    elif kind == "invert":
+        raw, s = -raw, 1 - s
+    elif kind == "shuffle":
+        order = torch.randperm(s.shape[1], generator=torch.Generator().manual_seed(seed))
+        raw, s = raw[:, order], s[:, order]
+    steps = [replace(step, raw=r, scores=p) for step, r, p in zip(expl.steps, raw.tolist(), s.tolist(), strict=True)]
+    return replace(expl, steps=steps)
+
+
+def measured(names: str) -> list[Metric]:
+    """The registered metrics named in ``names`` (comma-separated); unknown ones list the valid ones."""
+    wanted = [n.strip() for n in str(names).split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in METRICS or n == "reliability"]
+    if unknown or not wanted:
+        raise LlmattrError(f"--reliability-of: unknown metric {', '.join(map(repr, unknown)) or repr(names)}; "
+                           f"valid: {', '.join(sorted(set(METRICS) - {'reliability'}))}")
+    return [METRICS[n] for n in wanted]
+
+
+def table_values(metric: Metric) -> tuple[str, ...]:
+    """The stored value names of ``metric``'s report tables (each once, in order)."""
+    return tuple(dict.fromkeys(row.metric for table in metric.tables for row in table.rows))
+
+
+def values_of(rows: list[Row], names: tuple[str, ...]) -> dict[str, tuple[float, float | None]]:
+    """``{name: (value, mc_se)}``: each name's mean over its rows (curve points, steps), and its Monte-Carlo
+    standard error where it is one scalar row that has one."""
+    grouped: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        if row.metric in names:
+            grouped[row.metric].append(row)
+    return {name: (math.fsum(r.value for r in group) / len(group), group[0].se if len(group) == 1 else None)
+            for name, group in grouped.items()}
+
+
+def reliability_rows(ctx: MetricContext, metrics: list[Metric], c: float) -> list[Row]:
+    """``v|none`` and ``v|<perturbation>`` (perturbed minus unperturbed, with the MC error of the difference) for
+    every table value ``v`` of every metric in ``metrics``."""
+    seed = ctx.options.seed
+    shuffle_seed = stable_seed(seed, example_key(ctx.explanation), "shuffle", bits=31)
+    rows = []
+    for metric in metrics:
+        routing = ROUTING if metric.routed else NO_ROUTING
+        names = table_values(metric)
+        base = values_of(metric.compute(ctx, routing), names)  # ctx's memo: shared with the run's own metrics
+        rows += [Row(f"{name}{PERTURBED_SEP}{UNPERTURBED}", value, se=se) for name, (value, se) in base.items()]
+        for kind in PERTURBATIONS:
+            options = MetricOptions(seed + 1 if kind == "seed" else seed, ctx.options.values)
+            other = MetricContext(ctx.lm, perturbed(ctx.explanation, kind, c, shuffle_seed), options)
+            for name, (value, se) in values_of(metric.compute(other, routing), names).items():
+                if name in base:
+                    both = (se, base[name][1])
+                    err = None if None in both else math.hypot(*both)
+                    rows.append(Row(f"{name}{PERTURBED_SEP}{kind}", value - base[name][0], se=err))
+    return rows
+
+
+def _rows(ctx: MetricContext, routing: str) -> list[Row]:
+    return reliability_rows(ctx, measured(ctx.options.get(RELIABILITY_OF.name)), float(ctx.options.get(POWER.name)))
+
+
+register(Metric(
+    "reliability", _rows, options=("seed",), declares=(RELIABILITY_OF, POWER, *SOFT_OPTIONS, REMOVAL),
+    summary="metric reliability: resilience to minor and reactivity to disruptive score perturbations "
+            "(MetaQuantus, Hedström et al. 2023); the report's trust section"))
