@@ -191,7 +191,7 @@ def test_lora_and_the_lm_loss_write_a_plain_folder(tiny_tokenizer, tmp_path):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--task", "nosuchtask"], "unknown task 'nosuchtask'"),
-    (["--task", "stsb"], "regression head is not supported"),
+    (["--task", "stsb"], "--task stsb-regression --head regression"),
     (["--task", "sentiment", "--data", "{tmp}/toy.jsonl", "--text-field", "review", "--label-field", "stars"],
      "no column 'stars' for the label"),
     (["--task", "sentiment", "--data", "{tmp}/toy.jsonl"], "no column 'text' for field 'text'"),
