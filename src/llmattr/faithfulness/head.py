@@ -204,7 +204,7 @@ def summarize(by_method: dict[str, list[HeadFaithfulness]], gold: list[float], r
                     continue
                 if regression:
                     diff = boots[method, criterion] - boots[other, criterion]
-                    p = min(1.0, 2 * min((diff <= 0).mean(), (diff >= 0).mean()))
+                    p = min(1.0, max(2 * min((diff <= 0).mean(), (diff >= 0).mean()), 1 / BOOTSTRAP))
                 else:
                     p = paired_test({"d": dict(enumerate(values[method, criterion]))},
                                     {"d": dict(enumerate(values[other, criterion]))})
