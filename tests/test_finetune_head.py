@@ -13,8 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import llmattr
 from conftest import build_tiny
 from llmattr.errors import LlmattrError
+from llmattr.faithfulness.head import HEAD_METHODS
 from llmattr.finetuning import FinetuneConfig, HeadCollator, finetune, head_outputs, split
 from llmattr.methods.logit import classifier_scores
 from llmattr.models.card import CARD_NAME
@@ -141,3 +143,29 @@ def test_a_head_that_does_not_fit_is_one_line_and_exit_2_before_the_model_loads(
     result = run_cli("finetune", *NO_MODEL, *args, "--out", str(tmp_path / "new"))
     one_line_error(result, fragment)
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("head, task", [("classification", "sentiment-head"), ("regression", "stsb-regression")])
+def test_the_folder_round_trips_into_explain_with_each_head_task(tiny_tokenizer, tmp_path, head, task):
+    if head == "classification":
+        data, options = toy_file(tmp_path / "toy.jsonl"), {"task": "sentiment", "text_field": "review"}
+        text = "the dog was terrific"
+    else:
+        data, options = toy_pairs(tmp_path / "pairs.jsonl"), {"task": "stsb"}
+        text = {"sentence1": "a fox runs", "sentence2": "the dog same"}
+    finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "ft", data=str(data), head=head, held_out=20,
+             epochs=1, progress=False, **options)
+    lm = load_model(str(tmp_path / "ft"), device="cpu")
+    explained = llmattr.explain(text, model=lm, method=list(HEAD_METHODS), task=task, progress=False)
+    assert [e.method for e in explained] == list(HEAD_METHODS)
+    ids = torch.tensor([get_task(task).head_input_ids(lm.tokenizer, get_task(task).example_from_text(text))])
+    for e in explained:
+        assert e.token_ids == ids[0].tolist() and e.task == task and len(e.steps[0].raw) == ids.shape[1]
+    normx = explained[0]
+    expected, label, output = classifier_scores(lm.model, ids, method="normxlogit")
+    assert normx.steps[0].raw == pytest.approx(expected.tolist())
+    assert normx.steps[0].token == ("score" if head == "regression" else get_task(task).label_words[label])
+    with pytest.raises(LlmattrError, match="does not explain a sequence head"):
+        llmattr.explain(text, model=lm, method="grad-ellm", task=task)
+    with pytest.raises(LlmattrError, match="needs a sequence-"):
+        llmattr.explain(text, model=build_tiny("llama", tiny_tokenizer), method="normxlogit", task=task)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import LlmattrError
+from ..explanation import Explanation
 from ..methods.gradient import embedding_gradients, reduce_tokens
 from ..methods.integrated import integrate, path_alphas
 from ..methods.logit import classifier_scores
@@ -118,6 +119,35 @@ def head_faithfulness(model: torch.nn.Module, input_ids: torch.Tensor, scores: t
     labels = probs[1:].argmax(-1).double()
     return HeadFaithfulness(list(k_grid), pred, float(probs[0, pred]), drop[:k].tolist(), drop[k:].tolist(),
                             labels[:k].tolist(), labels[k:].tolist())
+
+
+def head_explanation(lm, task, example: dict, method: str, seed: int = 0) -> Explanation:
+    """``method``'s scores of every token the head reads (:meth:`Task.head_input_ids`) as an Explanation of one
+    step: the predicted label (its index, its probability) or, for a regression head, the output (its value in
+    ``logit``; token ``score``)."""
+    task.check_model(lm)
+    if method not in HEAD_METHODS:
+        raise LlmattrError(f"{method} does not explain a sequence head; use one of {', '.join(HEAD_METHODS)}")
+    text = task.user_content(example)[0]
+    enc = lm.tokenizer(text, return_offsets_mapping=True)
+    ids = torch.tensor([enc["input_ids"]], device=lm.device)
+    start = time.perf_counter()
+    scores = head_attribution(lm.model, ids, method, seed)
+    seconds = time.perf_counter() - start
+    with torch.no_grad():
+        logits = lm.model(input_ids=ids).logits[0].double().cpu()
+    regression = logits.numel() == 1
+    label = 0 if regression else int(logits.argmax())
+    signed = method in ("logat", "normxlogit") and not regression  # the gradient methods' l1 norms are >= 0
+    return Explanation.from_raw(
+        scores[None].cpu(), signed, step_tokens=["score" if regression else task.label_words[label]],
+        step_ids=[label], positions=[ids.shape[1] - 1], logits=[float(logits[label])],
+        step_probs=None if regression else [float(logits.softmax(-1)[label])],
+        model=lm.model_id, method=method, params={}, tokens=[lm.tokenizer.decode([i]) for i in enc["input_ids"]],
+        token_ids=list(enc["input_ids"]), span=(0, ids.shape[1]), timings={"attribution_s": seconds},
+        task=task.name, text=text, offsets=[tuple(o) for o in enc["offset_mapping"]],
+        generated="" if regression else task.label_words[label], forced=False, example=example, scope="span",
+    )
 
 
 def explain_examples(lm, task, examples: list[dict], methods=HEAD_METHODS, progress=None) -> dict:
