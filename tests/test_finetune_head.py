@@ -19,12 +19,11 @@ from llmattr.errors import LlmattrError
 from llmattr.faithfulness.head import HEAD_METHODS
 from llmattr.finetuning import FinetuneConfig, HeadCollator, finetune, head_outputs, split
 from llmattr.methods.logit import classifier_scores
-from llmattr.models.card import CARD_NAME
 from llmattr.models.loading import load_model
 from llmattr.tasks import get_task
 from llmattr.tasks.files import read_file_examples
 from test_cli_checks import NO_MODEL, one_line_error, run_cli
-from test_finetune import Interrupt, toy_file
+from test_finetune import straight_and_resumed, toy_file
 
 FILLER = "the quick brown fox jumps over the lazy dog".split()
 
@@ -96,18 +95,8 @@ def test_the_head_held_out_split_is_unbalanced_for_scores_and_never_meets_traini
 
 
 def test_an_interrupted_head_run_resumes_to_the_same_weights(tiny_tokenizer, tmp_path):
-    data = toy_file(tmp_path / "toy.jsonl")
-    options = {"epochs": 2, "save_steps": 2}
-    head_finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "straight", data, **options)
-    with pytest.raises(KeyboardInterrupt):
-        head_finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "resumed", data, callbacks=(Interrupt(4),),
-                      **options)
-    assert json.loads((tmp_path / "resumed" / CARD_NAME).read_text())["status"] == "training"
-    head_finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "resumed", data, **options)
-    straight, again = (load_file(tmp_path / name / "model.safetensors") for name in ("straight", "resumed"))
-    assert straight.keys() == again.keys()
-    for name, weight in straight.items():
-        torch.testing.assert_close(again[name], weight, rtol=0, atol=0, msg=name)
+    _, weights = straight_and_resumed(head_finetune, tiny_tokenizer, tmp_path, toy_file(tmp_path / "toy.jsonl"))
+    assert "score.weight" in weights
 
 
 def test_the_head_collator_right_pads_and_the_head_reads_the_last_real_token(tiny_tokenizer):
@@ -167,5 +156,8 @@ def test_the_folder_round_trips_into_explain_with_each_head_task(tiny_tokenizer,
     assert normx.steps[0].token == ("score" if head == "regression" else get_task(task).label_words[label])
     with pytest.raises(LlmattrError, match="does not explain a sequence head"):
         llmattr.explain(text, model=lm, method="grad-ellm", task=task)
+    prompted = get_task(task).extra["lm_alternative"]
+    with pytest.raises(LlmattrError, match=f"lacks one .*use the head task, e.g. --task {task}"):
+        llmattr.explain(text, model=lm, method="saliency", task=prompted)
     with pytest.raises(LlmattrError, match="needs a sequence-"):
         llmattr.explain(text, model=build_tiny("llama", tiny_tokenizer), method="normxlogit", task=task)

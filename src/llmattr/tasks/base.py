@@ -212,8 +212,10 @@ class Task:
         """Refuse a model that lacks the output head this task needs, naming the task to use instead."""
         if self.head == "lm":
             if output_head(lm.model) is None:
-                raise LlmattrError(
-                    f"task {self.name} needs a language-modelling head; {lm.model_id} lacks one")
+                head = (" (it has a sequence head: use the head task, e.g. --task "
+                        f"{'stsb-regression' if self.numeric else self.name + '-head'})"
+                        if part(lm.model, "score") is not None else "")
+                raise LlmattrError(f"task {self.name} needs a language-modelling head; {lm.model_id} lacks one{head}")
             return
         score = part(lm.model, "score")
         if getattr(score, "out_features", None) != self.extra.get("num_labels"):
