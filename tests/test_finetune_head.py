@@ -7,6 +7,7 @@ line before the model loads."""
 from __future__ import annotations
 
 import json
+import re
 import random
 
 import pytest
@@ -14,9 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 import llmattr
+import llmattr.faithfulness
 from conftest import build_tiny
 from llmattr.errors import LlmattrError
-from llmattr.faithfulness.head import HEAD_METHODS
+from llmattr.faithfulness.head import HEAD_METHODS, head_faithfulness
 from llmattr.finetuning import FinetuneConfig, HeadCollator, finetune, head_outputs, split
 from llmattr.methods.logit import classifier_scores
 from llmattr.models.loading import load_model
@@ -161,3 +163,28 @@ def test_the_folder_round_trips_into_explain_with_each_head_task(tiny_tokenizer,
         llmattr.explain(text, model=lm, method="saliency", task=prompted)
     with pytest.raises(LlmattrError, match="needs a sequence-"):
         llmattr.explain(text, model=build_tiny("llama", tiny_tokenizer), method="normxlogit", task=task)
+
+
+def test_evaluate_and_report_take_a_head_folder_with_comp_suff(tiny_tokenizer, tmp_path):
+    """``llmattr evaluate`` on a --head folder: the head's explanation, comp-suff's rows equal to paper 003's
+    eqs. 5-8 on the head (tokens deleted), the rows it was trained on left out, and the report's comprehensiveness
+    table (Table 1's layout) with every method."""
+    data = toy_file(tmp_path / "toy.jsonl")
+    head_finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "ft", data, epochs=1)
+    lm = load_model(str(tmp_path / "ft"), device="cpu")
+    expl = llmattr.explain("the dog was terrific", model=lm, method="normxlogit", task="sentiment-head")
+    rows = llmattr.faithfulness.evaluate(expl, lm, metrics=("comp-suff",))["comp-suff"]
+    expected = head_faithfulness(lm.model, torch.tensor([expl.token_ids]), expl.score_matrix(raw=True)[0])
+    drops = [r.value for r in rows if r.metric == "comprehensiveness"]
+    assert drops == pytest.approx(expected.comprehensiveness)
+    store = tmp_path / "ev.sqlite"
+    result = run_cli("evaluate", "--model", str(tmp_path / "ft"), "--data", str(data), "--task", "sentiment-head",
+                     "--text-field", "review", "--methods", ",".join(HEAD_METHODS), "--metrics", "comp-suff",
+                     "--n", "6", "--out", str(store))
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"left out \d+ rows that", result.stderr)  # the training rows (its model card)
+    report = run_cli("report", str(store), "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr
+    table = (tmp_path / "report" / "report.md").read_text()
+    assert "Comprehensiveness (paper 003 Tables 1 and 4)" in table
+    assert all(f"| {method}" in table for method in HEAD_METHODS if method != "random")

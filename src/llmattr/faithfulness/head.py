@@ -35,7 +35,7 @@ from ..methods.gradient import embedding_gradients, reduce_tokens
 from ..methods.integrated import integrate, path_alphas
 from ..methods.logit import classifier_scores
 from ..stats import paired_test, stable_seed
-from .ranking import K_GRID, counts, top_masks
+from .ranks import K_GRID, counts, top_masks
 
 HEAD_METHODS = ("normxlogit", "logat", "l2-norm", "saliency", "input-x-gradient", "integrated-gradients", "random")
 IG_STEPS = 25  # paper 003 app. A: "for LLaMA2, we reduced the number of steps to 25"
