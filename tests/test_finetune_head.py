@@ -7,8 +7,8 @@ line before the model loads."""
 from __future__ import annotations
 
 import json
-import re
 import random
+import re
 
 import pytest
 import torch
