@@ -1,6 +1,7 @@
 """Paper 003's Table 1 (and Tables 4-6, Figures 2-3) on a model fine-tuned with ``llmattr finetune --head``.
 
     python benchmarks/paper003_table1.py --model sst2-head-dir --n 50 --out sst2.json [--figure sst2.png]
+    python benchmarks/paper003_table1.py --store sst2-head.sqlite --dataset sst2-head   # an evaluate store's table
 
 Reads the folder's model card, keeps only its held-out rows (never trained on: not their ids, not their text),
 draws ``--n`` of them (balanced per class for a classifier), prints the head's accuracy on them (or Pearson's r)
@@ -17,12 +18,15 @@ import argparse
 import dataclasses
 import json
 import os
+import sqlite3
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from llmattr.faithfulness.head import HEAD_METHODS, explain_examples, summarize
+from llmattr.faithfulness.head import HEAD_METHODS, HeadFaithfulness, explain_examples, summarize
+from llmattr.faithfulness.ranks import K_GRID
 from llmattr.finetuning import FinetuneConfig, read_examples
 from llmattr.models.card import content_hash, read_card
 from llmattr.models.loading import load_model
@@ -81,15 +85,42 @@ def figure(summary: dict, path: str, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def from_store(path: str, dataset: str) -> tuple[dict, list[float]]:
+    """A classifier's ``comp-suff`` rows in an ``llmattr evaluate`` store as :class:`HeadFaithfulness` per method
+    (examples that every method holds), with the perturbed prediction's correctness as the prediction and gold 1."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    cells: dict = defaultdict(lambda: defaultdict(dict))
+    for example, method, metric, x, value in con.execute(
+            "SELECT example, method, metric, x, value FROM results WHERE dataset = ? AND metric IN "
+            "('comprehensiveness', 'sufficiency', 'comprehensiveness_acc', 'sufficiency_acc')", (dataset,)):
+        cells[method][example][metric, x] = value
+    examples = sorted(set.intersection(*(set(rows) for rows in cells.values())))
+    by_method = {}
+    for method, rows in cells.items():
+        curves = [[[rows[e][metric, k] for k in K_GRID] for metric in ("comprehensiveness", "sufficiency",
+                                                                        "comprehensiveness_acc", "sufficiency_acc")]
+                  for e in examples]
+        by_method[method] = [HeadFaithfulness(list(K_GRID), 1, 0.0, *four) for four in curves]
+    return by_method, [1.0] * len(examples)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model")
     parser.add_argument("--n", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", default=",".join(HEAD_METHODS))
     parser.add_argument("--out")
     parser.add_argument("--figure")
+    parser.add_argument("--store", help="read a classifier's comp-suff rows from this llmattr evaluate store "
+                                        "(dataset: --dataset) instead of computing them")
+    parser.add_argument("--dataset")
     args = parser.parse_args()
+    if args.store:
+        by_method, gold = from_store(args.store, args.dataset)
+        print(f"{args.dataset}: {len(gold)} examples held by every method in {args.store}")
+        print(table(summarize(by_method, gold)))
+        return
     task, card, rows = held_out_rows(args.model, args.n, args.seed)
     lm = load_model(args.model, device="cpu")
     load = os.getloadavg()[0]
