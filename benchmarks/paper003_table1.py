@@ -146,7 +146,7 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     if args.figure:
-        figure(summary, args.figure, f"{task.name}: comprehensiveness over K ({card['base_model']})")
+        figure(summary, args.figure, f"{task.name}: comprehensiveness over K (n = {len(rows)})")
 
 
 if __name__ == "__main__":
