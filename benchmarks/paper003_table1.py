@@ -119,7 +119,10 @@ def main() -> None:
     if args.store:
         by_method, gold = from_store(args.store, args.dataset)
         print(f"{args.dataset}: {len(gold)} examples held by every method in {args.store}")
-        print(table(summarize(by_method, gold)))
+        summary = summarize(by_method, gold)
+        print(table(summary))
+        if args.figure:
+            figure(summary, args.figure, f"{args.dataset}: comprehensiveness over K (n = {len(gold)})")
         return
     task, card, rows = held_out_rows(args.model, args.n, args.seed)
     lm = load_model(args.model, device="cpu")
