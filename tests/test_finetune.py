@@ -102,21 +102,26 @@ class Interrupt(transformers.TrainerCallback):
             raise KeyboardInterrupt
 
 
-def test_an_interrupted_run_resumes_to_the_same_weights(tiny_tokenizer, tmp_path):
-    data = toy_file(tmp_path / "toy.jsonl")
+def straight_and_resumed(run, tiny_tokenizer, tmp_path, data) -> tuple[dict, dict]:
+    """``run`` straight into ``straight/`` and, interrupted after step 4's checkpoint, resumed into ``resumed/``;
+    asserts the two write the same weights bit for bit and returns the resumed run's card and the weights."""
     options = {"epochs": 2, "save_steps": 2}
-    toy_finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "straight", data, **options)
+    run(build_tiny("llama", tiny_tokenizer), tmp_path / "straight", data, **options)
     with pytest.raises(KeyboardInterrupt):
-        toy_finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "resumed", data, callbacks=(Interrupt(4),),
-                     **options)
+        run(build_tiny("llama", tiny_tokenizer), tmp_path / "resumed", data, callbacks=(Interrupt(4),), **options)
     card = json.loads((tmp_path / "resumed" / CARD_NAME).read_text())
     assert card["status"] == "training" and (tmp_path / "resumed" / "checkpoints" / "checkpoint-4").is_dir()
-    resumed = toy_finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "resumed", data, **options)
-    assert resumed["loss_curve"][0][0] == 1 and resumed["loss_curve"][-1][0] == 10  # one history, steps 1..10
+    resumed = run(build_tiny("llama", tiny_tokenizer), tmp_path / "resumed", data, **options)
     straight, again = (load_file(tmp_path / name / "model.safetensors") for name in ("straight", "resumed"))
     assert straight.keys() == again.keys()
     for name, weight in straight.items():
         torch.testing.assert_close(again[name], weight, rtol=0, atol=0, msg=name)
+    return resumed, straight
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(tiny_tokenizer, tmp_path):
+    resumed, straight = straight_and_resumed(toy_finetune, tiny_tokenizer, tmp_path, toy_file(tmp_path / "toy.jsonl"))
+    assert resumed["loss_curve"][0][0] == 1 and resumed["loss_curve"][-1][0] == 10  # one history, steps 1..10
     trained = build_tiny("llama", tiny_tokenizer).model.state_dict()
     assert any(not torch.equal(trained[name], weight) for name, weight in straight.items() if name in trained)
 
@@ -191,7 +196,7 @@ def test_lora_and_the_lm_loss_write_a_plain_folder(tiny_tokenizer, tmp_path):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--task", "nosuchtask"], "unknown task 'nosuchtask'"),
-    (["--task", "stsb"], "regression head is not supported"),
+    (["--task", "stsb"], "--task stsb-regression --head regression"),
     (["--task", "sentiment", "--data", "{tmp}/toy.jsonl", "--text-field", "review", "--label-field", "stars"],
      "no column 'stars' for the label"),
     (["--task", "sentiment", "--data", "{tmp}/toy.jsonl"], "no column 'text' for field 'text'"),

@@ -15,6 +15,7 @@ from .declarations import Catalog
 from .display import span_display
 from .errors import LlmattrError, NotExplainedWarning
 from .explanation import Explanation, Explanations
+from .faithfulness.head import head_explanation
 from .models import memory
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
@@ -255,6 +256,9 @@ def explain_text(lm: LoadedModel, text: str | dict, request: Request, skipped: l
     for method_obj in request.method_objs:
         if method_obj.objective:
             method_obj.explained(lm)  # a foil that is not one token fails before the generation
+    if request.task.head != "lm":  # a sequence head (llmattr finetune --head; paper 003)
+        example = request.task.example_from_text(text)
+        return [head_explanation(lm, request.task, example, m.name) for m in request.method_objs]
     loaded = time.perf_counter()
     prepared_target = prepare(lm, text, request)
     prepared = time.perf_counter()

@@ -44,6 +44,18 @@ def current_params(params: Mapping, where: str = "method parameters") -> dict:
     return current_names(params, RENAMED_PARAMS, where)
 
 
+def held_out_summary(held: Mapping) -> tuple[str, str]:
+    """A fine-tune's held-out result (``llmattr finetune``'s card) as (measure, value): ``("accuracy", "0.912 (95%
+    CI ...; majority class 0.500)")``, or a regression head's ``("Pearson r", "0.81 (95% CI ..., p=...; MSE ...,
+    constant predictor ...)")``."""
+    if "pearson" in held:
+        return "Pearson r", (f"{held['pearson']:.3f} (95% CI {held['low']:.3f}-{held['high']:.3f}, n={held['n']}, "
+                             f"p={held['p']:.2g}; MSE {held['mse']:.3f}, constant predictor "
+                             f"{held['constant_mse']:.3f})")
+    return "accuracy", (f"{held['accuracy']:.3f} (95% CI {held['low']:.3f}-{held['high']:.3f}, n={held['n']}; "
+                        f"majority class {held['majority']:.3f})")
+
+
 def current_card(card: Mapping) -> dict:
     """A model card of ``llmattr finetune`` (or the facts of it a store holds) with each fact given under an
     earlier name (:data:`RENAMED_CARD_FACTS`: ``objective``, the training loss's name before issue 39) under its

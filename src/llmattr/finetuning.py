@@ -31,11 +31,13 @@ import time
 from dataclasses import InitVar, asdict, dataclass, replace
 from pathlib import Path
 
+import scipy.stats
 import torch
 import transformers
 from transformers.trainer_utils import get_last_checkpoint
 
 from .checks import positive_int
+from .declarations import held_out_summary
 from .errors import LlmattrError
 from .evaluation.accuracy import label_predictions
 from .models.card import CARD_NAME, card_path, content_hash, read_card
@@ -43,11 +45,14 @@ from .models.loading import LoadedModel, load_model
 from .prompting import build_prompt
 from .stats import estimate
 from .tasks import Task, get_task, load_examples
+from .tasks.catalog import HEAD_TASKS, STSB_REGRESSION, head_version
 from .tasks.datasets import sample
 from .tasks.files import read_file_examples
 from .version import __version__
 
 LOSSES = ("label", "lm")
+HEADS = ("classification", "regression")  # --head: a sequence head on the last token's state (paper 003)
+HEAD_LORA_R = 4  # paper 003 sec. 4.1: LLaMA-2 fine-tuned with LoRA of rank 4 (PEFT)
 CHECKPOINTS = "checkpoints"  # Trainer's checkpoints inside the output folder, removed once the model is written
 
 
@@ -69,11 +74,12 @@ class FinetuneConfig:
     learning_rate: float = 1e-5
     batch_size: int = 8
     max_tokens: int = 256  # each text field is cut to this many tokens (IMDb's length cap)
-    lora_r: int = 0  # 0: full fine-tuning; > 0: LoRA adapters of this rank on every linear layer (peft)
+    lora_r: int | None = None  # 0: full fine-tuning; > 0: LoRA rank (peft); None: 4 with --head, else 0
     seed: int = 0
     save_steps: int = 50
     logging_steps: int = 5
     load_in_4bit: bool = False
+    head: str | None = None  # None: the LM head's label word (``loss``); classification/regression: a new head
     objective: InitVar[str | None] = None
 
     def __post_init__(self, objective: str | None) -> None:
@@ -83,29 +89,71 @@ class FinetuneConfig:
                 raise LlmattrError("finetune takes --loss (or its old name --objective), not both")
             self.loss = objective
 
+    @property
+    def rank(self) -> int:
+        """The LoRA rank trained: ``lora_r``, or by default 4 with a ``head`` (paper 003's recipe) and 0 (full
+        fine-tuning) without."""
+        if self.lora_r is not None:
+            return self.lora_r
+        return HEAD_LORA_R if self.head else 0
+
+    def settings(self) -> dict:
+        """The config as the model card records it: ``lora_r`` resolved, ``head`` only when given (a card written
+        before either existed still resumes)."""
+        fields = {**asdict(self), "lora_r": self.rank}
+        if fields["head"] is None:
+            del fields["head"]
+        return fields
+
     def validate(self) -> Task:
         """Refuse bad values before any data or model is read; returns the task."""
         task = get_task(self.task)
         if self.loss not in LOSSES:
             raise LlmattrError(f"unknown --loss {self.loss!r}; valid: {', '.join(LOSSES)}")
-        if self.loss == "label" and not task.classifies:
-            regression = (" (STS-B's regression head is not supported: paper 003 trains a sequence-regression "
-                          "head that llmattr does not explain)") if task.numeric else ""
+        if self.head is not None:
+            task = head_task(task, self.head, self.loss)
+        elif task.head != "lm":
+            raise LlmattrError(f"task {task.name} is read by a sequence-{task.head} head: give --head {task.head}")
+        elif self.loss == "label" and not task.classifies:
+            regression = (" (paper 003's regression head: --task stsb-regression --head regression)"
+                          if task.numeric else "")
             raise LlmattrError(f"finetune --loss label needs a classification task with label words; {task.name} "
                                f"is a {task.kind} task{regression}; use --loss lm to fine-tune on its text")
         for name in ("held_out", "epochs", "batch_size", "max_tokens", "save_steps", "logging_steps"):
             positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
         if not (isinstance(self.learning_rate, float | int) and 0 < self.learning_rate < 1):
             raise LlmattrError(f"--learning-rate must be in (0, 1), got {self.learning_rate!r}")
-        if self.lora_r < 0:
-            raise LlmattrError(f"--lora-r must be 0 (full fine-tuning) or a rank >= 1, got {self.lora_r}")
-        if self.lora_r and importlib.util.find_spec("peft") is None:
+        if self.rank < 0:
+            raise LlmattrError(f"--lora-r must be 0 (full fine-tuning) or a rank >= 1, got {self.rank}")
+        if self.rank and importlib.util.find_spec("peft") is None:
             raise LlmattrError("--lora-r needs peft: pip install 'llmattr[finetune]'")
         if self.load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:
             raise LlmattrError("--load-in-4bit needs bitsandbytes (a CUDA GPU): pip install 'llmattr[quant]'")
-        if self.load_in_4bit and not self.lora_r:
+        if self.load_in_4bit and not self.rank:
             raise LlmattrError("--load-in-4bit trains LoRA adapters on the frozen 4-bit weights: give --lora-r")
         return task
+
+
+def head_task(task: Task, head: str, loss: str) -> Task:
+    """The task a ``--head`` trains: a head task as is, a prompted one's head version (``sst2`` -> ``sst2-head``,
+    ``stsb`` -> ``stsb-regression``); a head that does not fit the task is refused before any data is read."""
+    if head not in HEADS:
+        raise LlmattrError(f"unknown --head {head!r}; valid: {', '.join(HEADS)}")
+    if loss != LOSSES[0]:
+        raise LlmattrError(f"--head {head} trains the head on the labels; --loss {loss} is for the LM head")
+    wanted = "regression" if task.numeric else "classification" if task.classifies else None
+    if wanted is None:
+        raise LlmattrError(f"--head {head} needs a classification or regression task; {task.name} is a "
+                           f"{task.kind} task")
+    if head != wanted:
+        raise LlmattrError(f"task {task.name} is a {task.kind} task: give --head {wanted}, not --head {head}")
+    if task.head != "lm":
+        return task
+    if task.numeric:
+        extra = {"num_labels": 1, "lm_alternative": task.name}
+        return STSB_REGRESSION if task.name == "stsb" else replace(
+            task, name=f"{task.name}-regression", head="regression", extra=extra)
+    return HEAD_TASKS.get(f"{task.name}-head") or head_version(task)
 
 
 def read_examples(cfg: FinetuneConfig, task: Task) -> tuple[Task, list[dict], dict]:
@@ -120,12 +168,14 @@ def read_examples(cfg: FinetuneConfig, task: Task) -> tuple[Task, list[dict], di
                             "label_field": cfg.label_field, "labels": cfg.labels}
 
 
-def split(task: Task, examples: list[dict], held_out: int, seed: int) -> tuple[list[dict], list[dict]]:
-    """(training rows, held-out rows): ``held_out`` rows balanced per class, drawn with ``seed``; a training row
+def split(task: Task, examples: list[dict], held_out: int, seed: int,
+          classes: tuple[str, ...] | None = None) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows): ``held_out`` rows balanced over ``classes`` (default: the label words; ``()``
+    for a regression head's numbers: a plain seeded draw), drawn with ``seed``; a training row
     never shares an id or its user text with a held-out row (duplicates in the data stay on the held-out side)."""
     if held_out >= len(examples):
         raise LlmattrError(f"--held-out {held_out} leaves no training rows of {len(examples)}")
-    held = sample(examples, held_out, seed, True, task.label_words)
+    held = sample(examples, held_out, seed, True, task.label_words if classes is None else classes)
     ids = {ex["id"] for ex in held}
     texts = {content_hash(task.user_content(ex)[0]) for ex in held}
     train = [ex for ex in examples if ex["id"] not in ids and content_hash(task.user_content(ex)[0]) not in texts]
@@ -196,6 +246,87 @@ def label_loss(outputs, labels: torch.Tensor, num_items_in_batch=None) -> torch.
     return total / (num_items_in_batch if num_items_in_batch is not None else labels.shape[0])
 
 
+def head_model(lm: LoadedModel, task: Task, seed: int) -> transformers.PreTrainedModel:
+    """transformers' ``*ForSequenceClassification`` on ``lm``'s base model: the base's weights, a new linear
+    ``score`` head (``num_labels`` outputs, one per label word; 1 for regression, trained by MSE) drawn with
+    ``seed``, reading the last non-padding token's final state as transformers' Llama classifiers do."""
+    config = lm.model.config.__class__.from_dict(lm.model.config.to_dict())
+    regression = task.numeric
+    config.num_labels = 1 if regression else len(task.label_words)
+    config.id2label = {0: "score"} if regression else dict(enumerate(task.label_words))
+    config.label2id = {v: k for k, v in config.id2label.items()}
+    config.problem_type = "regression" if regression else "single_label_classification"
+    pad = lm.tokenizer.pad_token_id
+    config.pad_token_id = pad if pad is not None else lm.tokenizer.eos_token_id
+    config.architectures = None
+    transformers.set_seed(seed)
+    model = transformers.AutoModelForSequenceClassification.from_config(config, dtype=lm.model.dtype)
+    model.base_model.load_state_dict(lm.model.base_model.state_dict())
+    model.requires_grad_(False)
+    return model.to(lm.device)
+
+
+def head_label(task: Task, example: dict) -> float | int:
+    """The head's target: the gold label word's index, or the gold number of a regression task."""
+    return float(example["label"]) if task.numeric else task.label_words.index(example["label"])
+
+
+def head_row(tokenizer, task: Task, example: dict) -> dict:
+    """One training row of a head: what the head reads (:meth:`Task.head_input_ids`) and its target."""
+    return {"input_ids": task.head_input_ids(tokenizer, example), "labels": head_label(task, example)}
+
+
+@dataclass
+class HeadCollator:
+    """Right-pads a batch of head rows (attention mask 0, the model's ``pad_token_id``, which the head skips to find
+    the last token); ``labels`` are one class index or one number per row."""
+
+    pad_id: int
+
+    def __call__(self, features: list[dict]) -> dict:
+        width = max(len(f["input_ids"]) for f in features)
+        ids = [f["input_ids"] + [self.pad_id] * (width - len(f["input_ids"])) for f in features]
+        mask = [[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"])) for f in features]
+        labels = [f["labels"] for f in features]
+        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask),
+                "labels": torch.tensor(labels, dtype=torch.float32 if isinstance(labels[0], float) else torch.long)}
+
+
+def head_outputs(model, tokenizer, task: Task, examples: list[dict], max_tokens: int,
+                 batch_size: int = 16) -> torch.Tensor:
+    """The head's outputs ``(n, num_labels)`` on ``examples`` (each text cut to ``max_tokens`` as in training)."""
+    pad = model.config.pad_token_id
+    collate = HeadCollator(pad if pad is not None else 0)
+    device = model.get_input_embeddings().weight.device
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(examples), batch_size):
+            batch = collate([head_row(tokenizer, task, cap(task, ex, tokenizer, max_tokens))
+                             for ex in examples[i: i + batch_size]])
+            out.append(model(input_ids=batch["input_ids"].to(device),
+                             attention_mask=batch["attention_mask"].to(device)).logits.float().cpu())
+    return torch.cat(out)
+
+
+def held_out_head(lm: LoadedModel, task: Task, held: list[dict], train: list[dict], max_tokens: int) -> dict:
+    """The head on the held-out rows. Classification: accuracy (95% BCa interval), the majority-class rate and
+    the predicted counts, as :func:`held_out_accuracy`. Regression (paper 003 reads STS-B so): Pearson's r with
+    the gold scores, its 95% interval (Fisher z) and p-value, the mean squared error and that of the constant
+    predictor, the training rows' mean score (whose Pearson correlation is undefined)."""
+    out = head_outputs(lm.model, lm.tokenizer, task, held, max_tokens)
+    if not task.numeric:
+        pred = out.argmax(-1).tolist()
+        return class_accuracy(task, held, pred)
+    pred = out[:, 0].double().numpy()
+    gold = [float(ex["label"]) for ex in held]
+    r = scipy.stats.pearsonr(pred, gold)
+    ci = r.confidence_interval(0.95)
+    mean = sum(float(ex["label"]) for ex in train) / len(train)
+    return {"n": len(held), "pearson": float(r.statistic), "low": float(ci.low), "high": float(ci.high),
+            "p": float(r.pvalue), "mse": float(((pred - gold) ** 2).mean()),
+            "constant_mse": float(sum((g - mean) ** 2 for g in gold) / len(gold)), "constant": mean}
+
+
 def check_out(out: Path, settings: dict) -> dict | None:
     """Refuse an output folder that is not this finetune's; returns its card when it is (a run to resume)."""
     if out.exists() and not out.is_dir():
@@ -244,8 +375,7 @@ def card_markdown(card: dict) -> str:
         "| hyper-parameters | " + ", ".join(f"{k}={v}" for k, v in hp.items()) + " |",
     ]
     if held:
-        lines.append(f"| held-out accuracy | {held['accuracy']:.3f} (95% CI {held['low']:.3f}-{held['high']:.3f}, "
-                     f"n={held['n']}; majority class {held['majority']:.3f}) |")
+        lines.append("| held-out {} | {} |".format(*held_out_summary(held)))
     if card.get("train_seconds") is not None:
         lines.append(f"| training time | {card['train_seconds'] / 60:.1f} min ({card.get('device')}; the last "
                      "session's if the run was resumed) |")
@@ -254,7 +384,12 @@ def card_markdown(card: dict) -> str:
 
 def held_out_accuracy(lm: LoadedModel, task: Task, held: list[dict]) -> dict:
     """Label-word argmax accuracy on the held-out rows, its 95% BCa bootstrap interval, and the majority rate."""
-    pred = label_predictions(lm, task, held).tolist()
+    return class_accuracy(task, held, label_predictions(lm, task, held).tolist())
+
+
+def class_accuracy(task: Task, held: list[dict], pred: list[int]) -> dict:
+    """Accuracy of predicted label indices ``pred`` on ``held``, its 95% BCa interval, the majority-class rate and
+    the predicted counts per label word."""
     correct = {ex["id"]: float(task.label_words[p] == ex["label"]) for ex, p in zip(held, pred, strict=True)}
     est = estimate({task.name: correct})
     counts = {w: sum(ex["label"] == w for ex in held) for w in task.label_words}
@@ -272,7 +407,7 @@ def new_card(cfg: FinetuneConfig, task: Task, data: dict, settings: dict, train:
         "seed": cfg.seed,
         "hyperparameters": {"epochs": cfg.epochs, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,
                             "optimizer": "adamw_torch", "schedule": "linear", "max_tokens": cfg.max_tokens,
-                            "lora_r": cfg.lora_r},
+                            "lora_r": cfg.rank, **({"head": cfg.head} if cfg.head else {})},
         "n_train": len(train), "n_held_out": len(held),
         "train_ids": [ex["id"] for ex in train], "held_out_ids": [ex["id"] for ex in held],
         "train_hashes": sorted({content_hash(task.user_content(ex)[0]) for ex in train}),
@@ -289,12 +424,13 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
     cfg = replace(config or FinetuneConfig(), **options)
     task = cfg.validate()
     task, examples, data = read_examples(cfg, task)
-    train, held = split(task, examples, cfg.held_out, cfg.seed) if task.label_words else (examples, [])
+    train, held = (split(task, examples, cfg.held_out, cfg.seed, task.classes if cfg.head else None)
+                   if cfg.head or task.label_words else (examples, []))
     out = Path(out)
     base = model.model_id if isinstance(model, LoadedModel) else str(model)
     data["sha256"] = content_hash(json.dumps([[ex["id"], task.user_content(ex)[0], ex.get("label")]
                                               for ex in examples]))
-    settings = {"base_model": base, **asdict(cfg), "data_sha256": data["sha256"]}
+    settings = {"base_model": base, **cfg.settings(), "data_sha256": data["sha256"]}
     resumed = check_out(out, settings)
     out.mkdir(parents=True, exist_ok=True)
     card = new_card(cfg, task, data, settings, train, held)
@@ -302,7 +438,10 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
         write_card(out, card)
     lm = model if isinstance(model, LoadedModel) else load_model(model, device=device, load_in_4bit=cfg.load_in_4bit)
     tokenizer = lm.tokenizer
-    if cfg.loss == "label":
+    if cfg.head:
+        lm = replace(lm, model=head_model(lm, task, cfg.seed))
+        rows = [head_row(tokenizer, task, cap(task, ex, tokenizer, cfg.max_tokens)) for ex in train]
+    elif cfg.loss == "label":
         label_ids = task.label_ids(tokenizer)
         rows = [label_sequence(tokenizer, task, cap(task, ex, tokenizer, cfg.max_tokens), label_ids) for ex in train]
     else:
@@ -311,7 +450,7 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
     trainer = build_trainer(lm, rows, cfg, out / CHECKPOINTS, progress, callbacks)
     last = get_last_checkpoint(str(out / CHECKPOINTS)) if (out / CHECKPOINTS).is_dir() else None
     trainer.train(resume_from_checkpoint=last)
-    trained = trainer.model.merge_and_unload() if cfg.lora_r else trainer.model
+    trained = trainer.model.merge_and_unload() if cfg.rank else trainer.model
     trained.eval()
     trained.requires_grad_(False)
     lm.forget()  # a loaded model given is trained in place, and a LoRA merge writes through .data (llmattr.models.kept)
@@ -323,7 +462,8 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
     trained.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if held:
-        card["held_out"] = held_out_accuracy(lm, task, held)
+        card["held_out"] = (held_out_head(lm, task, held, train, cfg.max_tokens) if cfg.head
+                            else held_out_accuracy(lm, task, held))
     card["status"] = "done"
     write_card(out, card)
     shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
@@ -335,13 +475,14 @@ def build_trainer(lm: LoadedModel, rows: list[dict], cfg: FinetuneConfig, checkp
     """transformers' Trainer over ``rows`` (AdamW, linear decay, no warm-up, no weight decay, no dropout change)."""
     transformers.set_seed(cfg.seed)
     model = lm.model
-    if cfg.lora_r:  # the base stays frozen (load_model froze it); only the adapters train
+    if cfg.rank:  # the base stays frozen (load_model froze it); only the adapters train
         import peft
 
         if cfg.load_in_4bit:
             model = peft.prepare_model_for_kbit_training(model)
-        lora = peft.LoraConfig(r=cfg.lora_r, lora_alpha=2 * cfg.lora_r, target_modules="all-linear",
-                               task_type="CAUSAL_LM")
+        # SEQ_CLS: peft keeps the head (``score``) in ``modules_to_save``: a full trainable copy, merged back
+        lora = peft.LoraConfig(r=cfg.rank, lora_alpha=2 * cfg.rank, target_modules="all-linear",
+                               task_type="SEQ_CLS" if cfg.head else "CAUSAL_LM")
         model = peft.get_peft_model(model, lora)
     else:
         model.requires_grad_(True)
@@ -355,9 +496,9 @@ def build_trainer(lm: LoadedModel, rows: list[dict], cfg: FinetuneConfig, checkp
         weight_decay=0.0, lr_scheduler_type="linear", warmup_steps=0, dataloader_num_workers=0,
     )
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.tokenizer.eos_token_id
-    label = cfg.loss == "label"
+    label = cfg.loss == "label" and not cfg.head  # a head's own loss: cross-entropy, or MSE for regression
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=list(callbacks),
-                                   data_collator=Collator(pad or 0, left=label),
+                                   data_collator=HeadCollator(pad or 0) if cfg.head else Collator(pad or 0, left=label),
                                    compute_loss_func=label_loss if label else None)
     if not progress:
         trainer.remove_callback(transformers.PrinterCallback)

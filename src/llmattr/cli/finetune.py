@@ -31,7 +31,10 @@ def finetune(
     learning_rate: float = typer.Option(1e-5, help="AdamW learning rate (linear decay to 0)."),
     batch_size: int = typer.Option(8, help="Rows per optimizer step."),
     max_tokens: int = typer.Option(256, help="Cut each text field to this many tokens (IMDb's length cap)."),
-    lora_r: int = typer.Option(0, help="0: full fine-tuning; a rank r >= 1: LoRA adapters (peft), merged at the end."),
+    lora_r: int = typer.Option(None, help="0: full fine-tuning; a rank r >= 1: LoRA adapters (peft), merged at the end "
+                                          "(default: 4 with --head, paper 003's recipe; else 0)."),
+    head: str = typer.Option(None, help="classification or regression: train a sequence head on the last token's "
+                                        "state (paper 003; tasks NAME-head, stsb-regression) instead of label words."),
     load_in_4bit: bool = typer.Option(False, "--load-in-4bit", help="4-bit frozen weights + LoRA (bitsandbytes, "
                                                                     "a CUDA GPU)."),
     seed: int = typer.Option(0, help="Seed of the split, the data order and the initialisation of adapters."),
@@ -40,13 +43,14 @@ def finetune(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Fine-tune a model on a task; the folder loads with --model DIR everywhere, its card names what it saw."""
+    from ..declarations import held_out_summary
     from ..finetuning import FinetuneConfig
     from ..finetuning import finetune as run_finetune
 
     cfg = FinetuneConfig(task=task, data=None if data is None else str(data), text_field=text_field,
                          label_field=label_field, labels=labels, loss=loss, objective=objective, held_out=held_out,
                          epochs=epochs, learning_rate=learning_rate, batch_size=batch_size, max_tokens=max_tokens,
-                         lora_r=lora_r, seed=seed, save_steps=save_steps, load_in_4bit=load_in_4bit)
+                         lora_r=lora_r, seed=seed, save_steps=save_steps, load_in_4bit=load_in_4bit, head=head)
     console = Console(stderr=True)
     try:
         card = run_finetune(model, out, cfg, device=device, progress=not quiet)
@@ -55,7 +59,6 @@ def finetune(
                       highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
     held = card.get("held_out")
-    result = "" if not held else (f"held-out accuracy {held['accuracy']:.3f} (95% CI {held['low']:.3f}-"
-                                  f"{held['high']:.3f}, n={held['n']}, majority class {held['majority']:.3f}); ")
+    result = "held-out {} {}; ".format(*held_out_summary(held)) if held else ""
     console.print(f"{card['task']}: {card['n_train']} training rows, {result}{card['train_seconds'] / 60:.1f} min "
                   f"-> {out} (llmattr evaluate --model {out})", highlight=False, soft_wrap=True)

@@ -23,6 +23,7 @@ from ..api import attribute, prepare
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..faithfulness import Metric, MetricContext, get_metrics
+from ..faithfulness.head import head_explanation
 from ..models.card import card_facts, read_card
 from ..models.loading import LoadedModel, load_model
 from ..render import progress_console
@@ -90,6 +91,9 @@ def _explain(lm: LoadedModel, item: _Pending, target_cache: dict, cfg: EvalConfi
     """Attribute one unit; the request and its target (greedy generation) are shared by all methods of an
     example."""
     task = item.dataset.task
+    if task.head != "lm":  # a sequence head (llmattr finetune --head): no generation, paper 003's methods
+        return head_explanation(lm, task, dict(item.example), item.spec.name,
+                                stable_seed(cfg.seed, *item.unit.as_tuple()[1:], bits=31))
     key = (item.dataset.name, item.unit.example)
     if key not in target_cache:
         target_cache.clear()

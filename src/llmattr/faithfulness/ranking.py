@@ -42,7 +42,9 @@ from ..store import Row
 from ..targets import Target, visible
 from ..tasks import TASKS, get_task
 from .engine import PerturbationEngine
+from .head import head_faithfulness
 from .inputs import target_from_explanation
+from .ranks import K_GRID, counts, top_masks
 from .registry import Metric, MetricContext, Option, register
 from .soft import curve_auc
 
@@ -50,23 +52,10 @@ REMOVALS = ("zero", "delete")
 REMOVAL = Option("removal", "zero", "Ranking metrics (deletion-insertion, comp-suff, log-odds): zero the embeddings "
                  "or delete the tokens (paper 003 sec. 4.2.1)", valid=REMOVALS)  # the three declare this one
 DI_STEPS = 20
-K_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 TOP_K = 0.2
 
 
 # ----------------------------------------------------------------------------- masks and labels
-def counts(fractions, m: int) -> list[int]:
-    """Tokens in the top ``fraction`` of ``m``: round half up, so 5% of 10 tokens is 1."""
-    return [int(f * m + 0.5 + 1e-9) for f in fractions]
-
-
-def top_masks(scores: torch.Tensor, ks: list[int]) -> torch.Tensor:
-    """``(len(ks), m)`` bool: row j marks the ``ks[j]`` highest-scored tokens (ties: earlier token first)."""
-    order = torch.sort(-scores.double(), stable=True).indices
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(scores.numel())
-    return rank[None, :] < torch.tensor(ks)[:, None]
-
 
 def class_probs(probs: torch.Tensor, label_ids: torch.Tensor | None, token_id: int) -> torch.Tensor:
     """``(N, L)`` probabilities renormalised over the label words, or ``(N, 1)`` p(explained token)."""
@@ -300,8 +289,24 @@ def aggregate(results: list[RankingMetrics], gold: list | None = None) -> dict:
 def _shared(ctx: MetricContext) -> RankingMetrics:
     """All ranking metrics of the explanation's first step in one batched call, shared by the three
     ranking metrics of one explanation."""
+    if _head(ctx):
+        raise LlmattrError("a sequence head's explanation is measured by comp-suff (paper 003), not by this metric")
     removal = ctx.options.get(REMOVAL.name)
     return ctx.shared(("ranking", removal), lambda: ranking_metrics(ctx.explanation, ctx.lm, removal=removal))
+
+
+def _head(ctx: MetricContext) -> bool:
+    """Whether the explanation is of a sequence head (``llmattr finetune --head``; :mod:`.head`)."""
+    task = TASKS.get(ctx.explanation.task or "")
+    return task is not None and task.head != "lm"
+
+
+def _head_shared(ctx: MetricContext):
+    """Paper 003's comprehensiveness/sufficiency of a sequence head's explanation (tokens deleted, :mod:`.head`):
+    the same fields per K as :class:`RankingMetrics`."""
+    expl = ctx.explanation
+    ids = torch.tensor([expl.token_ids], device=ctx.lm.device)
+    return ctx.shared(("head-ranking",), lambda: head_faithfulness(ctx.lm.model, ids, expl.score_matrix(raw=True)[0]))
 
 
 def gold_index(expl: Explanation) -> int | None:
@@ -326,8 +331,11 @@ def _deletion_insertion_rows(ctx: MetricContext, routing: str) -> list[Row]:
 def _comp_suff_rows(ctx: MetricContext, routing: str) -> list[Row]:
     """Comprehensiveness/sufficiency confidence drops per K and, with a gold label, whether the perturbed
     prediction is correct (paper 003 eqs. 5-8; averaged over K and examples in its Tables 1, 4-6)."""
-    r = _shared(ctx)
+    r = _head_shared(ctx) if _head(ctx) else _shared(ctx)
     gold = gold_index(ctx.explanation)
+    if r.predicted is None:  # a regression head: the output per K (Pearson's r over a dataset, eqs. 6 and 8)
+        raise LlmattrError("comp-suff of a regression head is Pearson's r over a dataset: benchmarks/"
+                           "paper003_table1.py computes it (the store holds per-example values only)")
     rows = []
     for name, drops, preds in (("comprehensiveness", r.comprehensiveness, r.comprehensiveness_pred),
                                ("sufficiency", r.sufficiency, r.sufficiency_pred)):

@@ -194,6 +194,19 @@ def _resolve(name_or_path: str, verbose: bool) -> tuple[str, str]:
     return name_or_path, name_or_path
 
 
+def model_class(source: str):
+    """transformers' auto class for ``source``: a folder saved as a ``*ForSequenceClassification`` (``llmattr
+    finetune --head``: a classification or regression head, paper 003) loads as one; everything else as a
+    causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    config = Path(source) / "config.json"
+    architectures = json.loads(config.read_text()).get("architectures") or [] if config.is_file() else []
+    if any(name.endswith("ForSequenceClassification") for name in architectures):
+        return AutoModelForSequenceClassification
+    return AutoModelForCausalLM
+
+
 def hub_reachable(timeout: float = 2.0) -> bool:
     """Whether the Hugging Face hub answers (fails fast offline instead of transformers' minute of retries)."""
     import socket
@@ -333,7 +346,6 @@ def load_model(
     the load took (an Explanation's ``timings["load_s"]``).
     """
     start = time.perf_counter()
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -367,7 +379,7 @@ def load_model(
         kwargs["local_files_only"] = True  # offline: only the local Hugging Face cache can answer
     try:
         tokenizer = _load_tokenizer(source, local_files_only=kwargs.get("local_files_only", False))
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        model = model_class(source).from_pretrained(source, **kwargs)
     except OSError as err:
         raise LlmattrError(
             f"cannot load model {name_or_path!r}: not a local folder and not reachable on the hub (offline?); "

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from .. import stats
-from ..declarations import MetricRow, TableSpec
+from ..declarations import MetricRow, TableSpec, held_out_summary
 from ..store import Results
 from .model import (
     Cell,
@@ -216,8 +216,7 @@ def card_notes(card: dict | None) -> list[str]:
              f"{data.get('source')}; the evaluation left out every row it was trained on."]
     held = card.get("held_out")
     if held:
-        lines.append(f"Held-out accuracy at fine-tuning: {held['accuracy']:.3f} (95% CI {held['low']:.3f}-"
-                     f"{held['high']:.3f}, n={held['n']}; majority class {held['majority']:.3f}).")
+        lines.append("Held-out {} at fine-tuning: {}.".format(*held_out_summary(held)))
     return lines
 
 

@@ -237,12 +237,19 @@ class Task:
             raise LlmattrError(f"task {self.name} has no label words (kind {self.kind})")
         return self.word_ids(tokenizer, self.label_words, first_token)
 
+    def head_input_ids(self, tokenizer, example: dict) -> list[int]:
+        """What a sequence head reads (``--head``, paper 003): the filled user template, without the system turn
+        or chat template, tokenised as the tokenizer does a plain text; the head reads its last token's state."""
+        return tokenizer(self.user_content(example)[0])["input_ids"]
+
     def check_model(self, lm) -> None:
         """Refuse a model that lacks the output head this task needs, naming the task to use instead."""
         if self.head == "lm":
             if output_head(lm.model) is None:
-                raise LlmattrError(
-                    f"task {self.name} needs a language-modelling head; {lm.model_id} lacks one")
+                head = (" (it has a sequence head: use the head task, e.g. --task "
+                        f"{'stsb-regression' if self.numeric else self.name + '-head'})"
+                        if part(lm.model, "score") is not None else "")
+                raise LlmattrError(f"task {self.name} needs a language-modelling head; {lm.model_id} lacks one{head}")
             return
         score = part(lm.model, "score")
         if getattr(score, "out_features", None) != self.extra.get("num_labels"):

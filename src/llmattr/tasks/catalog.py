@@ -81,9 +81,20 @@ STSB_REGRESSION = replace(
 )
 
 
+def head_version(task: Task) -> Task:
+    """``task`` read by a sequence-classification head (``NAME-head``; ``llmattr finetune --head
+    classification``): the same data and label words, one head output per label word in their order."""
+    return replace(task, name=f"{task.name}-head", display="", head="classification",
+                   extra={"num_labels": len(task.label_words), "lm_alternative": task.name},
+                   description=f"{task.description or task.name} with a sequence-classification head (paper 003); "
+                               "not available on causal LMs")
+
+
 PAPER_TASKS = {t.name: t for t in (IMDB, SST2, TELLMEWHY, WIKIBIO, MNLI, QNLI, STSB, STSB_REGRESSION)}
 PAPER_TASKS.update(BLIMP)
 PAPER_TASKS.update(DOCUMENT_TASKS)
+HEAD_TASKS = {t.name: t for t in map(head_version, (SST2, QNLI, MNLI, IMDB, BUILTIN["boolq"], SENTIMENT))}
+PAPER_TASKS.update(HEAD_TASKS)
 
 
 TASKS: dict[str, Task] = {**BUILTIN, **PAPER_TASKS}  # every task by name

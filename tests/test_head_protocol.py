@@ -1,0 +1,111 @@
+"""Paper 003's protocol on a sequence head (llmattr.faithfulness.head): the perturbed sequences, the confidence
+drops and accuracies of eqs. 5-8 on an analytic toy head, Pearson's r for a regression head, the gradient methods
+against autograd, and the Table 1 summary with its intervals and paired tests, by hand."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import build_tiny
+from llmattr.faithfulness.head import (
+    HEAD_METHODS,
+    HeadFaithfulness,
+    head_attribution,
+    head_faithfulness,
+    kept_sequences,
+    summarize,
+)
+from llmattr.finetuning import head_model
+from llmattr.tasks import get_task
+
+
+class CountHead(torch.nn.Module):
+    """Logits ``[0, count of token 7]`` of the real (unpadded) tokens; or one output, ``count(7) - count(8)``."""
+
+    def __init__(self, regression=False):
+        super().__init__()
+        self.config = SimpleNamespace(pad_token_id=0)
+        self.regression = regression
+
+    def forward(self, input_ids, attention_mask):
+        sevens = ((input_ids == 7) & attention_mask.bool()).sum(-1).double()
+        if self.regression:
+            return SimpleNamespace(logits=(sevens - ((input_ids == 8) & attention_mask.bool()).sum(-1))[:, None])
+        return SimpleNamespace(logits=torch.stack([torch.zeros_like(sevens), sevens], -1))
+
+
+def test_the_perturbed_sequences_drop_or_keep_the_top_k_percent():
+    ids = torch.tensor([[10, 11, 12, 13, 14]])
+    seqs = kept_sequences(ids, torch.tensor([0.1, 0.5, 0.3, 0.9, 0.2]), (0.2, 0.4))
+    assert [s.tolist() for s in seqs] == [[10, 11, 12, 13, 14], [10, 11, 12, 14], [10, 12, 14], [13], [11, 13]]
+    # 10% of 5 tokens rounds to 1 (half up); 90% keeps one token in the comprehensiveness sequence
+    assert [len(s) for s in kept_sequences(ids, torch.arange(5.0), (0.1, 0.9))] == [5, 4, 1, 1, 4]
+
+
+def test_confidence_drop_and_accuracy_of_eqs_5_to_8_by_hand():
+    ids = torch.tensor([[7, 3, 7, 4]])  # two sevens: p(1) = e^2 / (1 + e^2)
+    scores = torch.tensor([0.9, 0.1, 0.8, 0.2])  # the sevens ranked first
+    r = head_faithfulness(CountHead(), ids, scores, k_grid=(0.25, 0.5))
+    p = lambda c: np.exp(c) / (1 + np.exp(c))  # noqa: E731
+    assert r.predicted == 1 and r.p_original == pytest.approx(p(2))
+    # comprehensiveness: 1 seven left, then none; sufficiency: 1 seven kept, then both
+    assert r.comprehensiveness == pytest.approx([p(2) - p(1), p(2) - p(0)])
+    assert r.sufficiency == pytest.approx([p(2) - p(1), 0.0])
+    assert r.comprehensiveness_pred == [1.0, 0.0] and r.sufficiency_pred == [1.0, 1.0]  # p(0) = 0.5: argmax 0
+
+
+def test_a_regression_head_gives_its_outputs_and_pearson_over_k():
+    r = head_faithfulness(CountHead(regression=True), torch.tensor([[7, 8, 7, 5]]), torch.tensor([3.0, 0, 2, 1]),
+                          k_grid=(0.25, 0.5))
+    assert r.predicted is None and r.p_original == 1.0  # 2 sevens - 1 eight
+    assert r.comprehensiveness_pred == [0.0, -1.0] and r.sufficiency_pred == [1.0, 2.0]
+    results = [HeadFaithfulness([0.5], None, 0, [], [], [c], [s]) for c, s in ((1, 1), (2, 3), (3, 2))]
+    table = summarize({"normxlogit": results, "random": results[::-1]}, [1.0, 2.0, 4.0])
+    assert table["regression"] and set(table["methods"]["normxlogit"]) == {"comprehensiveness_acc", "sufficiency_acc"}
+    assert table["methods"]["normxlogit"]["comprehensiveness_acc"]["mean"] == pytest.approx(
+        np.corrcoef([1, 2, 3], [1, 2, 4])[0, 1])
+    assert table["methods"]["random"]["comprehensiveness_acc"]["mean"] == pytest.approx(
+        np.corrcoef([3, 2, 1], [1, 2, 4])[0, 1])
+
+
+def test_the_summary_averages_over_k_with_intervals_and_paired_tests():
+    def result(cd, pred):
+        return HeadFaithfulness([0.1, 0.2], 1, 0.9, cd, [0.0, 0.0], pred, [1.0, 1.0])
+    good = [result([0.4, 0.6], [0.0, 0.0]) for _ in range(8)]
+    rand = [result([0.1, 0.1 * (i % 2)], [1.0, 0.0]) for i in range(8)]
+    table = summarize({"normxlogit": good, "random": rand}, [1.0] * 8)
+    cell = table["methods"]["normxlogit"]["comprehensiveness"]
+    assert cell["mean"] == pytest.approx(0.5) and cell["curve"] == pytest.approx([0.4, 0.6])
+    assert cell["low"] == cell["high"] == pytest.approx(0.5)  # every example the same
+    assert table["methods"]["random"]["comprehensiveness"]["mean"] == pytest.approx((0.1 + 0.05) / 2)
+    assert table["methods"]["random"]["comprehensiveness_acc"]["mean"] == pytest.approx(0.5)  # right at K=10% only
+    assert table["methods"]["random"]["comprehensiveness_acc"]["curve"] == [1.0, 0.0]
+    assert cell["p_vs_random"] == pytest.approx(2 / 2 ** 8)  # exact sign-flip test: all 8 differences one way
+
+
+def test_the_gradient_methods_are_the_l1_norms_of_autograd_on_the_head(tiny_tokenizer):
+    lm = build_tiny("llama", tiny_tokenizer)
+    model = head_model(lm, get_task("sst2-head"), seed=0)
+    ids = torch.tensor([[5, 17, 23, 9, 41]])
+    x = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    label = int(model(input_ids=ids).logits[0].argmax())
+    p = model(inputs_embeds=x).logits.softmax(-1)[0, label]
+    (grad,) = torch.autograd.grad(p, x)
+    torch.testing.assert_close(head_attribution(model, ids, "saliency").float(), grad[0].abs().sum(-1))
+    torch.testing.assert_close(head_attribution(model, ids, "input-x-gradient").float(),
+                               (grad[0] * x[0]).abs().sum(-1))
+    # IG (zero baseline): sum_k w_k dF/dx(alpha_k x) * x at paper 003's 25 points (Gauss-Legendre on [0, 1])
+    nodes, w = np.polynomial.legendre.leggauss(25)
+    alphas = torch.tensor((1 + nodes) / 2, dtype=torch.float32)
+    points = (alphas[:, None, None] * x.detach()[0]).requires_grad_(True)
+    q = model(inputs_embeds=points).logits.softmax(-1)[:, label].sum()
+    (g,) = torch.autograd.grad(q, points)
+    reference = ((torch.tensor(w / 2, dtype=torch.float32)[:, None, None] * g).sum(0) * x.detach()[0]).abs().sum(-1)
+    torch.testing.assert_close(head_attribution(model, ids, "integrated-gradients").float(), reference)
+    for method in HEAD_METHODS:
+        assert head_attribution(model, ids, method).shape == (5,)
+    assert torch.equal(head_attribution(model, ids, "random", 3), head_attribution(model, ids, "random", 3))
