@@ -14,6 +14,7 @@ import transformers
 from safetensors.torch import load_file
 
 from conftest import build_tiny
+from llmattr import finetuning
 from llmattr.errors import LlmattrError
 from llmattr.evaluation.accuracy import label_accuracy
 from llmattr.finetuning import (
@@ -25,6 +26,7 @@ from llmattr.finetuning import (
     label_loss,
     label_sequence,
     lm_sequence,
+    permuted,
     split,
 )
 from llmattr.models.card import CARD_NAME, card_facts, content_hash, read_card
@@ -260,3 +262,31 @@ def test_a_card_written_before_the_loss_was_named_loss_reads_and_its_run_resumes
     assert read["loss"] == "lm" and "objective" not in read and read["settings"] == settings
     assert card_facts(read) == {"task": "sst2", "loss": "lm", "seed": 0}
     assert check_out(tmp_path / "ft", settings) == read
+
+
+def test_permute_labels_trains_on_the_training_labels_permuted(tiny_tokenizer, tmp_path, monkeypatch):
+    """``--permute-labels`` (the data randomisation sanity check's model): the training rows keep their texts and ids,
+    their labels are a seeded permutation of theirs; the card records it; without it the labels are the gold ones."""
+    data = toy_file(tmp_path / "toy.jsonl")
+    task, examples = read_file_examples("sentiment", data, "review")
+    train, _ = split(task, examples, 20, 0)
+    shuffled = permuted(train, 0)
+    assert [ex["id"] for ex in shuffled] == [ex["id"] for ex in train] and shuffled == permuted(train, 0)
+    assert sorted(ex["label"] for ex in shuffled) == sorted(ex["label"] for ex in train)
+    assert [ex["label"] for ex in shuffled] != [ex["label"] for ex in train]
+    seen = []
+
+    def stop(lm, rows, *args):
+        seen.append(rows)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(finetuning, "build_trainer", stop)
+    for permute in (False, True):
+        with pytest.raises(KeyboardInterrupt):
+            toy_finetune(build_tiny("llama", tiny_tokenizer), tmp_path / f"ft{permute}", data, permute_labels=permute)
+    label_ids = task.label_ids(tiny_tokenizer)
+    gold = [[int(label_ids[task.label_words.index(ex["label"])]) for ex in rows] for rows in (train, shuffled)]
+    assert [[row["labels"][-1] for row in rows] for rows in seen] == gold
+    assert read_card(tmp_path / "ftTrue")["settings"]["permute_labels"] is True
+    assert "permute_labels" not in read_card(tmp_path / "ftFalse")["settings"]  # older cards resume unchanged
+    with pytest.raises(LlmattrError, match="--permute-labels"):
+        toy_finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "lm", data, permute_labels=True, loss="lm")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import random
 import shutil
 import time
 from dataclasses import InitVar, asdict, dataclass, replace
@@ -80,6 +81,7 @@ class FinetuneConfig:
     logging_steps: int = 5
     load_in_4bit: bool = False
     head: str | None = None  # None: the LM head's label word (``loss``); classification/regression: a new head
+    permute_labels: bool = False  # train on the training rows' labels permuted (the sanity checks' data randomisation)
     objective: InitVar[str | None] = None
 
     def __post_init__(self, objective: str | None) -> None:
@@ -101,8 +103,9 @@ class FinetuneConfig:
         """The config as the model card records it: ``lora_r`` resolved, ``head`` only when given (a card written
         before either existed still resumes)."""
         fields = {**asdict(self), "lora_r": self.rank}
-        if fields["head"] is None:
-            del fields["head"]
+        for name in ("head", "permute_labels"):
+            if not fields[name]:
+                del fields[name]
         return fields
 
     def validate(self) -> Task:
@@ -119,6 +122,8 @@ class FinetuneConfig:
                           if task.numeric else "")
             raise LlmattrError(f"finetune --loss label needs a classification task with label words; {task.name} "
                                f"is a {task.kind} task{regression}; use --loss lm to fine-tune on its text")
+        if self.permute_labels and not (self.head or self.loss == "label"):
+            raise LlmattrError("--permute-labels permutes the labels a model learns: give --loss label or --head")
         for name in ("held_out", "epochs", "batch_size", "max_tokens", "save_steps", "logging_steps"):
             positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
         if not (isinstance(self.learning_rate, float | int) and 0 < self.learning_rate < 1):
@@ -180,6 +185,14 @@ def split(task: Task, examples: list[dict], held_out: int, seed: int,
     texts = {content_hash(task.user_content(ex)[0]) for ex in held}
     train = [ex for ex in examples if ex["id"] not in ids and content_hash(task.user_content(ex)[0]) not in texts]
     return train, held
+
+
+def permuted(rows: list[dict], seed: int) -> list[dict]:
+    """``rows`` with their labels permuted by ``seed``, texts and ids kept: the training data of Adebayo et al.'s
+    data randomisation test (a model that can only memorise; faithfulness/sanity.py's ``data-randomization``)."""
+    labels = [row["label"] for row in rows]
+    random.Random(seed).shuffle(labels)
+    return [{**row, "label": label} for row, label in zip(rows, labels, strict=True)]
 
 
 def cap(task: Task, example: dict, tokenizer, max_tokens: int) -> dict:
@@ -426,6 +439,8 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
     task, examples, data = read_examples(cfg, task)
     train, held = (split(task, examples, cfg.held_out, cfg.seed, task.classes if cfg.head else None)
                    if cfg.head or task.label_words else (examples, []))
+    if cfg.permute_labels:
+        train = permuted(train, cfg.seed)  # the held-out rows keep their true labels: accuracy near chance
     out = Path(out)
     base = model.model_id if isinstance(model, LoadedModel) else str(model)
     data["sha256"] = content_hash(json.dumps([[ex["id"], task.user_content(ex)[0], ex.get("label")]

@@ -37,6 +37,8 @@ def finetune(
                                         "state (paper 003; tasks NAME-head, stsb-regression) instead of label words."),
     load_in_4bit: bool = typer.Option(False, "--load-in-4bit", help="4-bit frozen weights + LoRA (bitsandbytes, "
                                                                     "a CUDA GPU)."),
+    permute_labels: bool = typer.Option(False, "--permute-labels", help="Train on the training rows' labels permuted "
+                                        "(the data randomisation sanity check's model; held-out rows keep theirs)."),
     seed: int = typer.Option(0, help="Seed of the split, the data order and the initialisation of adapters."),
     save_steps: int = typer.Option(50, help="Checkpoint every this many steps (resume point after an interrupt)."),
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
@@ -50,7 +52,8 @@ def finetune(
     cfg = FinetuneConfig(task=task, data=None if data is None else str(data), text_field=text_field,
                          label_field=label_field, labels=labels, loss=loss, objective=objective, held_out=held_out,
                          epochs=epochs, learning_rate=learning_rate, batch_size=batch_size, max_tokens=max_tokens,
-                         lora_r=lora_r, seed=seed, save_steps=save_steps, load_in_4bit=load_in_4bit, head=head)
+                         lora_r=lora_r, seed=seed, save_steps=save_steps, load_in_4bit=load_in_4bit, head=head,
+                         permute_labels=permute_labels)
     console = Console(stderr=True)
     try:
         card = run_finetune(model, out, cfg, device=device, progress=not quiet)
