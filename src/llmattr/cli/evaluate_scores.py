@@ -11,16 +11,15 @@ from rich.markup import escape
 
 from ..checks import ROUTINGS, one_of, positive_int, writable_file
 from ..errors import LlmattrError
-from ..tasks.datasets import read_json
 from .app import app
 
 SCORE_KEYS = {"text", "scores", "model", "task", "answer", "method", "signed", "columns", "params"}
 
 
-def read_records(path: Path) -> list[dict]:
-    """The records of a scores file: one JSON object or a list of them, each either an Explanation JSON
-    (with ``steps``) or ``{"text", "scores", ...}`` (:func:`llmattr.api.from_scores`'s arguments)."""
-    data = read_json(path, "scores file")
+def read_records(path: Path, data) -> list[dict]:
+    """The records of a scores file (``data``, read from ``path``): one JSON object or a list of them, each either
+    an Explanation JSON (with ``steps``) or ``{"text", "scores", ...}`` (:func:`llmattr.api.from_scores`'s
+    arguments)."""
     records = data if isinstance(data, list) else [data]
     for i, record in enumerate(records):
         if not isinstance(record, dict) or not ("steps" in record or {"text", "scores"} <= set(record)):
@@ -66,7 +65,8 @@ def evaluate_scores(
     positive_int(samples, "--samples")
     if json_out is not None:
         writable_file(json_out, "--json")
-    records = read_records(file)
+    from ..tasks.datasets import read_json  # late: the tasks package loads torch (llmattr --help stays light)
+    records = read_records(file, read_json(file, "scores file"))
     from ..api import resolve_model
     from ..faithfulness import evaluate
 

@@ -1,0 +1,56 @@
+"""How fast the CLI answers what needs no model (issue 35 item 7): the wall time of ``llmattr --help``, of every
+sub-command's ``--help`` and of a few model-free refusals, each a fresh process, beside ``python -c pass`` (the
+interpreter's floor) and ``python -c "import torch"`` (what the fast path must not pay). Median of ``--repeats``
+runs after one warm-up. The acceptance: every row under 1 s. Run alone (the numbers are wall times):
+python benchmarks/bench_cli.py [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+CLI = "import sys; from llmattr.cli import main; sys.argv[0] = 'llmattr'; main()"
+ROWS = {
+    "python -c pass": ["-c", "pass"],
+    "python -c 'import torch'": ["-c", "import torch"],
+    "llmattr --help": ["-c", CLI, "--help"],
+    **{f"llmattr {c} --help": ["-c", CLI, c, "--help"]
+       for c in ("explain", "evaluate", "evaluate-scores", "finetune", "methods", "report", "status")},
+    "refuse: explain --method nope": ["-c", CLI, "explain", "--method", "nope", "hi"],
+    "refuse: evaluate --n 0": ["-c", CLI, "evaluate", "--n", "0"],
+    "refuse: evaluate-scores missing file": ["-c", CLI, "evaluate-scores", "/nonexistent/s.json"],
+    "refuse: report missing store": ["-c", CLI, "report", "/nonexistent/x.sqlite"],
+    "refuse: finetune --task nope": ["-c", CLI, "finetune", "--task", "nope"],
+}
+
+
+def wall(args: list[str], repeats: int) -> float:
+    """Median wall time of ``python ARGS`` in a fresh process over ``repeats`` runs, after one warm-up."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "100"}
+    times = []
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, *args], env=env, capture_output=True)
+        if i:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    repeats = parser.parse_args().repeats
+    print(f"median wall time of {repeats} runs (load average {os.getloadavg()[0]:.2f}); acceptance: < 1 s")
+    for name, args in ROWS.items():
+        print(f"{name:40s} {wall(args, repeats):6.2f} s")
+
+
+if __name__ == "__main__":
+    main()
