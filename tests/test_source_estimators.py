@@ -11,8 +11,8 @@ import torch
 from conftest import ARCHS, build_tiny
 from llmattr import objectives
 from llmattr.errors import LlmattrError
-from llmattr.sources.ablation import Ablation, ablated_objective
-from llmattr.sources.estimators import ContextCite, HierarchicalLeaveOneOut, LeaveOneOut, contextcite_masks
+from llmattr.sources.ablation import Ablation, ablated_objective, contextcite_masks
+from llmattr.sources.estimators import ContextCite, HierarchicalLeaveOneOut, LeaveOneOut
 from sources_prompts import TEMPLATE, context_prompt, forced
 
 DOCUMENTS = [" The movie was dull.", " An engrossing film, never boring.", " The plot made no sense at all.",

@@ -22,7 +22,7 @@ from llmattr.faithfulness.sources import (
     spearman,
 )
 from llmattr.sources import Sources
-from llmattr.sources.estimators import contextcite_masks
+from llmattr.sources.ablation import contextcite_masks
 from sources_prompts import context_prompt, forced
 from test_source_estimators import DOCUMENTS, QUERY, answer_ids, log_probs
 

@@ -37,8 +37,7 @@ from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
 from ..scores import retain_probs
-from ..sources.ablation import Ablation, ablated_objective, clean_pass
-from ..sources.estimators import contextcite_masks, logit_response
+from ..sources.ablation import Ablation, ablated_objective, clean_pass, contextcite_masks, logit_response
 from ..sources.spans import Sources
 from ..store import Row
 from ..targets import Target

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicCache
 
@@ -158,3 +159,18 @@ def ablated_objective(lm: LoadedModel, ablation: Ablation, keep: torch.Tensor, b
         rows = [ablation.ids[start:][tokens[r, start:]] for r in batch]
         out[batch] = batch_objective(lm, ablation, rows, start, layers)
     return out
+
+
+def contextcite_masks(n_sources: int, num_ablations: int, keep_prob: float, base_seed: int = 0) -> torch.Tensor:
+    """``(num_ablations, n_sources)`` keep masks drawn as the package draws them: row ``s`` from
+    ``numpy.random.RandomState(base_seed + s).choice([False, True], p=[1 - keep_prob, keep_prob])``."""
+    rows = [np.random.RandomState(base_seed + s).choice([False, True], size=n_sources, p=[1 - keep_prob, keep_prob])
+            for s in range(num_ablations)]
+    return torch.from_numpy(np.stack(rows))
+
+
+def logit_response(log_probs: torch.Tensor) -> torch.Tensor:
+    """ContextCite's response of each row: ``logit P(y) = log P - log(1 - P)`` with ``log P = sum_t log p(y_t)``
+    (``log_probs`` ``(R, T)``; the package's ``aggregate_logit_probs(..., "logit_prob")``)."""
+    total = log_probs.double().sum(1)
+    return total - torch.log(-torch.expm1(total))

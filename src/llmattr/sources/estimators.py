@@ -1,6 +1,8 @@
 """Source-level estimators: attribution methods whose unit is a source (a document, a sentence), not a token.
 
-Each is a registered :class:`~llmattr.methods.AttributionMethod` with ``granularity = "source"``: its
+Each is an :class:`~llmattr.methods.AttributionMethod` with ``granularity = "source"`` (:data:`SOURCE_METHODS`;
+not yet in the methods registry: registering them is one ``register(cls)`` each once the Explanation stores
+per-source scores, and the tests that run every registered method on a prompt skip ``granularity == "source"``): its
 :meth:`attribute` returns ``(rows, n_sources)`` scores, column ``i`` for ``target.prompt.sources`` source ``i``
 (no token columns; a prompt without sources gets one line). ``rows`` is ``n_steps`` (one row per explained
 token) for leave-one-out and the hierarchy; ContextCite explains the whole answer, one row
@@ -26,16 +28,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import numpy as np
 import torch
 
 from .. import objectives
 from ..checks import positive_int
 from ..errors import LlmattrError
-from ..methods.base import AttributionMethod, register
+from ..methods.base import AttributionMethod
 from ..models.loading import LoadedModel
 from ..targets import Target
-from .ablation import Ablation, ablated_objective, clean_pass, prompt_sources
+from .ablation import Ablation, ablated_objective, clean_pass, contextcite_masks, logit_response, prompt_sources
 
 PREFIX_MODES = ("cached", "none")
 
@@ -82,7 +83,6 @@ def leave_one_out(lm: LoadedModel, ablation: Ablation, batch_size: int, reuse_pr
     return (full[None] - dropped).T
 
 
-@register
 class LeaveOneOut(SourceMethod):
     """Leave-one-out over sources: the objective's drop when one source is deleted."""
 
@@ -97,7 +97,6 @@ class LeaveOneOut(SourceMethod):
         return leave_one_out(lm, ablation, self.params["batch_size"], self.params["prefix"] == "cached")
 
 
-@register
 class HierarchicalLeaveOneOut(SourceMethod):
     """AttriBoT's hierarchical search: documents first, then the sentences of the top documents."""
 
@@ -129,21 +128,6 @@ def hierarchical(lm: LoadedModel, documents: Ablation, sentences: tuple[tuple[in
                          documents.explained, documents.foil)
         out[:, searched] = leave_one_out(lm, inner, batch_size, reuse_prefix)
     return out
-
-
-def contextcite_masks(n_sources: int, num_ablations: int, keep_prob: float, base_seed: int = 0) -> torch.Tensor:
-    """``(num_ablations, n_sources)`` keep masks drawn as the package draws them: row ``s`` from
-    ``numpy.random.RandomState(base_seed + s).choice([False, True], p=[1 - keep_prob, keep_prob])``."""
-    rows = [np.random.RandomState(base_seed + s).choice([False, True], size=n_sources, p=[1 - keep_prob, keep_prob])
-            for s in range(num_ablations)]
-    return torch.from_numpy(np.stack(rows))
-
-
-def logit_response(log_probs: torch.Tensor) -> torch.Tensor:
-    """ContextCite's response of each row: ``logit P(y) = log P - log(1 - P)`` with ``log P = sum_t log p(y_t)``
-    (``log_probs`` ``(R, T)``; the package's ``aggregate_logit_probs(..., "logit_prob")``)."""
-    total = log_probs.double().sum(1)
-    return total - torch.log(-torch.expm1(total))
 
 
 def lasso(x: torch.Tensor, y: torch.Tensor, alpha: float, tol: float = 1e-12, max_iter: int = 100_000) -> torch.Tensor:
@@ -195,7 +179,6 @@ def lasso_surrogate(masks: torch.Tensor, response: torch.Tensor, n_tokens: int,
     return weight * n_tokens, bias * n_tokens
 
 
-@register
 class ContextCite(SourceMethod):
     """ContextCite: a sparse linear surrogate of the answer's logit-probability on random source ablations."""
 
@@ -228,3 +211,6 @@ class ContextCite(SourceMethod):
         log_probs = ablated_objective(lm, ablation, masks, self.params["batch_size"],
                                       self.params["prefix"] == "cached")
         return lasso_surrogate(masks, logit_response(log_probs), target.n_steps, float(self.params["lasso_alpha"]))
+
+
+SOURCE_METHODS = (LeaveOneOut, HierarchicalLeaveOneOut, ContextCite)
