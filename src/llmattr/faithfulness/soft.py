@@ -157,18 +157,22 @@ class StepSamples:
 
 def soft_samples(engine: PerturbationEngine, s_tilde: torch.Tensor, samples: int, generator: torch.Generator,
                  families: tuple[str, ...] = ("ns", "nc"), mode: str = "paper",
-                 coupling: str = "coupled") -> StepSamples:
+                 coupling: str = "coupled", groups: torch.Tensor | None = None) -> StepSamples:
     """Soft-NS (eq. 4) and Soft-NC (eq. 5) per Monte-Carlo sample for each row of ``s_tilde`` (K, m).
 
     Every perturbed input (the zero baseline, then the NS masks, then the NC masks) goes through
     ``engine.probs`` in one call. NS keeps token i with probability ``s_i`` (eq. 1), NC with ``1 - s_i``
-    (:func:`draw_masks`).
+    (:func:`draw_masks`). With ``groups`` ``(m, n_span)`` (0/1: which span tokens form each of the m units, e.g.
+    the sources), the Bernoulli draws are per unit and a unit's tokens are kept or zeroed together; tokens of no
+    unit are never perturbed (the zero baseline zeroes every unit).
     """
     dims = engine.suffix_embeds.shape[-1] if mode == "reagent" else None
     k, m = s_tilde.shape
     masks = draw_masks(s_tilde, samples, generator, families, dims, coupling)
     zero = torch.zeros((1, m) if dims is None else (1, m, dims))
     batch = torch.cat([zero] + [mask.flatten(0, 1) for mask in masks.values()])
+    if groups is not None:
+        batch = 1 - (1 - batch) @ groups.float()
     distance = DISTANCES[mode](engine.clean_probs.double()[None], engine.probs(batch).double()).cpu()  # (1 + F K S,)
     d0, rest = float(distance[0]), distance[1:].reshape(len(masks), k, samples)
     if d0 <= D0_MIN:
@@ -254,12 +258,14 @@ def families_of(metrics) -> tuple[str, ...]:
     return tuple(f for f in ("ns", "nc") if any(name.endswith(f) for name in names))
 
 
-def check_scores(scores: torch.Tensor, target: Target) -> torch.Tensor:
-    """Retain probabilities ``(n_steps, m)`` in [0, 1] matching the target's steps and content span."""
-    m = target.span[1] - target.span[0]
+def check_scores(scores: torch.Tensor, target: Target, units: int | None = None) -> torch.Tensor:
+    """Retain probabilities ``(n_steps, m)`` in [0, 1] matching the target's steps and content span (or ``units``
+    columns: one per source)."""
+    m = target.span[1] - target.span[0] if units is None else units
     if scores.dim() != 2 or tuple(scores.shape) != (target.n_steps, m):
+        what = "span tokens" if units is None else "sources"
         raise LlmattrError(
-            f"scores have shape {tuple(scores.shape)}, expected ({target.n_steps} steps, {m} span tokens)"
+            f"scores have shape {tuple(scores.shape)}, expected ({target.n_steps} steps, {m} {what})"
         )
     check_finite(scores)
     if ((scores < 0) | (scores > 1)).any():
@@ -271,32 +277,36 @@ def check_scores(scores: torch.Tensor, target: Target) -> torch.Tensor:
 def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps: list[int],
                     metrics=("pi-soft-nc", "pi-soft-ns"), routing: str = "dynamic", samples: int = SAMPLES.default,
                     seed: int = 0, pis=None, mode: str = "paper", example: str = "", method: str = "",
-                    batch_size: int | None = None, coupling: str = COUPLING.default) -> SoftResult:
+                    batch_size: int | None = None, coupling: str = COUPLING.default,
+                    groups: torch.Tensor | None = None) -> SoftResult:
     """pi-Soft-NC/NS (eq. 7) and Soft-NC/NS (alpha = 1) of ``scores`` at ``steps``, averaged over steps.
 
     ``scores``: retain probabilities ``(n_steps, m)``. Masks are drawn from a generator seeded per
     (``example``, step) from ``seed`` (:func:`mc_seed`; per (example, step, ``method``) with
     ``coupling="independent"``), so reruns are bit-identical. ``mode="reagent"`` uses a single
     per-dimension draw (``samples`` becomes 1). ``result.mc_se`` holds the Monte-Carlo standard error of
-    every value (:func:`mc_errors`).
+    every value (:func:`mc_errors`). ``groups`` ``(n_units, n_span)``: the scores are per unit (a source's
+    tokens masked together, :func:`soft_samples`), ``(n_steps, n_units)``.
     """
     if mode not in MODES:
         raise LlmattrError(f"unknown mode {mode!r}; use 'paper' or 'reagent'")
+    if groups is not None and mode != "paper":
+        raise LlmattrError("scores per source take mode 'paper' (ReAGent's masks are per embedding dimension)")
     one_of(coupling, COUPLINGS, "coupling")
     if samples < 1:
         raise LlmattrError("samples must be at least 1")
     families = families_of(metrics)
     grid = check_pis(pis)
-    scores = check_scores(scores, target)
+    scores = check_scores(scores, target, None if groups is None else groups.shape[0])
     samples = 1 if mode == "reagent" else samples
     warnings, kept, per_step = [], [], []
     for step in steps:
         engine = PerturbationEngine(lm, target, step=step, routing=routing, batch_size=batch_size)
-        s = scores[step, : engine.n_span]  # scope "all": the tokens this step sees
+        s = scores[step, : engine.n_span] if groups is None else scores[step]  # scope "all": the tokens it sees
         s_tilde = torch.cat([transform(s, grid), s[None]])  # K pi rows, then alpha = 1
         generator = torch.Generator().manual_seed(
             mc_seed(seed, example, step, method if coupling == "independent" else None))
-        result = soft_samples(engine, s_tilde, samples, generator, families, mode, coupling)
+        result = soft_samples(engine, s_tilde, samples, generator, families, mode, coupling, groups)
         if result.ns is None and result.nc is None:
             warnings.append(f"step {step}: the zero baseline does not change the output (D0 = {result.d0:.1e}); "
                             "Soft-NC/NS undefined, step skipped")
@@ -316,7 +326,8 @@ def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps
         pis=grid.tolist(),
         pi_soft_ns=None if ns is None else ns[:-1].tolist(), pi_soft_nc=None if nc is None else nc[:-1].tolist(),
         soft_ns=None if ns is None else float(ns[-1]), soft_nc=None if nc is None else float(nc[-1]),
-        expected_retained=float(sum(float(scores[k, : visible(target, k)].sum()) for k in kept) / len(kept)),
+        expected_retained=float(sum(float(scores[k, : visible(target, k) if groups is None else None].sum())
+                                    for k in kept) / len(kept)),
         routing=routing, samples=samples, seed=seed, mode=mode, steps=kept, warnings=warnings,
         coupling=coupling, mc_se=mc_errors(per_step, grid.tolist()),
         d0=float(sum(r.d0 for r in per_step) / len(per_step)), scope=target.scope,
