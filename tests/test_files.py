@@ -163,7 +163,7 @@ def test_finetune_messages_name_the_right_task_and_extra(tmp_path):
         from llmattr.finetuning import FinetuneConfig
         FinetuneConfig(task="generate").validate()
     assert "STS-B" not in str(err.value) and "generate is a generation task" in str(err.value)
-    with pytest.raises(LlmattrError, match="STS-B's regression head"):
+    with pytest.raises(LlmattrError, match="paper 003's regression head: --task stsb-regression --head regression"):
         FinetuneConfig(task="stsb").validate()
     if importlib.util.find_spec("peft") is None or importlib.util.find_spec("bitsandbytes") is not None:
         pytest.skip("needs peft and no bitsandbytes")
