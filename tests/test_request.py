@@ -60,7 +60,8 @@ def test_a_next_word_gold_target_without_its_word_is_refused_before_the_model_lo
 def captured_request(monkeypatch) -> list[Request]:
     """Make :func:`api.explain_text` record the request it is given and explain nothing."""
     seen: list[Request] = []
-    monkeypatch.setattr(api, "explain_text", lambda lm, text, request, skipped=None: seen.append(request) or [])
+    monkeypatch.setattr(api, "explain_text",
+                        lambda lm, text, request, skipped=None, advance=None: seen.append(request) or [])
     return seen
 
 
