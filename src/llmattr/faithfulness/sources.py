@@ -29,7 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
+from scipy import stats as sps
 
 from .. import objectives
 from ..declarations import MetricRow, TableSpec
@@ -99,18 +101,12 @@ def removal_masks(order: torch.Tensor, k_max: int) -> tuple[torch.Tensor, torch.
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Spearman's rho: Pearson's correlation of the average ranks (ties share their mean rank); NaN where either
+    """Spearman's rho (``scipy.stats.spearmanr``: Pearson's correlation of the average ranks); NaN where either
     side is constant."""
-    def ranks(x: torch.Tensor) -> torch.Tensor:
-        x = x.double()
-        less = (x[None] < x[:, None]).sum(1).double()
-        equal = (x[None] == x[:, None]).sum(1).double()
-        return less + (equal + 1) / 2
-
-    ra, rb = ranks(a), ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denominator = float(ra.norm() * rb.norm())
-    return float("nan") if denominator == 0 else float(ra @ rb) / denominator
+    a, b = a.detach().double().cpu().numpy(), b.detach().double().cpu().numpy()
+    if np.ptp(a) == 0 or np.ptp(b) == 0:
+        return float("nan")
+    return float(sps.spearmanr(a, b).statistic)
 
 
 @dataclass(frozen=True)
