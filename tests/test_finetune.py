@@ -125,7 +125,7 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tiny_tokenizer, tmp_path
     resumed, straight = straight_and_resumed(toy_finetune, tiny_tokenizer, tmp_path, toy_file(tmp_path / "toy.jsonl"))
     assert resumed["loss_curve"][0][0] == 1 and resumed["loss_curve"][-1][0] == 10  # one history, steps 1..10
     trained = build_tiny("llama", tiny_tokenizer).model.state_dict()
-    assert any(not torch.equal(trained[name], weight) for name, weight in straight.items() if name in trained)
+    assert any(not torch.equal(trained[name].cpu(), weight) for name, weight in straight.items() if name in trained)
 
 
 def test_a_rerun_with_other_settings_or_on_a_finished_folder_is_refused(tiny_tokenizer, tmp_path):
@@ -169,13 +169,13 @@ def test_the_label_loss_is_the_label_words_cross_entropy_at_the_answer_position(
     ids = task.label_ids(tiny_tokenizer)
     seqs = [label_sequence(tiny_tokenizer, task, {"id": str(i), "text": text, "label": label}, ids)
             for i, (text, label) in enumerate([("A dull film that made no sense.", "Positive"), ("Fine.", "Negative")])]
-    batch = Collator(pad_id=2, left=True)(seqs)
+    batch = {k: v.to(lm.device) if torch.is_tensor(v) else v for k, v in Collator(pad_id=2, left=True)(seqs).items()}
     labels = batch.pop("labels")
     with torch.no_grad():
         loss = label_loss(lm.model(**batch), labels)
         expected = []
         for seq in seqs:
-            logits = lm.model(input_ids=torch.tensor([seq["input_ids"]])).logits[0, -1].double()
+            logits = lm.model(input_ids=torch.tensor([seq["input_ids"]], device=lm.device)).logits[0, -1].double()
             expected.append(-torch.log_softmax(logits, -1)[seq["labels"][-1]])
     expected = torch.stack(expected).mean()
     torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=0)
@@ -190,7 +190,7 @@ def test_lora_and_the_lm_loss_write_a_plain_folder(tiny_tokenizer, tmp_path):
     weights = load_file(tmp_path / "lora" / "model.safetensors")
     assert not any("lora" in name for name in weights)
     base = build_tiny("llama", tiny_tokenizer).model.state_dict()
-    assert any(not torch.equal(base[n], w) for n, w in weights.items() if n in base and w.dim() == 2)
+    assert any(not torch.equal(base[n].cpu(), w) for n, w in weights.items() if n in base and w.dim() == 2)
     lm_card = toy_finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "lm", data, loss="lm", epochs=2)
     assert lm_card["loss"] == "lm" and lm_card["loss_curve"][-1][1] < lm_card["loss_curve"][0][1]
     assert "objective" not in lm_card and "objective" not in lm_card["settings"]

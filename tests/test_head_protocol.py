@@ -90,7 +90,7 @@ def test_the_summary_averages_over_k_with_intervals_and_paired_tests():
 def test_the_gradient_methods_are_the_l1_norms_of_autograd_on_the_head(tiny_tokenizer):
     lm = build_tiny("llama", tiny_tokenizer)
     model = head_model(lm, get_task("sst2-head"), seed=0)
-    ids = torch.tensor([[5, 17, 23, 9, 41]])
+    ids = torch.tensor([[5, 17, 23, 9, 41]], device=lm.device)
     x = model.get_input_embeddings()(ids).detach().requires_grad_(True)
     label = int(model(input_ids=ids).logits[0].argmax())
     p = model(inputs_embeds=x).logits.softmax(-1)[0, label]
@@ -100,11 +100,11 @@ def test_the_gradient_methods_are_the_l1_norms_of_autograd_on_the_head(tiny_toke
                                (grad[0] * x[0]).abs().sum(-1))
     # IG (zero baseline): sum_k w_k dF/dx(alpha_k x) * x at paper 003's 25 points (Gauss-Legendre on [0, 1])
     nodes, w = np.polynomial.legendre.leggauss(25)
-    alphas = torch.tensor((1 + nodes) / 2, dtype=torch.float32)
+    alphas = torch.tensor((1 + nodes) / 2, dtype=torch.float32, device=x.device)
     points = (alphas[:, None, None] * x.detach()[0]).requires_grad_(True)
     q = model(inputs_embeds=points).logits.softmax(-1)[:, label].sum()
     (g,) = torch.autograd.grad(q, points)
-    reference = ((torch.tensor(w / 2, dtype=torch.float32)[:, None, None] * g).sum(0) * x.detach()[0]).abs().sum(-1)
+    reference = ((torch.tensor(w / 2, dtype=torch.float32, device=g.device)[:, None, None] * g).sum(0) * x.detach()[0]).abs().sum(-1)
     torch.testing.assert_close(head_attribution(model, ids, "integrated-gradients").float(), reference)
     for method in HEAD_METHODS:
         assert head_attribution(model, ids, method).shape == (5,)

@@ -174,6 +174,6 @@ def test_step_probabilities_come_from_the_generation_without_a_second_pass(tiny_
         hook.remove()
     assert len(calls) == 2 * passes
     with torch.no_grad():
-        logits = tiny_llama.model(input_ids=target.input_ids).logits[0, target.positions]
+        logits = tiny_llama.model(input_ids=target.input_ids.to(tiny_llama.device)).logits[0, target.positions].cpu()
     expected = logits.softmax(-1).gather(-1, target.target_ids[:, None])[:, 0]
     torch.testing.assert_close(torch.tensor([s.prob for s in expl.steps]), expected, rtol=1e-5, atol=1e-7)

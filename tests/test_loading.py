@@ -83,7 +83,7 @@ def test_default_model_folder_is_a_plain_hf_folder(smollm):
     plain = AutoModelForCausalLM.from_pretrained(str(folder))
     sd_plain, sd_ours = plain.state_dict(), smollm.model.state_dict()
     assert sd_plain.keys() == sd_ours.keys()
-    assert all(bool((sd_plain[k] == sd_ours[k]).all()) for k in sd_plain)
+    assert all(bool((sd_plain[k] == sd_ours[k].cpu()).all()) for k in sd_plain)
 
 
 def test_concurrent_conversion_keeps_the_winners_folder(tmp_path, monkeypatch, tiny_llama):
