@@ -64,9 +64,22 @@ def pytest_collection_modifyitems(config, items):
 
 
 def peak_tensor_bytes(run) -> int:
-    """The most bytes of CPU tensors alive at once during ``run()``: the running sum of the profiler's allocation
-    and free events (what the memory guard estimates; a process's resident size adds the C allocator's own
-    retention, see docs/methods-lrp.md, Cost)."""
+    """The most bytes of tensors alive at once during ``run()`` on the suite's device, beyond those alive before.
+
+    CPU: the running sum of the profiler's allocation and free events (what the memory guard estimates; a process's
+    resident size adds the C allocator's own retention, see docs/methods-lrp.md, Cost). CUDA: the caching
+    allocator's peak of allocated bytes over what was allocated before (a matrix product first, so that cuBLAS's
+    workspace, kept for the process, is not counted as the run's)."""
+    if TEST_DEVICE.startswith("cuda"):
+        square = torch.ones(8, 8, device=TEST_DEVICE)
+        (square @ square).sum().item()  # cuBLAS's workspace is allocated by the first product and kept
+        del square
+        torch.cuda.synchronize(TEST_DEVICE)
+        torch.cuda.reset_peak_memory_stats(TEST_DEVICE)
+        before = torch.cuda.memory_allocated(TEST_DEVICE)
+        run()
+        torch.cuda.synchronize(TEST_DEVICE)
+        return torch.cuda.max_memory_allocated(TEST_DEVICE) - before
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
