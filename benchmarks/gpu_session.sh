@@ -99,12 +99,17 @@ case "${1:-}" in
             "${@:2}" 2>&1 | tee "$OUT/bench.txt" ;;
     tests)
         setup && embedded_model
-        # -v: each test's outcome on its own line as it ends (a call cut off keeps the names); --session-timeout
-        # (pytest-timeout, in the image) ends the run in time to print the failures' summary and the junit file
+        # The gpu-marked tests first and alone: two of them read the free GPU memory or fill it (out-of-memory
+        # halving), which would fail tests running beside them. Then the rest in $WORKERS processes. -v: each
+        # test's outcome on its own line as it ends (a call cut off keeps the names); --session-timeout
+        # (pytest-timeout, in the image) ends the run in time to print the failures' summary and the junit file.
+        LLMATTR_TEST_DEVICE=cuda timeout 120 python3 -m pytest -v -p no:cacheprovider -p no:benchmark -m gpu \
+            -rfEs --tb=short --junitxml="$OUT/tests-gpu.xml" "${@:2}" >"$OUT/tests-gpu.txt" 2>&1
         OMP_NUM_THREADS=2 LLMATTR_TEST_DEVICE=cuda timeout $((${TESTS_S:-330} + 60)) python3 -m pytest -v \
-            -p no:cacheprovider -p no:benchmark -n "$WORKERS" --session-timeout="${TESTS_S:-330}" -rfEs --tb=short \
-            --deselect tests/test_gemma.py --junitxml="$OUT/tests.xml" "${@:2}" >"$OUT/tests.txt" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | tail -120 ;;
+            -p no:cacheprovider -p no:benchmark -n "$WORKERS" -m "not gpu" --session-timeout="${TESTS_S:-330}" \
+            -rfEs --tb=short --deselect tests/test_gemma.py --junitxml="$OUT/tests.xml" "${@:2}" \
+            >"$OUT/tests.txt" 2>&1
+        grep -hE "^(FAILED|ERROR)|passed|failed" "$OUT/tests-gpu.txt" "$OUT/tests.txt" | tail -120 ;;
     bnb)
         setup "$GPU"/bnb/*.whl
         LLMATTR_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_gpu.py 2>&1 \
