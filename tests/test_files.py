@@ -141,6 +141,10 @@ def test_fuzz_explain_data_through_the_cli(tmp_path, monkeypatch):
     (["finetune", "--task", "sentiment", "--data", "{f}", "--text-field", "review", "--out", "{tmp}/ft"],
      b'{"review":"a"}\n{"review":"b"\n', "line 2 is not JSON"),
     (["evaluate-scores", "{f}"], b'[{"text": "a", "scores": [1]},\n', "line 2 is not JSON"),
+    (["explain", "--data", "{f}", "--text-field", "review"], b'{"review":"a"}\n{"review":null}\n',
+     "line 2 has no value (null) in column 'review'"),  # not explained as the text "None"
+    (["evaluate", "--data", "{f}", "--text-field", "review", "--out", "{tmp}/o.sqlite"],
+     b'{"review":"a","label":null}\n', "line 1 has no value (null) in column 'label'"),
 ])
 def test_the_cli_refuses_a_bad_file_in_one_line_exit_2(command, content, fragment, tmp_path):
     path = tmp_path / ("f.json" if command[0] == "evaluate-scores" else

@@ -69,6 +69,8 @@ def file_rows(task: Task, path: str | Path, text_field: str | None = None,
                 what = "the label" if name == "label" else f"field {name!r}"
                 raise LlmattrError(f"{path}: {at} has no column {column!r} for {what} ({hints[name]}); "
                                    f"its columns: {', '.join(map(str, row))}")
+            if row[column] is None:  # JSON null: no value, not the text "None"
+                raise LlmattrError(f"{path}: {at} has no value (null) in column {column!r}")
     return rows, where, columns
 
 
