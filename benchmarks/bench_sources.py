@@ -32,7 +32,7 @@ import torch
 
 from _common import read_jsonl, table
 from llmattr import load_model
-from llmattr.sources.estimators import ContextCite, HierarchicalLeaveOneOut, LeaveOneOut
+from llmattr.methods.sources import ContextCite, HierarchicalLeaveOneOut, LeaveOneOut
 from llmattr.targets import make_target
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
@@ -102,11 +102,11 @@ def main() -> None:
     target = make_target(lm, prompt, args.tokens)
     print(f"{args.documents} documents, {prompt.length} prompt tokens, {target.n_steps} answer tokens, "
           f"{sum(map(len, split))} sentences; model {args.model} on {args.device}")
-    LeaveOneOut(batch_size=args.batch_size).attribute(lm, target)  # warm-up
+    LeaveOneOut(batch_size=args.batch_size).scores(lm, target)  # warm-up
     b = args.batch_size
-    naive_s, naive = clock(lambda: LeaveOneOut(prefix="none", batch_size=1).attribute(lm, target))
-    batched_s, batched = clock(lambda: LeaveOneOut(prefix="none", batch_size=b).attribute(lm, target))
-    cached_s, cached = clock(lambda: LeaveOneOut(batch_size=b).attribute(lm, target))
+    naive_s, naive = clock(lambda: LeaveOneOut(prefix="none", batch_size=1).scores(lm, target))
+    batched_s, batched = clock(lambda: LeaveOneOut(prefix="none", batch_size=b).scores(lm, target))
+    cached_s, cached = clock(lambda: LeaveOneOut(batch_size=b).scores(lm, target))
     rows = [["leave-one-out, naive (1 full forward per document)", f"{naive_s:.2f}", "1.00", "-"],
             ["leave-one-out, batched, no cache", f"{batched_s:.2f}", f"{naive_s / batched_s:.2f}",
              f"{float((batched - naive).abs().max()):.1e}"],
@@ -131,9 +131,9 @@ def main() -> None:
 
     sentence_prompt = context_prompt(lm.tokenizer, [], query, sentences=split)
     sentence_target = make_target(lm, sentence_prompt, args.tokens)
-    flat_s, flat = clock(lambda: LeaveOneOut(batch_size=b).attribute(lm, sentence_target))
+    flat_s, flat = clock(lambda: LeaveOneOut(batch_size=b).scores(lm, sentence_target))
     hier_s, hier = clock(lambda: HierarchicalLeaveOneOut(batch_size=b, top_documents=args.top)
-                         .attribute(lm, sentence_target))
+                         .scores(lm, sentence_target))
     k = min(5, flat.shape[1])
     kept = len(set(flat.sum(0).topk(k).indices.tolist()) & set(hier.sum(0).topk(k).indices.tolist()))
     rows += [["leave-one-out over sentences, flat (cache)", f"{flat_s:.2f}", "1.00", "-"],

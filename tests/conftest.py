@@ -63,6 +63,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def token_methods() -> list[str]:
+    """The registered methods that score tokens on any prompt; the source-level ones (granularity "source") need a
+    prompt with sources, and tests/test_sources.py runs every method, theirs included, on documents."""
+    from llmattr import methods
+
+    return [name for name in methods.available() if methods.REGISTRY[name].granularity == "token"]
+
+
 def peak_tensor_bytes(run) -> int:
     """The most bytes of tensors alive at once during ``run()`` on the suite's device, beyond those alive before.
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import token_methods
 from llmattr import methods
 
 
@@ -72,12 +73,11 @@ def test_cli_explains_with_every_method(smollm, tmp_path, monkeypatch):
     generation of the embedded model (in-process, the model loaded once)."""
     from typer.testing import CliRunner
 
-    from llmattr import methods
     from llmattr.cli import app
 
     monkeypatch.setattr("llmattr.models.loading.load_model", lambda *args, **kwargs: smollm)
     runner = CliRunner()
-    for name in methods.available():
+    for name in token_methods():  # the source-level ones: tests/test_sources.py
         params = [arg for p in CHEAP.get(name, []) for arg in ("--param", p)]
         for task in (["--task", "sentiment"], ["--task", "generate", "--answer", " a b c d e f g h i j"]):
             out = tmp_path / f"{name}.json"

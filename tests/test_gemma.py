@@ -15,6 +15,7 @@ import json
 import pytest
 import torch
 
+from conftest import token_methods
 from llmattr import methods
 from llmattr.api import prepare
 from llmattr.models.forward import SharedPrefix, logits_at
@@ -75,7 +76,7 @@ def test_every_method_on_gemma(gemma):
     sentiment = prepare(gemma, "An engrossing film that is never boring.", Request("sentiment", answer=" positive"))
     generation = prepare(gemma, "The fox", Request("generate", max_new_tokens=10))
     assert generation.n_steps == 10
-    for name in methods.available():
+    for name in token_methods():
         method = methods.get(name, **CHEAP.get(name, {}))
         for target in (sentiment, generation):
             raw = method.attribute(gemma, target)

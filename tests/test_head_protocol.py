@@ -104,7 +104,8 @@ def test_the_gradient_methods_are_the_l1_norms_of_autograd_on_the_head(tiny_toke
     points = (alphas[:, None, None] * x.detach()[0]).requires_grad_(True)
     q = model(inputs_embeds=points).logits.softmax(-1)[:, label].sum()
     (g,) = torch.autograd.grad(q, points)
-    reference = ((torch.tensor(w / 2, dtype=torch.float32, device=g.device)[:, None, None] * g).sum(0) * x.detach()[0]).abs().sum(-1)
+    weights = torch.tensor(w / 2, dtype=torch.float32, device=g.device)[:, None, None]
+    reference = ((weights * g).sum(0) * x.detach()[0]).abs().sum(-1)
     torch.testing.assert_close(head_attribution(model, ids, "integrated-gradients").float(), reference)
     for method in HEAD_METHODS:
         assert head_attribution(model, ids, method).shape == (5,)

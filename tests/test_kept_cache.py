@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import llmattr
-from conftest import build_tiny
+from conftest import build_tiny, token_methods
 from llmattr import methods
 from llmattr.models.kept import Kept, weights_version
 from llmattr.models.probe import Probe, eager_attention
@@ -68,7 +68,7 @@ def test_an_in_place_edit_of_the_weights_serves_no_stale_entry(tiny_tokenizer, n
 def test_the_methods_that_keep_entries_are_those_tested(tiny_tokenizer):
     """Every registered method that leaves an entry in the store is in KEEPING (so the stale-entry test covers it)."""
     keeping = []
-    for name in sorted(methods.REGISTRY):
+    for name in token_methods():
         lm = build_tiny("llama", tiny_tokenizer)
         explain(lm, name)
         if len(lm.kept):

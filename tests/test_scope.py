@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import llmattr
+from conftest import token_methods
 from llmattr import methods
 from llmattr.api import attribute, prepare
 from llmattr.errors import LlmattrError
@@ -42,7 +43,7 @@ def test_scope_sets_what_is_attributed(tiny_llama):
     n = prompt.prompt_len
     assert span.span == span.prompt.span and 0 < span.span[0] and span.span[1] < n
     assert prompt.span == (0, n) and every.span == (0, n + every.n_steps - 1)
-    for name in methods.available():  # every method attributes whichever scope is asked
+    for name in token_methods():  # every method attributes whichever scope is asked
         expl = attribute(tiny_llama, every, methods.get(name, **CHEAP.get(name, {})))
         assert len(expl.steps[0].raw) == n + every.n_steps - 1 and expl.scope == "all"
         assert expl.span_tokens[n:] == [s.token for s in expl.steps[:-1]]  # the generated prefix

@@ -1,4 +1,4 @@
-"""Source-level estimators (llmattr.sources.estimators): leave-one-out with the prefix cache against a full
+"""Source-level estimators (llmattr.methods.sources): leave-one-out with the prefix cache against a full
 recompute and against prompts rebuilt without the source, ContextCite against the context-cite package on the same
 model and masks, AttriBoT's hierarchy against flat leave-one-out."""
 
@@ -11,8 +11,8 @@ import torch
 from conftest import ARCHS, build_tiny
 from llmattr import objectives
 from llmattr.errors import LlmattrError
+from llmattr.methods.sources import ContextCite, HierarchicalLeaveOneOut, LeaveOneOut
 from llmattr.sources.ablation import Ablation, ablated_objective, contextcite_masks
-from llmattr.sources.estimators import ContextCite, HierarchicalLeaveOneOut, LeaveOneOut
 from sources_prompts import TEMPLATE, context_prompt, forced
 
 DOCUMENTS = [" The movie was dull.", " An engrossing film, never boring.", " The plot made no sense at all.",
@@ -48,7 +48,7 @@ def test_leave_one_out_is_the_drop_without_the_source(arch, tiny_tokenizer):
                             for i in range(len(DOCUMENTS))], 1)
     assert expected.abs().min() > 1e-4  # every document moves the answer: the check is not vacuous
     for params in ({}, {"batch_size": 2}, {"prefix": "none", "batch_size": 1}, {"prefix": "none"}):
-        got = LeaveOneOut(**params).attribute(lm, target)
+        got = LeaveOneOut(**params).scores(lm, target)
         assert got.shape == (len(answer), len(DOCUMENTS))
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
@@ -95,18 +95,18 @@ def test_hierarchical_search_is_flat_leave_one_out_on_the_searched_documents(tin
     lm = build_tiny("llama", tiny_tokenizer)
     target = forced(context_prompt(tiny_tokenizer, [], QUERY, sentences=SENTENCES), answer_ids(tiny_tokenizer))
     sources = target.prompt.sources
-    flat = LeaveOneOut().attribute(lm, target)
+    flat = LeaveOneOut().scores(lm, target)
     documents = Ablation.of(target, sources.documents.groups, objectives.OBJECTIVES["log-prob"])
     n_docs = len(SENTENCES)
     keep = ~torch.eye(n_docs, dtype=torch.bool)
     drop = (ablated_objective(lm, documents, torch.ones(1, n_docs, dtype=torch.bool), 1, False)
             - ablated_objective(lm, documents, keep, 1, False)).sum(1)
     top = int(drop.argmax())
-    got = HierarchicalLeaveOneOut(top_documents=1).attribute(lm, target)
+    got = HierarchicalLeaveOneOut(top_documents=1).scores(lm, target)
     inside = torch.tensor([p == top for p in sources.parents])
     torch.testing.assert_close(got[:, inside], flat[:, inside], atol=1e-5, rtol=1e-5)
     assert (got[:, ~inside] == 0).all() and (flat[:, ~inside] != 0).all()
-    torch.testing.assert_close(HierarchicalLeaveOneOut(top_documents=n_docs).attribute(lm, target), flat,
+    torch.testing.assert_close(HierarchicalLeaveOneOut(top_documents=n_docs).scores(lm, target), flat,
                                atol=1e-5, rtol=1e-5)
 
 

@@ -17,6 +17,7 @@ import llmattr
 from llmattr import methods
 from llmattr.errors import LlmattrError
 from llmattr.explanation import Explanation
+from llmattr.faithfulness.inputs import target_from_explanation
 from llmattr.methods.base import spread
 from llmattr.methods.lime import lime_step
 from llmattr.render import heatmap_html, print_explanation
@@ -24,6 +25,7 @@ from llmattr.request import Request
 from llmattr.sources import Sources
 from llmattr.sources.build import build_sources, check_spans, context_text, token_groups
 from llmattr.sources.split import sentences
+from test_cli_checks import NO_MODEL, one_line_error, run_cli
 
 DOCS = ["The tower is in Paris. It was built in 1889.", "Bananas are yellow.", "The mountain is high."]
 
@@ -146,20 +148,35 @@ def test_views_show_each_source_with_its_bar():
 def test_every_method_gives_source_scores_on_documents(tiny_llama):
     """Every registered method on a question over three documents: Sources hold no template token, and the
     source scores are the sums of each source's token columns (no code per method)."""
-    fast = {"n_steps": 4, "n_samples": 8}
+    fast = {"n_steps": 4, "n_samples": 8, "num_ablations": 8}
     template = set()
     for name in methods.available():
         cls = methods.REGISTRY[name]
         params = {k: v for k, v in fast.items() if k in cls.defaults}
-        expl = llmattr.explain("When was it built?", documents=DOCS, model=tiny_llama, method=name,
-                               max_new_tokens=2, progress=False, **params)
-        assert expl.sources is not None and len(expl.sources) == 3
+        granularity = "sentence" if name == "attribot-hierarchical" else "document"  # it searches documents' sentences
+        expl = llmattr.explain("When was it built?", documents=DOCS, sources=granularity, model=tiny_llama,
+                               method=name, max_new_tokens=2, progress=False, **params)
+        assert expl.sources is not None and len(expl.sources) == (4 if granularity == "sentence" else 3)
         raw = expl.to_numpy(raw=True)
         for k, cols in enumerate(expl.sources.columns(expl.span)):
             assert np.allclose(expl.source_scores()[:, k], raw[:, cols].sum(-1))
+        if cls.granularity == "source":  # the estimator's own per-source values, spread and summed back
+            want = methods.get(name, **params).scores(tiny_llama, target_from_explanation(expl)).float()
+            want = want.expand(expl.source_scores().shape[0], -1)
+            torch.testing.assert_close(torch.as_tensor(expl.source_scores()).float(), want,
+                                       atol=1e-6 * float(want.abs().sum()) + 1e-7, rtol=0)
         template |= {expl.tokens[p] for g in expl.sources.groups for p in g} & {"<|im_start|>", "<|im_end|>"}
-        assert [expl.text[s:e] for s, e in expl.sources.chars] == DOCS
+        assert [expl.text[s:e] for s, e in expl.sources.chars] == DOCS or granularity == "sentence"
     assert template == set()
+
+
+def test_source_methods_refuse_a_prompt_without_sources_before_the_model_loads(tiny_llama):
+    """One line, exit 2, before the model loads (the CLI) or any forward pass (the API)."""
+    for name in ("leave-one-out", "contextcite", "attribot-hierarchical"):
+        one_line_error(run_cli("explain", "a question", "--method", name, *NO_MODEL),
+                       f"method {name} scores sources and needs sources")
+    with pytest.raises(LlmattrError, match="method contextcite scores sources and needs sources"):
+        llmattr.explain("a question", model=tiny_llama, method="contextcite")
 
 
 def test_random_and_lime_perturb_whole_sources(tiny_llama):

@@ -16,6 +16,7 @@ from .errors import LlmattrError
 from .methods import AttributionMethod
 from .methods import get as get_method
 from .models.memory import check_checkpointing
+from .prompting import source_ranges
 from .sources.build import check_documents, check_spans
 from .sources.spans import GRANULARITIES
 from .targets import SCOPES, TARGET_MODES, check_gold_word
@@ -122,13 +123,18 @@ class Request:
 
     def check_text(self, text: object) -> None:
         """Refuse, before any work, what is not a text of this request: not a str or a dict of the task's
-        fields, empty, an empty field, or (``target="gold"`` on a next-word task) without its gold word."""
+        fields, empty, an empty field, without sources for a method that scores sources, or (``target="gold"``
+        on a next-word task) without its gold word."""
         check_text(text)
         example = self.example(text)
         if self.task.documents:
             check_documents(example.get("documents") if example.get("documents") is not None else ())
         if example.get("spans") is not None:
             check_spans(example["spans"], len(str(example[self.task.fields[0]])))
+        scoring_sources = [m.name for m in self.method_objs if m.granularity == "source"]
+        if scoring_sources and source_ranges(self.task, example, self.sources) is None:
+            raise LlmattrError(f"method {scoring_sources[0]} scores sources and needs sources: give documents "
+                               "(--document, --context; documents=[...]), spans (--span) or --sources sentence")
         if self.target == "gold" and self.task.next_word and self.answer is None:
             check_gold_word(self.task, self.gold_of(example))
 

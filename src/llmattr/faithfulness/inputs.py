@@ -17,7 +17,7 @@ from ..tasks import TASKS
 
 
 def target_from_explanation(expl: Explanation) -> Target:
-    """The :class:`Target` an Explanation was computed on (prompt ids, content span, explained tokens)."""
+    """The :class:`Target` an Explanation was computed on (prompt ids, content span, sources, explained tokens)."""
     a, b = expl.span
     if not expl.token_ids or not 0 <= a < b <= len(expl.token_ids) + len(expl.steps) - 1 or not expl.steps:
         raise LlmattrError("the explanation has no prompt tokens, an empty content span or no steps")
@@ -25,7 +25,7 @@ def target_from_explanation(expl: Explanation) -> Target:
     n = len(expl.token_ids)
     char_span = (offsets[a][0], offsets[min(b, n) - 1][1]) if len(offsets) == n else (0, 0)
     prompt = Prompt(text=expl.text, input_ids=torch.tensor([expl.token_ids]), offsets=offsets,
-                    span=(a, b), char_span=char_span)
+                    span=(a, b), char_span=char_span, sources=expl.sources)
     return Target(prompt=prompt, target_ids=torch.tensor([s.token_id for s in expl.steps]), forced=expl.forced,
                   scope=expl.scope)
 

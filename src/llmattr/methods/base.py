@@ -53,6 +53,10 @@ class AttributionMethod:
     ``control``: the method is the control every other one is tested against in the report, its own grey column
     or row, never ranked (the random baseline, family ``control``).
 
+    ``granularity``: ``"token"``, or ``"source"`` for a method whose unit is a whole source (a document, a
+    sentence: :mod:`llmattr.methods.sources`), which needs a prompt with sources and spreads each source's value
+    over its tokens.
+
     ``layer_sweep``: the parameter ``llmattr evaluate --layers`` sweeps (Grad-ELLM's ``layers``, the number of last
     layers aggregated: paper 000 Fig. 5) and the report's layer-sweep figure plots along; ``None``: no sweep.
     """
@@ -70,6 +74,7 @@ class AttributionMethod:
     layer_param: ClassVar[str] = "layer"
     layer_sweep: ClassVar[str | None] = None
     control: ClassVar[bool] = False
+    granularity: ClassVar[str] = "token"  # "source": scores whole sources and needs a prompt with them
 
     def __init__(self, **params):
         params = current_params(params, f"method {self.name}")  # target=: the objective's earlier name

@@ -1,12 +1,14 @@
 """Source-level estimators: attribution methods whose unit is a source (a document, a sentence), not a token.
 
-Each is an :class:`~llmattr.methods.AttributionMethod` with ``granularity = "source"`` (:data:`SOURCE_METHODS`;
-not yet in the methods registry: registering them is one ``register(cls)`` each once the Explanation stores
-per-source scores, and the tests that run every registered method on a prompt skip ``granularity == "source"``): its
-:meth:`attribute` returns ``(rows, n_sources)`` scores, column ``i`` for ``target.prompt.sources`` source ``i``
-(no token columns; a prompt without sources gets one line). ``rows`` is ``n_steps`` (one row per explained
-token) for leave-one-out and the hierarchy; ContextCite explains the whole answer, one row
-(``answer_level = True``), as the package does.
+Each is a registered :class:`~llmattr.methods.AttributionMethod` with ``granularity = "source"``: it needs a
+prompt with sources (``llmattr explain --document ...``, ``llmattr.explain(q, documents=[...])``; without them one
+line) and computes :meth:`SourceMethod.scores` ``(rows, n_sources)``, column ``i`` for ``target.prompt.sources``
+source ``i``. ``rows`` is ``n_steps`` (one row per explained token) for leave-one-out and the hierarchy;
+ContextCite explains the whole answer, one row (``answer_level = True``), as the package does. Its
+:meth:`~SourceMethod.attribute` gives the token scores every view and metric reads: each source's value spread
+evenly over its tokens (:func:`~llmattr.methods.base.spread`; 0 on the tokens of no source; ContextCite's row on
+every step), so :meth:`llmattr.explanation.Explanation.source_scores` gives the values back (to float rounding)
+and the token heatmap shows a source's value per token.
 
 * ``leave-one-out`` (AttriBoT's exact LOO, ContextCite's LOO baseline): ``s_i = F_t(x) - F_t(x without source
   i)``, the objective's drop when source ``i``'s tokens are deleted (default objective ``log-prob``: the
@@ -33,10 +35,17 @@ import torch
 from .. import objectives
 from ..checks import positive_int
 from ..errors import LlmattrError
-from ..methods.base import AttributionMethod
 from ..models.loading import LoadedModel
+from ..sources.ablation import (
+    Ablation,
+    ablated_objective,
+    clean_pass,
+    contextcite_masks,
+    logit_response,
+    prompt_sources,
+)
 from ..targets import Target
-from .ablation import Ablation, ablated_objective, clean_pass, contextcite_masks, logit_response, prompt_sources
+from .base import AttributionMethod, register, source_features, spread
 
 PREFIX_MODES = ("cached", "none")
 
@@ -69,8 +78,11 @@ class SourceMethod(AttributionMethod):
         raise NotImplementedError
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
+        """``(n_steps, n_span)``: :meth:`scores` spread over each source's tokens (module docstring)."""
         prompt_sources(target, f"method {self.name}")
-        return self.scores(lm, target)
+        values = self.scores(lm, target).float().cpu()
+        rows = values.expand(target.n_steps, -1) if self.answer_level else values
+        return spread(rows, source_features(target))
 
 
 def leave_one_out(lm: LoadedModel, ablation: Ablation, batch_size: int, reuse_prefix: bool) -> torch.Tensor:
@@ -83,6 +95,7 @@ def leave_one_out(lm: LoadedModel, ablation: Ablation, batch_size: int, reuse_pr
     return (full[None] - dropped).T
 
 
+@register
 class LeaveOneOut(SourceMethod):
     """Leave-one-out over sources: the objective's drop when one source is deleted."""
 
@@ -97,6 +110,7 @@ class LeaveOneOut(SourceMethod):
         return leave_one_out(lm, ablation, self.params["batch_size"], self.params["prefix"] == "cached")
 
 
+@register
 class HierarchicalLeaveOneOut(SourceMethod):
     """AttriBoT's hierarchical search: documents first, then the sentences of the top documents."""
 
@@ -179,6 +193,7 @@ def lasso_surrogate(masks: torch.Tensor, response: torch.Tensor, n_tokens: int,
     return weight * n_tokens, bias * n_tokens
 
 
+@register
 class ContextCite(SourceMethod):
     """ContextCite: a sparse linear surrogate of the answer's logit-probability on random source ablations."""
 
@@ -212,5 +227,3 @@ class ContextCite(SourceMethod):
                                       self.params["prefix"] == "cached")
         return lasso_surrogate(masks, logit_response(log_probs), target.n_steps, float(self.params["lasso_alpha"]))
 
-
-SOURCE_METHODS = (LeaveOneOut, HierarchicalLeaveOneOut, ContextCite)
