@@ -58,6 +58,9 @@ def test_explain_refuses_before_the_model_loads(args, fragment, tmp_path):
     (["--dtype", "half-ish"], "unknown dtype 'half-ish'"),
     (["--out", "{tmp}/missing/dir/r.sqlite"], "folder {tmp}/missing/dir does not exist"),
     (["--out", "/proc/llmattr.sqlite"], "--out /proc/llmattr.sqlite cannot be written"),
+    (["--metrics", "data-randomization", "--permuted-model", "{tmp}/none"], "--permuted-model: model path not found"),
+    (["--metrics", "data-randomization", "--permuted-model", "/proc"], "--permuted-model: /proc is not a model fold"),
+    (["--metrics", "reliability", "--reliability-of", "log-odds,nope"], "--reliability-of: unknown metric 'nope'"),
 ])
 def test_evaluate_refuses_bad_values_and_stores_nothing(args, fragment, tmp_path):
     result = run_cli("evaluate", *NO_MODEL, "--out", str(tmp_path / "r.sqlite"),

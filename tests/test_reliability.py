@@ -12,7 +12,7 @@ from llmattr.declarations import MetricRow, TableSpec
 from llmattr.errors import LlmattrError
 from llmattr.faithfulness import Metric, MetricContext, MetricOptions, register, unregister
 from llmattr.faithfulness.inputs import example_key
-from llmattr.faithfulness.reliability import measured, perturbed, power, reliability_rows
+from llmattr.faithfulness.reliability import RELIABILITY_OF, measured, perturbed, power, reliability_rows
 from llmattr.stats import stable_seed
 from llmattr.store import Row
 
@@ -95,3 +95,9 @@ def test_unknown_measured_metric_is_one_line():
         measured("pi-soft,nope")
     with pytest.raises(LlmattrError, match="unknown perturbation"):
         perturbed(None, "flip")
+
+
+def test_reliability_of_check_hook_refuses_unknown_metrics():
+    with pytest.raises(LlmattrError, match="--reliability-of: unknown metric 'nope'"):
+        RELIABILITY_OF.check("log-odds,nope")
+    assert RELIABILITY_OF.check("log-odds,pi-soft") == "log-odds,pi-soft"

@@ -11,6 +11,7 @@ from llmattr import methods
 from llmattr.errors import LlmattrError
 from llmattr.faithfulness import evaluate
 from llmattr.faithfulness.sanity import (
+    PERMUTED_MODEL,
     checked_blocks,
     data_randomization,
     model_randomization,
@@ -142,3 +143,14 @@ def test_data_randomization_needs_the_permuted_model(deep_llama):
     expl = llmattr.explain(TEXT, model=deep_llama, method="random", task="sentiment")
     with pytest.raises(LlmattrError, match="--permuted-model"):
         evaluate(expl, deep_llama, metrics=["data-randomization"])
+
+
+def test_permuted_model_check_hook_refuses_without_loading(tmp_path):
+    """The check hook runs in ``Option.check`` (config and API alike): a missing path or a folder without
+    config.json is refused; empty (not given), a hub id and a model folder pass unchanged."""
+    with pytest.raises(LlmattrError, match="--permuted-model: model path not found"):
+        PERMUTED_MODEL.check(str(tmp_path / "missing"))
+    with pytest.raises(LlmattrError, match="is not a model folder"):
+        PERMUTED_MODEL.check(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    assert [PERMUTED_MODEL.check(v) for v in ("", "org/model", str(tmp_path))] == ["", "org/model", str(tmp_path)]

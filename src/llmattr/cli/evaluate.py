@@ -32,7 +32,7 @@ def metric_options() -> list[inspect.Parameter]:
         name, inspect.Parameter.KEYWORD_ONLY,
         annotation=type(option.default) if isinstance(option.default, int | float | str) else str,
         default=typer.Option(None, option.flag, rich_help_panel="Metric options",
-                             help=f"{option.help} (default {option.default}"
+                             help=f"{option.help} (default {option.default if option.default != '' else 'none'}"
                                   + (f"; one of {', '.join(map(str, option.valid))})" if option.valid else ")")))
         for name, option in sorted(declared_options().items())]
 

@@ -39,14 +39,16 @@ class Option:
     ``removal`` too): ``llmattr evaluate --NAME`` (a "Metric options" option derived from this declaration), a key
     of the TOML config and of :class:`EvalConfig`, a keyword of ``llmattr.evaluate`` and a recorded setting of the
     store. ``valid`` lists the values it takes (empty: any value of the default's type); ``positive`` asks for a
-    whole number >= 1 (a count). Metrics that share an option declare the one object. A metric reads it as
-    ``ctx.options.get(name)``."""
+    whole number >= 1 (a count); ``validate`` (the check hook) raises :class:`LlmattrError` for a value the metric
+    cannot use, so that the CLI refuses it in one line before the model loads. Metrics that share an option declare
+    the one object. A metric reads it as ``ctx.options.get(name)``."""
 
     name: str
     default: object
     help: str
     valid: tuple = ()
     positive: bool = False
+    validate: Callable[[object], object] | None = None
 
     @property
     def flag(self) -> str:
@@ -64,6 +66,8 @@ class Option:
             positive_int(value, self.flag)
         if self.valid and value not in self.valid:
             raise LlmattrError(f"{self.flag} must be one of {', '.join(map(str, self.valid))}; got {value!r}")
+        if self.validate is not None:
+            self.validate(value)
         return value
 
 

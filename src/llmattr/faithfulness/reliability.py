@@ -41,8 +41,6 @@ from .registry import METRICS, NO_ROUTING, Metric, MetricContext, MetricOptions,
 from .soft import SOFT_OPTIONS
 
 PERTURBATIONS = (*MINOR, *DISRUPTIVE)
-RELIABILITY_OF = Option("reliability_of", "pi-soft,soft,comp-suff,log-odds,deletion-insertion",
-                        "Reliability: the metrics (comma-separated) whose resilience and reactivity are measured")
 POWER = Option("reliability_power", 2.0, "Reliability: c of the monotone transform s -> s**c")
 ROUTING = "dynamic"  # the routing the measured metrics run under
 
@@ -76,6 +74,11 @@ def measured(names: str) -> list[Metric]:
         raise LlmattrError(f"--reliability-of: unknown metric {', '.join(map(repr, unknown)) or repr(names)}; "
                            f"valid: {', '.join(sorted(set(METRICS) - {'reliability'}))}")
     return [METRICS[n] for n in wanted]
+
+
+RELIABILITY_OF = Option("reliability_of", "pi-soft,soft,comp-suff,log-odds,deletion-insertion",
+                        "Reliability: the metrics (comma-separated) whose resilience and reactivity are measured",
+                        validate=measured)
 
 
 def table_values(metric: Metric) -> tuple[str, ...]:

@@ -43,7 +43,7 @@ from ..declarations import FAIL_RHO, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.anatomy import decoder_blocks
-from ..models.loading import LoadedModel, load_model
+from ..models.loading import LoadedModel, check_model_path, load_model
 from ..stats import stable_seed
 from ..store import Row
 from .inputs import check_tokenizer, evaluated_steps, example_key, target_from_explanation
@@ -52,8 +52,21 @@ from .soft import STEP_STRIDE
 
 SANITY_STRIDE = Option("sanity_stride", 1, "Model randomisation: randomise every k-th block (the top block and "
                        "block 0 always)", positive=True)
+
+
+def check_permuted_model(path: object) -> None:
+    """``--permuted-model``'s check hook: a folder with ``config.json``, a .gguf or a hub id (empty: not given;
+    data-randomization then asks for it), refused before any model loads."""
+    if path:
+        try:
+            check_model_path(str(path))
+        except LlmattrError as err:
+            raise LlmattrError(f"--permuted-model: {err}") from None
+
+
 PERMUTED_MODEL = Option("permuted_model", "", "Data randomisation: the model fine-tuned on permuted labels "
-                        "(llmattr finetune --permute-labels), compared with the evaluated model")
+                        "(llmattr finetune --permute-labels), compared with the evaluated model",
+                        validate=check_permuted_model)
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float | None:

@@ -184,14 +184,22 @@ def _resolve(name_or_path: str, verbose: bool) -> tuple[str, str]:
     path = Path(name_or_path).expanduser()
     if name_or_path.endswith(".gguf"):
         return str(converted_folder(path, verbose)), path.stem
+    check_model_path(name_or_path)
+    if path.exists():
+        return str(path), path.name
+    return name_or_path, name_or_path
+
+
+def check_model_path(name_or_path: str) -> None:
+    """Refuse, without loading anything, a folder without ``config.json`` or a path that does not exist (a name
+    that reads as a hub id passes)."""
+    path = Path(name_or_path).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
             raise LlmattrError(f"{name_or_path} is not a model folder (no config.json); pass a folder, a .gguf or a "
                                "hub id")
-        return str(path), path.name
-    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+    elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
         raise LlmattrError(f"model path not found: {name_or_path}")
-    return name_or_path, name_or_path
 
 
 def model_class(source: str):
