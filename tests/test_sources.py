@@ -322,3 +322,31 @@ def test_a_context_longer_than_the_model_is_one_line_before_any_forward(tiny_lla
     with pytest.raises(LlmattrError, match="context of 256 tokens") as err:
         llmattr.explain("Which review is best?", documents=docs, model=tiny_llama, method="saliency", progress=False)
     assert "\n" not in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def weightless_model(tmp_path_factory, tiny_tokenizer):
+    """A model folder with the tiny tokenizer and a llama config of 160 positions but no weights: loading the
+    model itself fails ("cannot load model"), so a refusal naming the prompt was made before the load."""
+    from conftest import tiny_config
+
+    folder = tmp_path_factory.mktemp("weightless")
+    tiny_tokenizer.save_pretrained(folder)
+    config = tiny_config("llama", len(tiny_tokenizer), max_position_embeddings=160)
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["the cat sat on the mat", "--task", "sentiment", "--span", "4:6", "--span", "6:7"], "tokenises to nothing"),
+    (["a question", "--document", "the cat sat on the mat " * 40], "text too long"),
+    (["a question", "--document", "the cat sat"], "cannot load model"),  # a fine prompt reaches the load
+])
+def test_cli_refuses_empty_sources_and_long_contexts_before_the_model_loads(weightless_model, args, fragment):
+    """A source inside another's token and a context beyond the model's positions: one line, exit 2, from the
+    tokenizer and config alone (the folder holds no weights, so the load's own error would name the model)."""
+    result = subprocess.run([sys.executable, "-m", "llmattr", "explain", *args, "--model", str(weightless_model),
+                             "--max-new-tokens", "1"], capture_output=True, text=True, timeout=600)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and fragment in lines[0], result.stderr

@@ -16,10 +16,10 @@ from .errors import LlmattrError
 from .methods import AttributionMethod
 from .methods import get as get_method
 from .models.memory import check_checkpointing
-from .prompting import source_ranges
+from .prompting import build_prompt, source_ranges
 from .sources.build import check_documents, check_spans
 from .sources.spans import GRANULARITIES
-from .targets import SCOPES, TARGET_MODES, check_gold_word
+from .targets import SCOPES, TARGET_MODES, check_gold_word, check_length
 from .tasks import Task, few_shot, get_task
 
 
@@ -108,6 +108,21 @@ class Request:
         example = self.task.example_from_text(text)
         extra = {"documents": self.documents, "spans": self.spans}
         return {**example, **{key: value for key, value in extra.items() if value is not None}}
+
+    @property
+    def has_sources(self) -> bool:
+        """Whether the prompts of this request hold sources (documents, spans or sentences)."""
+        return bool(self.task.documents) or self.spans is not None or self.sources is not None
+
+    def check_prompt(self, tokenizer, max_length: int, text: str | dict) -> None:
+        """Refuse, with the model's tokenizer and context length only (before its weights load), a prompt of
+        ``text`` with a source that tokenises to nothing, or longer than the model's context with the answer's
+        tokens (:func:`llmattr.targets.check_length`)."""
+        example = self.example(text)
+        prompt = build_prompt(tokenizer, self.task, example, self.few_shot_text(example), self.sources,
+                              self.language)
+        n_new = self.task.max_new_tokens if self.max_new_tokens is None else self.max_new_tokens
+        check_length(prompt.length, n_new, max_length)
 
     def gold_of(self, example: dict) -> str | None:
         """The gold word of ``example``: the request's ``gold``, else the example's ``label``."""

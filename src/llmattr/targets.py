@@ -107,10 +107,16 @@ def step_probabilities(lm: LoadedModel, target: Target) -> torch.Tensor:
 
 
 def check_context(lm: LoadedModel, prompt: Prompt, max_new_tokens: int) -> None:
-    if prompt.length + max(max_new_tokens, 1) > lm.max_length:
+    check_length(prompt.length, max_new_tokens, lm.max_length)
+
+
+def check_length(prompt_length: int, max_new_tokens: int, max_length: int) -> None:
+    """Refuse in one line a prompt of ``prompt_length`` tokens that leaves no room for ``max_new_tokens`` (at
+    least one) in the model's context of ``max_length`` tokens."""
+    if prompt_length + max(max_new_tokens, 1) > max_length:
         raise LlmattrError(
-            f"text too long: {prompt.length} prompt tokens + {max_new_tokens} new tokens exceed the "
-            f"model's context of {lm.max_length} tokens"
+            f"text too long: {prompt_length} prompt tokens + {max_new_tokens} new tokens exceed the "
+            f"model's context of {max_length} tokens"
         )
 
 

@@ -258,6 +258,8 @@ def explain(
     if data is not None and plot is not None:
         raise LlmattrError("--plot draws one text's curves; with --data, --eval-json holds every row's")
     resolve_dtype(dtype, "cpu")  # a bad --dtype is refused before the model loads
+    if request.has_sources:  # a source that tokenises to nothing, a context too long: the tokenizer says so
+        check_prompts(request, model, content if data is not None else [content], data)
     spinner = progress_console()  # stderr; drawn only where stderr is a terminal
     with spinner.status(f"loading model {model} ..."):
         lm = load_model(model, device=device, dtype=dtype, verbose=verbose)
@@ -295,6 +297,19 @@ def not_explained(failed: dict[int, str], data: Path | None) -> str:
         return f"not explained: {failed[0]}"
     return (f"{len(failed)} row(s) of {data} not explained: "
             + "; ".join(f"row {i + 1}: {why}" for i, why in failed.items()))
+
+
+def check_prompts(request, model: str, texts: list, data: str | None) -> None:
+    """Each text's prompt checked with the model's tokenizer and context length only, before the weights load
+    (:meth:`llmattr.request.Request.check_prompt`); a row of ``data`` is named by its number."""
+    from ..models.loading import load_text_side
+
+    tokenizer, max_length = load_text_side(model)
+    for row, text_item in enumerate(texts, 1):
+        try:
+            request.check_prompt(tokenizer, max_length, text_item)
+        except LlmattrError as err:
+            raise LlmattrError(f"{data}: row {row}: {err}" if data is not None else str(err)) from None
 
 
 def file_texts(texts: list, n: int | None, field: list[str], target: str, check_texts) -> list:

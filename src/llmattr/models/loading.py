@@ -65,13 +65,18 @@ class LoadedModel:
 
     @property
     def max_length(self) -> int:
-        cfg = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else None
-        cfg = cfg or self.model.config
-        for key in ("max_position_embeddings", "n_positions", "n_ctx"):
-            value = getattr(cfg, key, None)
-            if isinstance(value, int) and value > 0:
-                return value
-        return 2048
+        return config_max_length(self.model.config)
+
+
+def config_max_length(config) -> int:
+    """The context length a model's ``config`` declares (its text config's positions), 2048 where none is."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else None
+    cfg = cfg or config
+    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
 
 
 def cache_dir() -> Path:
@@ -403,6 +408,22 @@ def load_model(
         print(f"llmattr: loaded {display} from {source}")
     return LoadedModel(model=model, tokenizer=tokenizer, model_id=display, folder=source,
                        info={"load_s": time.perf_counter() - start})
+
+
+def load_text_side(name_or_path: str = DEFAULT_MODEL) -> tuple[object, int]:
+    """The tokenizer and the context length (:func:`config_max_length`) of ``name_or_path``, without its weights:
+    what the checks of a prompt's sources and length need before the model loads."""
+    from transformers import AutoConfig
+
+    source, _ = _resolve(str(name_or_path), False)
+    local = not Path(source).exists() and not hub_reachable()
+    try:
+        tokenizer = _load_tokenizer(source, local_files_only=local)
+        config = AutoConfig.from_pretrained(source, local_files_only=local)
+    except OSError as err:
+        raise LlmattrError(f"cannot load model {name_or_path!r}: not a local folder and not reachable on the hub "
+                           "(offline?); pass a folder or a .gguf path") from err
+    return tokenizer, config_max_length(config)
 
 
 def wrap_model(model: torch.nn.Module, tokenizer, model_id: str = "custom") -> LoadedModel:
