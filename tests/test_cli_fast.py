@@ -68,8 +68,8 @@ def test_help_unchanged(command):
 REFUSALS = {  # model-free refusals: each must exit 2 before torch loads
     "status-missing-store": (["status", "/nonexistent/x.sqlite"], False),
     "finetune-unknown-task": (["finetune", "--task", "nope"], False),
-    "evaluate-scores-missing-file": (["evaluate-scores", "/nonexistent/s.json"], True),
-    "report-missing-store": (["report", "/nonexistent/x.sqlite"], True),
+    "evaluate-scores-missing-file": (["evaluate-scores", "/nonexistent/s.json"], False),
+    "report-missing-store": (["report", "/nonexistent/x.sqlite"], False),
     "explain-unknown-method": (["explain", "--method", "nope", "hi"], True),
     "evaluate-bad-n": (["evaluate", "--n", "0"], True),
 }

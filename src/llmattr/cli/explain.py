@@ -110,8 +110,8 @@ def task_help() -> dict[str, str]:
 def context_documents(path: Path) -> list[str]:
     """``--context FILE``'s documents: a ``.json`` file holds a list of texts; any other file is text whose
     paragraphs (separated by blank lines) are the documents."""
+    from ..readers import file_text, read_json
     from ..sources.build import check_documents
-    from ..tasks.datasets import file_text, read_json
 
     if path.suffix == ".json":
         return list(check_documents(read_json(path, "--context file")))
