@@ -75,7 +75,7 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads
     "evaluate-scores-missing-file": (["evaluate-scores", "/nonexistent/s.json"], False),
     "report-missing-store": (["report", "/nonexistent/x.sqlite"], False),
     "explain-unknown-method": (["explain", "--method", "nope", "hi"], True),
-    "evaluate-bad-n": (["evaluate", "--n", "0"], True),
+    "evaluate-bad-n": (["evaluate", "--n", "0"], False),
 }
 
 

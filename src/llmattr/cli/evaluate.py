@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..checks import examples_wanted
 from .app import DERIVED, app, plugin_command
 from .view import view
 
@@ -96,6 +97,7 @@ def evaluate(
 ) -> None:
     """Evaluate attribution methods on datasets; every finished example is stored at once, reruns resume. Exits 1
     when a unit failed (every good one is stored; the same command again retries the failed ones)."""
+    examples_wanted(n)  # a bad --n is refused before the evaluation (and torch) loads; EvalConfig checks it again
     from ..evaluation import EvalConfig, run
 
     cli = {"model": model, "datasets": datasets, "methods": methods, "metrics": metrics, "routing": routing,
