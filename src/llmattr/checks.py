@@ -84,3 +84,14 @@ def writable_file(path: str | Path, option: str, suffixes: tuple[str, ...] | Non
     except OSError as err:
         raise LlmattrError(f"{option} {path} cannot be written: {err.strerror or err}") from err
     return path
+
+
+def examples_wanted(value: object) -> int | str | None:
+    """``--n`` checked: a positive number (``"3"`` from the command line is 3), ``all`` or None (unset)."""
+    if value is None or value == "all":
+        return value
+    if isinstance(value, str):
+        if not value.strip().isdigit():
+            raise LlmattrError(f"--n takes a number of examples or all (every row), got {value!r}")
+        value = int(value)
+    return positive_int(value, "--n")

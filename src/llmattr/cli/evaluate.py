@@ -9,32 +9,31 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..checks import examples_wanted
 from .app import DERIVED, app, plugin_command
+from .view import view
+
+TYPES = {"bool": bool, "int": int, "float": float, "str": str}  # a metric option's type, by its name in the view
 
 
 def registered_help() -> dict[str, str]:
     """``--datasets``' and ``--metrics``' help, naming every registered task with a sample file, every group of them
     with its datasets (``Task.group``) and every metric."""
-    from ..evaluation.run_datasets import dataset_groups, dataset_names
-    from ..faithfulness import METRICS
-
-    groups = [f"{group} ({', '.join(names)})" for group, names in dataset_groups().items()]
-    return {"datasets": f"Comma-separated datasets (default sst2): {', '.join([*dataset_names(), *groups])}.",
-            "metrics": f"Comma-separated metrics (default pi-soft): {', '.join(sorted(METRICS))}."}
+    known = view()
+    groups = [f"{group} ({', '.join(names)})" for group, names in known["groups"].items()]
+    return {"datasets": f"Comma-separated datasets (default sst2): {', '.join([*known['datasets'], *groups])}.",
+            "metrics": f"Comma-separated metrics (default pi-soft): {', '.join(known['metrics'])}."}
 
 
 def metric_options() -> list[inspect.Parameter]:
     """An option ``--NAME`` per option a registered metric declares (``Metric.declares``: the built-in metrics'
     samples, step_stride, coupling and removal, and any plugin's), typed by its default."""
-    from ..faithfulness import declared_options
-
     return [inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY,
-        annotation=type(option.default) if isinstance(option.default, int | float | str) else str,
-        default=typer.Option(None, option.flag, rich_help_panel="Metric options",
-                             help=f"{option.help} (default {option.default if option.default != '' else 'none'}"
-                                  + (f"; one of {', '.join(map(str, option.valid))})" if option.valid else ")")))
-        for name, option in sorted(declared_options().items())]
+        name, inspect.Parameter.KEYWORD_ONLY, annotation=TYPES[option["type"]],
+        default=typer.Option(None, option["flag"], rich_help_panel="Metric options",
+                             help=f"{option['help']} (default {option['default'] or 'none'}"
+                                  + (f"; one of {', '.join(option['valid'])})" if option["valid"] else ")")))
+        for name, option in view()["metric_options"].items()]
 
 
 @app.command(cls=plugin_command(metric_options, registered_help))
@@ -98,6 +97,7 @@ def evaluate(
 ) -> None:
     """Evaluate attribution methods on datasets; every finished example is stored at once, reruns resume. Exits 1
     when a unit failed (every good one is stored; the same command again retries the failed ones)."""
+    examples_wanted(n)  # a bad --n is refused before the evaluation (and torch) loads; EvalConfig checks it again
     from ..evaluation import EvalConfig, run
 
     cli = {"model": model, "datasets": datasets, "methods": methods, "metrics": metrics, "routing": routing,

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from ..checks import ROUTINGS, one_of, positive_int, writable_file
 from ..errors import LlmattrError
+from ..readers import read_json
 from .app import app
 
 SCORE_KEYS = {"text", "scores", "model", "task", "answer", "method", "signed", "columns", "params"}
@@ -65,7 +66,6 @@ def evaluate_scores(
     positive_int(samples, "--samples")
     if json_out is not None:
         writable_file(json_out, "--json")
-    from ..tasks.datasets import read_json  # late: the tasks package loads torch (llmattr --help stays light)
     records = read_records(file, read_json(file, "scores file"))
     from ..api import resolve_model
     from ..faithfulness import evaluate

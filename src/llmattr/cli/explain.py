@@ -14,6 +14,7 @@ from rich.console import Console
 from ..checks import FIGURE_SUFFIXES, ROUTINGS, one_of, positive_int, writable_file
 from ..errors import LlmattrError, NotExplainedWarning
 from .app import DERIVED, app, plugin_command
+from .view import view
 
 FORMATS = ("text", "json")
 METHOD_PANEL = "Method parameters"
@@ -24,15 +25,10 @@ def method_options() -> list[inspect.Parameter]:
     methods that take it and their defaults. A name that is one of explain's own options wins: ``--objective``
     (with its list of objectives), ``--seed``, ``--method``; give such a method parameter as ``--param
     NAME=VALUE`` where the own option means something else."""
-    from .. import methods
-
-    takers: dict[str, list[str]] = {}
-    for name in methods.available():
-        for key, value in methods.REGISTRY[name].defaults.items():
-            takers.setdefault(key, []).append(f"{name} {value}")
     return [inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, annotation=str, default=typer.Option(
         None, f"--{key.replace('_', '-')}", rich_help_panel=METHOD_PANEL,
-        help=f"Method parameter {key} (default: {', '.join(names)}).")) for key, names in sorted(takers.items())]
+        help=f"Method parameter {key} (default: {', '.join(names)}).")) for key, names in
+        view()["method_params"].items()]
 
 
 def parse_fields(text: str, fields: list[str], valid: tuple[str, ...] = ()) -> str | dict:
@@ -101,17 +97,15 @@ def explanation_data(expl, result: dict | None) -> dict:
 
 def task_help() -> dict[str, str]:
     """``--task``'s help, naming every registered task."""
-    from ..tasks import TASKS
-
     return {"task": f"Prompt recipe (default sentiment; context with --document/--context): "
-                    f"{', '.join(sorted(TASKS))}."}
+                    f"{', '.join(view()['tasks'])}."}
 
 
 def context_documents(path: Path) -> list[str]:
     """``--context FILE``'s documents: a ``.json`` file holds a list of texts; any other file is text whose
     paragraphs (separated by blank lines) are the documents."""
+    from ..readers import file_text, read_json
     from ..sources.build import check_documents
-    from ..tasks.datasets import file_text, read_json
 
     if path.suffix == ".json":
         return list(check_documents(read_json(path, "--context file")))

@@ -21,6 +21,9 @@ def report(
                                                              "(seeded)."),
 ) -> None:
     """Write the paper-shaped tables, figures and HTML report; print the task accuracy and Table 1."""
+    from ..store import expand
+
+    expand(stores)  # a missing store is refused before the registries (and torch) load
     from ..api import catalog
     from ..report import build_report, parse_formats
     from ..report.layouts import paper_tables

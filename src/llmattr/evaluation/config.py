@@ -6,7 +6,7 @@ import tomllib
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
-from ..checks import ROUTINGS, member, positive_int, writable_file
+from ..checks import ROUTINGS, examples_wanted, member, positive_int, writable_file
 from ..errors import LlmattrError
 from ..faithfulness.registry import MetricOptions, declared_options
 from ..models.loading import parse_max_memory, resolve_dtype
@@ -133,17 +133,6 @@ class EvalConfig:
 FIELDS = {f.name for f in fields(EvalConfig)}
 DEFAULT_DATASETS = ("sst2",)
 DEFAULT_N = 50  # examples per shipped dataset, balanced per class (paper 000 appendix C)
-
-
-def examples_wanted(value: object) -> int | str | None:
-    """``--n`` checked: a positive number (``"3"`` from the command line is 3), ``all`` or None (unset)."""
-    if value is None or value == "all":
-        return value
-    if isinstance(value, str):
-        if not value.strip().isdigit():
-            raise LlmattrError(f"--n takes a number of examples or all (every row), got {value!r}")
-        value = int(value)
-    return positive_int(value, "--n")
 
 
 def split_list(text: str) -> list[str]:
