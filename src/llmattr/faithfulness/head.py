@@ -189,7 +189,25 @@ def pearson_over_k(results: list[HeadFaithfulness], gold: list[float], key: str,
     y = np.array(gold, dtype=np.float64)
     if rows is not None:
         pred, y = pred[rows], y[rows]
-    return float(np.mean([np.corrcoef(p, y)[0, 1] for p in pred.T]))
+    return float(pearson_columns(pred, y).mean())
+
+
+def pearson_columns(pred: np.ndarray, gold: np.ndarray) -> np.ndarray:
+    """Pearson's r of each column of ``pred`` ``(..., n, K)`` with ``gold`` ``(..., n)``: ``(..., K)``."""
+    p = pred - pred.mean(-2, keepdims=True)
+    y = (gold - gold.mean(-1, keepdims=True))[..., None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (p * y).sum(-2) / np.sqrt((p * p).sum(-2) * (y * y).sum(-2))
+
+
+def pearson_curve(outputs, gold, k_grid=K_GRID, resamples: int = BOOTSTRAP, seed: int = 0) -> dict:
+    """A regression head's Acc at each K (eqs. 6 and 8): Pearson's r of the perturbed outputs ``(n, K)`` with the
+    gold scores ``(n,)``, and its 95% bootstrap interval over examples: ``{"x", "values", "low", "high"}``."""
+    pred, y = np.asarray(outputs, dtype=np.float64), np.asarray(gold, dtype=np.float64)
+    rows = np.random.default_rng(seed).integers(0, len(y), size=(resamples, len(y)))
+    boot = pearson_columns(pred[rows], y[rows])
+    return {"x": list(k_grid), "values": pearson_columns(pred, y).tolist(),
+            "low": np.nanquantile(boot, 0.025, axis=0).tolist(), "high": np.nanquantile(boot, 0.975, axis=0).tolist()}
 
 
 def summarize(by_method: dict[str, list[HeadFaithfulness]], gold: list[float], reference: str = "normxlogit",
@@ -214,8 +232,8 @@ def summarize(by_method: dict[str, list[HeadFaithfulness]], gold: list[float], r
             if regression:
                 mean = pearson_over_k(results, gold, key)
                 boot = np.array([pearson_over_k(results, gold, key, rows) for rows in resamples])
-                curve = [float(np.corrcoef(p, gold)[0, 1]) for p in np.array(
-                    [getattr(r, f"{key}_pred") for r in results]).T]
+                curve = pearson_columns(np.array([getattr(r, f"{key}_pred") for r in results]),
+                                        np.array(gold, dtype=np.float64)).tolist()
             else:
                 vals = per_example(results, gold, criterion)
                 values[method, criterion] = vals

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..declarations import MetricRow, TableSpec
+from ..declarations import FigureSpec, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.forward import padded_last_probs
@@ -364,15 +364,20 @@ register(Metric(
                        MetricRow("deletion_change_auc", "Deletion Δ", True, ".4f"),
                        MetricRow("insertion_change_auc", "Insertion Δ", False, ".4f")),
                       order=40, mark_all_rows=True),)))
+COMP_CD, SUFF_CD = MetricRow("comprehensiveness", "Comp CD", True), MetricRow("sufficiency", "Suff CD", False)
+COMP_ACC = MetricRow("comprehensiveness_acc", "Comp Acc", False)
+SUFF_ACC = MetricRow("sufficiency_acc", "Suff Acc", True)
 register(Metric(
     "comp-suff", _comp_suff_rows, declares=(REMOVAL,),
     summary="comprehensiveness/sufficiency per K with accuracy (paper 003 Tables 1, 4-6)",
     tables=(TableSpec("table_comprehensiveness", "Comprehensiveness (paper 003 Tables 1 and 4)", PER_COLUMN,
-                      "methods_by_datasets", (MetricRow("comprehensiveness", "Comp CD", True),
-                                              MetricRow("comprehensiveness_acc", "Comp Acc", False)), order=50),
+                      "methods_by_datasets", (COMP_CD, COMP_ACC), order=50),
             TableSpec("table_sufficiency", "Sufficiency (paper 003 Tables 5 and 6)", PER_COLUMN,
-                      "methods_by_datasets", (MetricRow("sufficiency", "Suff CD", False),
-                                              MetricRow("sufficiency_acc", "Suff Acc", True)), order=60))))
+                      "methods_by_datasets", (SUFF_CD, SUFF_ACC), order=60)),
+    figures=(FigureSpec("fig2_comp_suff", "Comprehensiveness and sufficiency vs K (paper 003 Figs. 2-3)",
+                        "Confidence drop and accuracy at each perturbation ratio K (the K% top-ranked tokens "
+                        "deleted, or kept alone) on", (COMP_CD, SUFF_CD, COMP_ACC, SUFF_ACC),
+                        xlabel="K (ratio of tokens perturbed)", kind="head_curves"),)))
 register(Metric(
     "log-odds", _log_odds_rows, declares=(REMOVAL,),
     summary="log-odds, comprehensiveness, sufficiency at top 20% (paper 004 A.4)",
