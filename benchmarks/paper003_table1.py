@@ -31,7 +31,6 @@ from llmattr.faithfulness.head import (
     HEAD_METHODS,
     HeadFaithfulness,
     explain_examples,
-    pearson_curve,
     summarize,
 )
 from llmattr.faithfulness.ranking import COMP_ACC, COMP_CD, SUFF_ACC, SUFF_CD
@@ -41,6 +40,7 @@ from llmattr.models.card import content_hash, read_card
 from llmattr.models.loading import load_model
 from llmattr.plotting import method_colors
 from llmattr.report.figures import curve_band, plot_curves
+from llmattr.stats import pearson_curve
 from llmattr.tasks.datasets import sample
 
 NAMES = {"normxlogit": "NormXLogit", "logat": "LogAt", "l2-norm": "l2 norm", "saliency": "Grad. Norm",
@@ -89,7 +89,7 @@ def figure(by_method: dict, gold: list[float], path: str, title: str) -> None:
         bands = {}
         for method, results in by_method.items():
             if regression:
-                bands[method] = pearson_curve([getattr(r, f"{key}_pred") for r in results], y)
+                bands[method] = pearson_curve([getattr(r, f"{key}_pred") for r in results], y, K_GRID, BOOTSTRAP)
                 continue
             values = (np.array([getattr(r, f"{key}_pred") for r in results]) == y[:, None] if key != row.metric
                       else np.array([getattr(r, key) for r in results]))

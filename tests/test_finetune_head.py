@@ -157,6 +157,11 @@ def test_the_folder_round_trips_into_explain_with_each_head_task(tiny_tokenizer,
     expected, label, output = classifier_scores(lm.model, ids, method="normxlogit")
     assert normx.steps[0].raw == pytest.approx(expected.tolist())
     assert normx.steps[0].token == ("score" if head == "regression" else get_task(task).label_words[label])
+    rows = llmattr.faithfulness.evaluate(normx, lm, metrics=("comp-suff",))["comp-suff"]
+    faithful = head_faithfulness(lm.model, ids, torch.tensor(normx.steps[0].raw))
+    for key in ("comprehensiveness", "sufficiency"):  # a regression head: its outputs per K (Pearson r: the report)
+        stored = [r.value for r in rows if r.metric == (f"{key}_output" if head == "regression" else key)]
+        assert stored == pytest.approx(getattr(faithful, f"{key}_pred" if head == "regression" else key))
     with pytest.raises(LlmattrError, match="does not explain a sequence head"):
         llmattr.explain(text, model=lm, method="grad-ellm", task=task)
     prompted = get_task(task).extra["lm_alternative"]

@@ -34,7 +34,7 @@ from ..explanation import Explanation
 from ..methods.gradient import embedding_gradients, reduce_tokens
 from ..methods.integrated import integrate, path_alphas
 from ..methods.logit import classifier_scores
-from ..stats import paired_test, stable_seed
+from ..stats import paired_test, pearson_columns, stable_seed
 from .ranks import K_GRID, counts, top_masks
 
 HEAD_METHODS = ("normxlogit", "logat", "l2-norm", "saliency", "input-x-gradient", "integrated-gradients", "random")
@@ -190,24 +190,6 @@ def pearson_over_k(results: list[HeadFaithfulness], gold: list[float], key: str,
     if rows is not None:
         pred, y = pred[rows], y[rows]
     return float(pearson_columns(pred, y).mean())
-
-
-def pearson_columns(pred: np.ndarray, gold: np.ndarray) -> np.ndarray:
-    """Pearson's r of each column of ``pred`` ``(..., n, K)`` with ``gold`` ``(..., n)``: ``(..., K)``."""
-    p = pred - pred.mean(-2, keepdims=True)
-    y = (gold - gold.mean(-1, keepdims=True))[..., None]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (p * y).sum(-2) / np.sqrt((p * p).sum(-2) * (y * y).sum(-2))
-
-
-def pearson_curve(outputs, gold, k_grid=K_GRID, resamples: int = BOOTSTRAP, seed: int = 0) -> dict:
-    """A regression head's Acc at each K (eqs. 6 and 8): Pearson's r of the perturbed outputs ``(n, K)`` with the
-    gold scores ``(n,)``, and its 95% bootstrap interval over examples: ``{"x", "values", "low", "high"}``."""
-    pred, y = np.asarray(outputs, dtype=np.float64), np.asarray(gold, dtype=np.float64)
-    rows = np.random.default_rng(seed).integers(0, len(y), size=(resamples, len(y)))
-    boot = pearson_columns(pred[rows], y[rows])
-    return {"x": list(k_grid), "values": pearson_columns(pred, y).tolist(),
-            "low": np.nanquantile(boot, 0.025, axis=0).tolist(), "high": np.nanquantile(boot, 0.975, axis=0).tolist()}
 
 
 def summarize(by_method: dict[str, list[HeadFaithfulness]], gold: list[float], reference: str = "normxlogit",

@@ -333,9 +333,8 @@ def _comp_suff_rows(ctx: MetricContext, routing: str) -> list[Row]:
     prediction is correct (paper 003 eqs. 5-8; averaged over K and examples in its Tables 1, 4-6)."""
     r = _head_shared(ctx) if _head(ctx) else _shared(ctx)
     gold = gold_index(ctx.explanation)
-    if r.predicted is None:  # a regression head: the output per K (Pearson's r over a dataset, eqs. 6 and 8)
-        raise LlmattrError("comp-suff of a regression head is Pearson's r over a dataset: benchmarks/"
-                           "paper003_table1.py computes it (the store holds per-example values only)")
+    if r.predicted is None:  # a regression head: Acc is Pearson's r over a dataset (eqs. 6, 8; report.head)
+        return regression_rows(r, ctx.explanation.example.get("label"))
     rows = []
     for name, drops, preds in (("comprehensiveness", r.comprehensiveness, r.comprehensiveness_pred),
                                ("sufficiency", r.sufficiency, r.sufficiency_pred)):
@@ -343,6 +342,16 @@ def _comp_suff_rows(ctx: MetricContext, routing: str) -> list[Row]:
         if gold is not None:
             rows += [Row(f"{name}_acc", float(p == gold), x=k) for k, p in zip(r.k_grid, preds, strict=True)]
     return rows
+
+
+def regression_rows(r, gold) -> list[Row]:
+    """A regression head's per-example part of eqs. 6 and 8: its output with the top K% tokens deleted
+    (``comprehensiveness_output``) or kept alone (``sufficiency_output``) at each K, and the gold score
+    (``gold_score``, when the example has one); the report correlates them over the examples."""
+    rows = [Row(f"{name}_output", v, x=k) for name, outputs in (("comprehensiveness", r.comprehensiveness_pred),
+                                                                ("sufficiency", r.sufficiency_pred))
+            for k, v in zip(r.k_grid, outputs, strict=True)]
+    return rows + ([] if gold is None else [Row("gold_score", float(gold))])
 
 
 def _log_odds_rows(ctx: MetricContext, routing: str) -> list[Row]:
