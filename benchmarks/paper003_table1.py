@@ -9,7 +9,7 @@ against the majority rate (a constant predictor), then runs every method of
 :data:`llmattr.faithfulness.head.HEAD_METHODS` and paper 003's comprehensiveness and sufficiency at K = 10..90%
 (:mod:`llmattr.faithfulness.head`), and prints the ratio-averaged values with 95% bootstrap intervals and the
 paired p-values against NormXLogit and the random control; ``--out`` keeps everything as JSON, ``--figure`` draws
-the comprehensiveness curves over K (Figures 2-3).
+the curves over K (Figures 2-3) with the report's figure function.
 """
 
 from __future__ import annotations
@@ -21,15 +21,26 @@ import os
 import sqlite3
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from llmattr.faithfulness.head import HEAD_METHODS, HeadFaithfulness, explain_examples, summarize
+from llmattr.faithfulness.head import (
+    BOOTSTRAP,
+    HEAD_METHODS,
+    HeadFaithfulness,
+    explain_examples,
+    summarize,
+)
+from llmattr.faithfulness.ranking import COMP_ACC, COMP_CD, SUFF_ACC, SUFF_CD
 from llmattr.faithfulness.ranks import K_GRID
 from llmattr.finetuning import FinetuneConfig, read_examples
 from llmattr.models.card import content_hash, read_card
 from llmattr.models.loading import load_model
+from llmattr.plotting import method_colors
+from llmattr.report.figures import curve_band, plot_curves
+from llmattr.stats import pearson_curve
 from llmattr.tasks.datasets import sample
 
 NAMES = {"normxlogit": "NormXLogit", "logat": "LogAt", "l2-norm": "l2 norm", "saliency": "Grad. Norm",
@@ -66,23 +77,26 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def figure(summary: dict, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    key = "comprehensiveness_acc" if summary["regression"] else "comprehensiveness"
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ks = [100 * k for k in summary["k_grid"]]
-    for method, row in summary["methods"].items():
-        ax.plot(ks, row[key]["curve"], marker="o", label=NAMES.get(method, method))
-    ax.set_xlabel("K (% of tokens removed, most important first)")
-    ax.set_ylabel("Pearson r (lower is better)" if summary["regression"] else "Confidence drop (higher is better)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def figure(by_method: dict, gold: list[float], path: str, title: str) -> None:
+    """Figures 2-3: every criterion against K, a line per method with its 95% bootstrap band over examples, drawn by
+    the report's :func:`llmattr.report.figures.plot_curves` (a regression head: Pearson's r at each K)."""
+    regression = next(iter(by_method.values()))[0].predicted is None
+    rows = (COMP_ACC, SUFF_ACC) if regression else (COMP_CD, SUFF_CD, COMP_ACC, SUFF_ACC)
+    y = np.array(gold, dtype=np.float64)
+    panels = []
+    for row in rows:
+        key = row.metric.removesuffix("_acc")
+        bands = {}
+        for method, results in by_method.items():
+            if regression:
+                bands[method] = pearson_curve([getattr(r, f"{key}_pred") for r in results], y, K_GRID, BOOTSTRAP)
+                continue
+            values = (np.array([getattr(r, f"{key}_pred") for r in results]) == y[:, None] if key != row.metric
+                      else np.array([getattr(r, key) for r in results]))
+            bands[method] = curve_band({k: dict(enumerate(values[:, j].astype(float))) for j, k in enumerate(K_GRID)},
+                                       BOOTSTRAP)
+        panels.append((replace(row, title=f"{row.title.split()[0]} Pearson r") if regression else row, bands))
+    plot_curves(panels, Path(path), title, "K (ratio of tokens perturbed)", method_colors(by_method), ("random",))
 
 
 def from_store(path: str, dataset: str) -> tuple[dict, list[float]]:
@@ -122,7 +136,8 @@ def main() -> None:
         summary = summarize(by_method, gold)
         print(table(summary))
         if args.figure:
-            figure(summary, args.figure, f"{args.dataset}: comprehensiveness over K (n = {len(gold)})")
+            figure(by_method, gold, args.figure, f"{args.dataset}: comprehensiveness and sufficiency over K "
+                                                  f"(n = {len(gold)})")
         return
     task, card, rows = held_out_rows(args.model, args.n, args.seed)
     lm = load_model(args.model, device="cpu")
@@ -149,7 +164,8 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     if args.figure:
-        figure(summary, args.figure, f"{task.name}: comprehensiveness over K (n = {len(rows)})")
+        figure(run["by_method"], run["gold"], args.figure,
+               f"{task.name}: comprehensiveness and sufficiency over K (n = {len(rows)})")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections import defaultdict
 
 import pytest
 import torch
@@ -156,6 +157,11 @@ def test_the_folder_round_trips_into_explain_with_each_head_task(tiny_tokenizer,
     expected, label, output = classifier_scores(lm.model, ids, method="normxlogit")
     assert normx.steps[0].raw == pytest.approx(expected.tolist())
     assert normx.steps[0].token == ("score" if head == "regression" else get_task(task).label_words[label])
+    rows = llmattr.faithfulness.evaluate(normx, lm, metrics=("comp-suff",))["comp-suff"]
+    faithful = head_faithfulness(lm.model, ids, torch.tensor(normx.steps[0].raw))
+    for key in ("comprehensiveness", "sufficiency"):  # a regression head: its outputs per K (Pearson r: the report)
+        stored = [r.value for r in rows if r.metric == (f"{key}_output" if head == "regression" else key)]
+        assert stored == pytest.approx(getattr(faithful, f"{key}_pred" if head == "regression" else key))
     with pytest.raises(LlmattrError, match="does not explain a sequence head"):
         llmattr.explain(text, model=lm, method="grad-ellm", task=task)
     prompted = get_task(task).extra["lm_alternative"]
@@ -188,3 +194,52 @@ def test_evaluate_and_report_take_a_head_folder_with_comp_suff(tiny_tokenizer, t
     table = (tmp_path / "report" / "report.md").read_text()
     assert "Comprehensiveness (paper 003 Tables 1 and 4)" in table
     assert all(f"| {method}" in table for method in HEAD_METHODS if method != "random")
+    ratio_curves_are_drawn(store, tmp_path / "report", table)
+
+
+def ratio_curves_are_drawn(store, folder, report_md):
+    """Paper 003 Figs. 2-3 in the report of a head model: one PNG per dataset, a panel per criterion (Comp CD, Suff
+    CD, Comp Acc, Suff Acc), each method's line at K = 10..90% equal to the mean over examples of its stored rows,
+    and each method's colour in the PNG's pixels."""
+    import sqlite3
+
+    import numpy as np
+    from PIL import Image
+
+    from llmattr.api import catalog
+    from llmattr.faithfulness.ranks import K_GRID
+    from llmattr.plotting import method_colors
+    from llmattr.report import figures
+    from llmattr.store import Results
+
+    png = folder / "fig2_comp_suff_toy.png"  # the --data file's dataset
+    assert f"![{png.stem}]({png.name})" in report_md
+    expected = defaultdict(list)  # (metric, method) -> the mean over examples at each K, from the store itself
+    with sqlite3.connect(store) as con:
+        for metric, method, x, value in con.execute(
+                "SELECT metric, method, x, AVG(value) FROM results WHERE metric IN ('comprehensiveness', "
+                "'sufficiency', 'comprehensiveness_acc', 'sufficiency_acc') GROUP BY metric, method, x ORDER BY x"):
+            expected[metric, method].append((x, value))
+    drawn = []
+    cat = catalog()
+    results = Results([store], cat.method_defaults, cat.datasets)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(figures, "_save", lambda fig, path: drawn.append(fig) or path)
+        written = figures.all_figures(results, results.models()[0], folder / "again", cat, resamples=50)
+    names = [f.path.name for f in written]
+    assert png.name in names
+    axes = [ax for ax in drawn[names.index(png.name)].axes if ax.get_visible()]
+    assert [ax.get_ylabel() for ax in axes] == ["Comp CD", "Suff CD", "Comp Acc", "Suff Acc"]
+    colors = method_colors(HEAD_METHODS)
+    for ax, metric in zip(axes, ("comprehensiveness", "sufficiency", "comprehensiveness_acc", "sufficiency_acc"),
+                          strict=True):
+        assert sorted(line.get_label() for line in ax.lines) == sorted(HEAD_METHODS)
+        for line in ax.lines:
+            x, y = line.get_data()
+            assert list(x) == pytest.approx(K_GRID)
+            assert [v for _, v in expected[metric, line.get_label()]] == pytest.approx(list(y), abs=1e-12)
+            assert line.get_color() == colors[line.get_label()]
+    pixels = np.asarray(Image.open(png).convert("RGB")).reshape(-1, 3)
+    for method, color in colors.items():
+        rgb = np.array([int(color[i: i + 2], 16) for i in (1, 3, 5)])
+        assert (np.abs(pixels.astype(int) - rgb).max(1) <= 2).sum() > 50, method  # its line in its colour

@@ -110,3 +110,52 @@ def test_the_gradient_methods_are_the_l1_norms_of_autograd_on_the_head(tiny_toke
     for method in HEAD_METHODS:
         assert head_attribution(model, ids, method).shape == (5,)
     assert torch.equal(head_attribution(model, ids, "random", 3), head_attribution(model, ids, "random", 3))
+
+
+def test_a_regression_head_s_pearson_r_at_every_k_is_stored_and_reported(tmp_path):
+    """STS-B's measure (eqs. 6 and 8 with Pearson's r): comp-suff stores a regression head's output at each K and
+    the gold score; the report's table holds the mean over K of r, its figure r at each K, both by hand."""
+    import math
+
+    from llmattr.api import catalog
+    from llmattr.faithfulness.head import HeadFaithfulness
+    from llmattr.faithfulness.ranking import regression_rows
+    from llmattr.report import figures, head, write_model_report
+    from llmattr.store import MetricOutput, Results, Store, Unit
+
+    gold = [0.0, 1.0, 2.0, 3.0]
+    outputs = {  # method -> (comprehensiveness outputs at K = 0.1, 0.5; sufficiency outputs), one row per example
+        "normxlogit": ([[1, 3], [3, 2], [5, 1], [7, 0]], [[0, 1], [1, 1], [0, 1], [1, 2]]),
+        "random": ([[1, 1], [0, 0], [0, 0], [1, 1]], [[0, 0], [1, 1], [2, 2], [3, 3]]),
+    }
+    # by hand: comp r = (1, -1) and (0, 0); suff r = (1/sqrt 5, sqrt(3/5)) and (1, 1)
+    r = {("normxlogit", "comprehensiveness"): [1.0, -1.0], ("normxlogit", "sufficiency"): [1 / math.sqrt(5),
+                                                                                            math.sqrt(3 / 5)],
+         ("random", "comprehensiveness"): [0.0, 0.0], ("random", "sufficiency"): [1.0, 1.0]}
+    with Store(tmp_path / "s.sqlite") as store:
+        store.check_settings("m", {"model_card": {"task": "stsb-regression"}})
+        for method, (comp, suff) in outputs.items():
+            for i, y in enumerate(gold):
+                result = HeadFaithfulness([0.1, 0.5], None, 0.0, comp[i], suff[i], comp[i], suff[i])
+                rows = regression_rows(result, y)
+                assert [(row.metric, row.x) for row in rows][-1] == ("gold_score", None)
+                store.write(Unit("m", "stsb", f"e{i}", method, "{}"), '{"steps": []}', 0.0,
+                            [MetricOutput("comp-suff", "none", 0.0, rows)])
+    cat = catalog()
+    results = Results([tmp_path / "s.sqlite"], cat.method_defaults, cat.datasets)
+    table = head.pearson_table(results, "m", head.Stats(resamples=200, controls=("random",)))
+    for section, key in zip(table.sections, ("comprehensiveness", "sufficiency"), strict=True):
+        for method, cells in section.rows:
+            assert cells[0].value == pytest.approx(np.mean(r[method, key]), abs=1e-12)
+    assert table.tests.sections[1].rows[0][1][0].value is not None  # normxlogit's p vs random
+    drawn = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(figures, "_save", lambda fig, path: drawn.append(fig) or path)
+        written = head.pearson_figures(results, "m", tmp_path, resamples=200, controls=("random",))
+    assert [f.path.name for f in written] == ["fig2_comp_suff_pearson_stsb.png"]
+    for ax, key in zip(drawn[0].axes, ("comprehensiveness", "sufficiency"), strict=True):
+        assert {line.get_label(): list(line.get_ydata()) for line in ax.lines} == {
+            method: pytest.approx(r[method, key], abs=1e-12) for method in outputs}
+    write_model_report(results, "m", tmp_path / "report", ["md"], 200, catalog=cat)
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "Pearson r (paper 003 Table 1, STS-B)" in report and "fig2_comp_suff_pearson_stsb.png" in report

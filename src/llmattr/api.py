@@ -344,4 +344,5 @@ def catalog() -> Catalog:
                    faithfulness.figure_specs(),
                    {name: cls.layer_sweep for name, cls in methods.REGISTRY.items() if cls.layer_sweep},
                    {name: (task.report_order, task.display or name) for name, task in TASKS.items()},
-                   tuple(name for name, cls in methods.REGISTRY.items() if cls.control))
+                   tuple(name for name, cls in methods.REGISTRY.items() if cls.control),
+                   tuple(name for name, task in TASKS.items() if task.head != "lm"))

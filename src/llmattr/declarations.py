@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .errors import LlmattrError
 
-FIGURE_KINDS = ("curves", "pi_curves", "layer_sweep")
+FIGURE_KINDS = ("curves", "pi_curves", "layer_sweep", "head_curves")
 LAYOUTS = ("datasets_by_methods", "metrics_by_methods", "methods_by_datasets", "layers_by_methods")
 
 
@@ -124,7 +124,8 @@ class FigureSpec:
     row, a line per method (mean over examples with its 95% bootstrap band), into ``<name>_<dataset>.png``.
     ``pi_curves``: paper 000 Fig. 3/9, the rows' curves (with their ``<row>_auc`` means in the legend) per dataset
     and routing. ``layer_sweep``: paper 000 Fig. 5, the rows (AUCs) against a method's swept parameter
-    (:class:`Catalog`'s ``layer_sweeps``)."""
+    (:class:`Catalog`'s ``layer_sweeps``). ``head_curves``: as ``curves``, for a model fine-tuned with a sequence head
+    only (its model card's task is one of :class:`Catalog`'s ``head_tasks``; paper 003 Figs. 2-3)."""
 
     name: str
     title: str
@@ -153,6 +154,7 @@ class Catalog:
     layer_sweeps: Mapping[str, str] | None = None
     datasets: Mapping[str, tuple[float, str]] | None = None  # task name -> (report_order, display name)
     controls: tuple[str, ...] = ()  # method names
+    head_tasks: tuple[str, ...] = ()  # tasks read by a sequence head (``Task.head`` not ``"lm"``)
 
     def label(self, name: str, params: dict | str) -> str:
         return method_label(name, params, (self.method_defaults or {}).get(name))

@@ -174,3 +174,22 @@ def significance_ranks(cells: Mapping[str, Strata], means: Mapping[str, float], 
             rank += 1
         ranks[label] = rank
     return Ranking(ranks, order, adjusted)
+
+
+def pearson_columns(pred: np.ndarray, gold: np.ndarray) -> np.ndarray:
+    """Pearson's r of each column of ``pred`` ``(..., n, K)`` with ``gold`` ``(..., n)``: ``(..., K)``."""
+    p = pred - pred.mean(-2, keepdims=True)
+    y = (gold - gold.mean(-1, keepdims=True))[..., None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (p * y).sum(-2) / np.sqrt((p * p).sum(-2) * (y * y).sum(-2))
+
+
+def pearson_curve(outputs, gold, x: Sequence, resamples: int = RESAMPLES, seed: int = 0) -> dict:
+    """Pearson's r of each column of ``outputs`` ``(n, len(x))`` with ``gold`` ``(n,)`` (paper 003's Acc of a
+    regression head at each perturbation ratio, eqs. 6 and 8), with its 95% percentile bootstrap interval over the
+    n examples (``seed``): ``{"x", "values", "low", "high"}``."""
+    pred, y = np.asarray(outputs, dtype=np.float64), np.asarray(gold, dtype=np.float64)
+    rows = np.random.default_rng(seed).integers(0, len(y), size=(resamples, len(y)))
+    boot = pearson_columns(pred[rows], y[rows])
+    return {"x": list(x), "values": pearson_columns(pred, y).tolist(),
+            "low": np.nanquantile(boot, 0.025, axis=0).tolist(), "high": np.nanquantile(boot, 0.975, axis=0).tolist()}

@@ -34,7 +34,7 @@ from ..explanation import Explanation
 from ..methods.gradient import embedding_gradients, reduce_tokens
 from ..methods.integrated import integrate, path_alphas
 from ..methods.logit import classifier_scores
-from ..stats import paired_test, stable_seed
+from ..stats import paired_test, pearson_columns, stable_seed
 from .ranks import K_GRID, counts, top_masks
 
 HEAD_METHODS = ("normxlogit", "logat", "l2-norm", "saliency", "input-x-gradient", "integrated-gradients", "random")
@@ -189,7 +189,7 @@ def pearson_over_k(results: list[HeadFaithfulness], gold: list[float], key: str,
     y = np.array(gold, dtype=np.float64)
     if rows is not None:
         pred, y = pred[rows], y[rows]
-    return float(np.mean([np.corrcoef(p, y)[0, 1] for p in pred.T]))
+    return float(pearson_columns(pred, y).mean())
 
 
 def summarize(by_method: dict[str, list[HeadFaithfulness]], gold: list[float], reference: str = "normxlogit",
@@ -214,8 +214,8 @@ def summarize(by_method: dict[str, list[HeadFaithfulness]], gold: list[float], r
             if regression:
                 mean = pearson_over_k(results, gold, key)
                 boot = np.array([pearson_over_k(results, gold, key, rows) for rows in resamples])
-                curve = [float(np.corrcoef(p, gold)[0, 1]) for p in np.array(
-                    [getattr(r, f"{key}_pred") for r in results]).T]
+                curve = pearson_columns(np.array([getattr(r, f"{key}_pred") for r in results]),
+                                        np.array(gold, dtype=np.float64)).tolist()
             else:
                 vals = per_example(results, gold, criterion)
                 values[method, criterion] = vals

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..declarations import MetricRow, TableSpec
+from ..declarations import FigureSpec, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.forward import padded_last_probs
@@ -333,9 +333,8 @@ def _comp_suff_rows(ctx: MetricContext, routing: str) -> list[Row]:
     prediction is correct (paper 003 eqs. 5-8; averaged over K and examples in its Tables 1, 4-6)."""
     r = _head_shared(ctx) if _head(ctx) else _shared(ctx)
     gold = gold_index(ctx.explanation)
-    if r.predicted is None:  # a regression head: the output per K (Pearson's r over a dataset, eqs. 6 and 8)
-        raise LlmattrError("comp-suff of a regression head is Pearson's r over a dataset: benchmarks/"
-                           "paper003_table1.py computes it (the store holds per-example values only)")
+    if r.predicted is None:  # a regression head: Acc is Pearson's r over a dataset (eqs. 6, 8; report.head)
+        return regression_rows(r, ctx.explanation.example.get("label"))
     rows = []
     for name, drops, preds in (("comprehensiveness", r.comprehensiveness, r.comprehensiveness_pred),
                                ("sufficiency", r.sufficiency, r.sufficiency_pred)):
@@ -343,6 +342,16 @@ def _comp_suff_rows(ctx: MetricContext, routing: str) -> list[Row]:
         if gold is not None:
             rows += [Row(f"{name}_acc", float(p == gold), x=k) for k, p in zip(r.k_grid, preds, strict=True)]
     return rows
+
+
+def regression_rows(r, gold) -> list[Row]:
+    """A regression head's per-example part of eqs. 6 and 8: its output with the top K% tokens deleted
+    (``comprehensiveness_output``) or kept alone (``sufficiency_output``) at each K, and the gold score
+    (``gold_score``, when the example has one); the report correlates them over the examples."""
+    rows = [Row(f"{name}_output", v, x=k) for name, outputs in (("comprehensiveness", r.comprehensiveness_pred),
+                                                                ("sufficiency", r.sufficiency_pred))
+            for k, v in zip(r.k_grid, outputs, strict=True)]
+    return rows + ([] if gold is None else [Row("gold_score", float(gold))])
 
 
 def _log_odds_rows(ctx: MetricContext, routing: str) -> list[Row]:
@@ -364,15 +373,20 @@ register(Metric(
                        MetricRow("deletion_change_auc", "Deletion Δ", True, ".4f"),
                        MetricRow("insertion_change_auc", "Insertion Δ", False, ".4f")),
                       order=40, mark_all_rows=True),)))
+COMP_CD, SUFF_CD = MetricRow("comprehensiveness", "Comp CD", True), MetricRow("sufficiency", "Suff CD", False)
+COMP_ACC = MetricRow("comprehensiveness_acc", "Comp Acc", False)
+SUFF_ACC = MetricRow("sufficiency_acc", "Suff Acc", True)
 register(Metric(
     "comp-suff", _comp_suff_rows, declares=(REMOVAL,),
     summary="comprehensiveness/sufficiency per K with accuracy (paper 003 Tables 1, 4-6)",
     tables=(TableSpec("table_comprehensiveness", "Comprehensiveness (paper 003 Tables 1 and 4)", PER_COLUMN,
-                      "methods_by_datasets", (MetricRow("comprehensiveness", "Comp CD", True),
-                                              MetricRow("comprehensiveness_acc", "Comp Acc", False)), order=50),
+                      "methods_by_datasets", (COMP_CD, COMP_ACC), order=50),
             TableSpec("table_sufficiency", "Sufficiency (paper 003 Tables 5 and 6)", PER_COLUMN,
-                      "methods_by_datasets", (MetricRow("sufficiency", "Suff CD", False),
-                                              MetricRow("sufficiency_acc", "Suff Acc", True)), order=60))))
+                      "methods_by_datasets", (SUFF_CD, SUFF_ACC), order=60)),
+    figures=(FigureSpec("fig2_comp_suff", "Comprehensiveness and sufficiency vs K (paper 003 Figs. 2-3)",
+                        "Confidence drop and accuracy at each perturbation ratio K (the K% top-ranked tokens "
+                        "deleted, or kept alone) on", (COMP_CD, SUFF_CD, COMP_ACC, SUFF_ACC),
+                        xlabel="K (ratio of tokens perturbed)", kind="head_curves"),)))
 register(Metric(
     "log-odds", _log_odds_rows, declares=(REMOVAL,),
     summary="log-odds, comprehensiveness, sufficiency at top 20% (paper 004 A.4)",

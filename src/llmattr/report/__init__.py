@@ -20,7 +20,7 @@ from ..declarations import Catalog
 from ..errors import LlmattrError
 from ..stats import RESAMPLES
 from ..store import Results
-from . import figures, html, layouts, writers
+from . import figures, head, html, layouts, writers
 
 FORMATS = ("md", "latex", "csv", "html")
 
@@ -47,7 +47,8 @@ def write_model_report(results: Results, model: str, out: Path, formats: list[st
     all_tables = layouts.paper_tables(results, model, resamples, tables=catalog.tables, controls=catalog.controls)
     fixed = [t for t in all_tables if t.deterministic]
     timing = [t for t in all_tables if not t.deterministic]
-    figs = figures.all_figures(results, model, out, catalog, resamples)
+    figs = (figures.all_figures(results, model, out, catalog, resamples)
+            + head.pearson_figures(results, model, out, resamples, catalog.controls))
     written = [f.path for f in figs]
     if "md" in formats:
         lines = [f"# llmattr report: {model}", "", "Run settings:", "",

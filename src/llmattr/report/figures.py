@@ -1,4 +1,4 @@
-"""PNG figures of ``llmattr report`` (paper 000 Figs. 3, 5, 6; paper 003 Figs. 4-5), written byte-reproducibly.
+"""PNG figures of ``llmattr report`` (paper 000 Figs. 3, 5, 6; paper 003 Figs. 2-5), written byte-reproducibly.
 
 The Agg backend renders deterministically; PNG metadata carries no software version or date, so an
 identical store gives identical files. Means carry 95% bootstrap intervals over examples (a band on the
@@ -22,7 +22,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .. import stats  # noqa: E402
 from ..checks import ROUTINGS  # noqa: E402
-from ..declarations import Catalog, FigureSpec, TableSpec  # noqa: E402
+from ..declarations import FIGURE_KINDS, Catalog, FigureSpec, MetricRow, TableSpec  # noqa: E402
 from ..plotting import method_colors, plot_pi_curves  # noqa: E402
 from ..store import Results  # noqa: E402
 from .model import is_control, method_order  # noqa: E402
@@ -225,42 +225,64 @@ def layer_curves(results: Results, model: str, out: Path, tables: Sequence[Table
     return figures
 
 
+def plot_curves(panels: Sequence[tuple[MetricRow, dict[str, dict]]], path: Path, title: str, xlabel: str,
+                colors: dict[str, str], controls: Sequence[str] = ()) -> Path:
+    """A panel per row (two per line), a line per method: ``panels`` holds each row with its ``{label: band}``
+    (:func:`curve_band`'s ``x``, ``values``, ``low``, ``high``), the band shaded in the method's colour; a control
+    (``controls``) dashed."""
+    ncols = min(2, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 4.2 * nrows), squeeze=False)
+    for ax, (m, bands) in zip(axes.flat, panels, strict=False):
+        for label, band in bands.items():
+            ax.plot(band["x"], band["values"], color=colors[label], label=label, marker="o", markersize=3,
+                    linestyle="--" if is_control(label, controls) else "-")
+            ax.fill_between(band["x"], band["low"], band["high"], color=colors[label], alpha=0.15, linewidth=0)
+        ax.set(xlabel=xlabel, ylabel=m.title, title=f"{m.title} {'↑' if m.higher else '↓'}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fit_title(fig, title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def metric_curves(results: Results, model: str, out: Path, spec: FigureSpec,
                   resamples: int = stats.RESAMPLES, controls: Sequence[str] = ()) -> list[Figure]:
     """A metric's declared figure (:class:`~llmattr.declarations.FigureSpec`) per dataset: a panel per row, its values
-    against the stored x, a line per method (mean over examples, band = 95% bootstrap interval at each x)."""
+    against the stored x, a line per method (mean over examples, band = 95% bootstrap interval at each x), drawn
+    by :func:`plot_curves`."""
     curves = {m.metric: curve_values(results, model, m.metric, spec.routing) for m in spec.rows}
     keys = {key for values in curves.values() for key in values}
     colors = method_colors(label for _, label in keys)
     figures = []
     for dataset in sorted({d for d, _ in keys}, key=results.dataset_key):
         labels = method_order((label for d, label in keys if d == dataset), controls)
-        fig, axes = plt.subplots(1, len(spec.rows), figsize=(5.5 * len(spec.rows), 4.2), squeeze=False)
-        counts = []
-        for ax, m in zip(axes[0], spec.rows, strict=True):
-            for label in (lab for lab in labels if (dataset, lab) in curves[m.metric]):
-                points = curves[m.metric][(dataset, label)]
-                band = curve_band(points, resamples)
-                counts += [len(examples) for examples in points.values()]
-                ax.plot(band["x"], band["values"], color=colors[label], label=label, marker="o", markersize=3)
-                ax.fill_between(band["x"], band["low"], band["high"], color=colors[label], alpha=0.15, linewidth=0)
-            ax.set(xlabel=spec.xlabel, ylabel=m.title, title=f"{m.title} {'↑' if m.higher else '↓'}")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        n = n_text(counts)
-        fit_title(fig, f"{spec.title}, {results.dataset_name(dataset)}, {model} ({n})")
-        fig.tight_layout()
-        path = _save(fig, out / f"{spec.name}_{dataset}.png")
+        panels = [(m, {label: curve_band(curves[m.metric][(dataset, label)], resamples) for label in labels
+                       if (dataset, label) in curves[m.metric]}) for m in spec.rows]
+        n = n_text(len(examples) for m in spec.rows for label in labels if (dataset, label) in curves[m.metric]
+                   for examples in curves[m.metric][(dataset, label)].values())
+        path = plot_curves(panels, out / f"{spec.name}_{dataset}.png",
+                           f"{spec.title}, {results.dataset_name(dataset)}, {model} ({n})", spec.xlabel, colors,
+                           controls)
         figures.append(Figure(path, f"{spec.caption} {results.dataset_name(dataset)}: mean over {n} examples per "
                                     "method, band = 95% bootstrap interval over examples at each point."))
     return figures
+
+
+def head_model(results: Results, model: str, catalog: Catalog) -> bool:
+    """Whether ``model`` was fine-tuned with a sequence head (``llmattr finetune --head``): its card's task."""
+    return (results.settings(model).get("model_card") or {}).get("task") in catalog.head_tasks
 
 
 def all_figures(results: Results, model: str, out: Path, catalog: Catalog,
                 resamples: int = stats.RESAMPLES) -> list[Figure]:
     """Every figure the store has data for; ``catalog`` (the registries' facts) gives the per-layer ones and the
     methods' layer sweeps."""
-    kinds = {kind: [s for s in catalog.figures if s.kind == kind] for kind in ("pi_curves", "layer_sweep", "curves")}
+    kinds = {kind: [s for s in catalog.figures if s.kind == kind] for kind in FIGURE_KINDS}
+    if head_model(results, model, catalog):
+        kinds["curves"] += kinds["head_curves"]
     figures = [f for spec in kinds["pi_curves"] for routing in ROUTINGS
                for f in pi_curves(results, model, routing, out, spec, resamples)]
     figures += [f for spec in kinds["layer_sweep"] for f in layer_sweep(results, model, out, catalog, spec, resamples)]

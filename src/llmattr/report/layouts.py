@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from .. import stats
 from ..declarations import MetricRow, TableSpec, held_out_summary
 from ..store import Results
+from .head import pearson_table
 from .model import (
     Cell,
     Grid,
@@ -242,11 +243,13 @@ LAYOUTS = {"datasets_by_methods": datasets_by_methods, "metrics_by_methods": met
 def paper_tables(results: Results, model: str, resamples: int = stats.RESAMPLES, *,
                  tables: Sequence[TableSpec], controls: Sequence[str] = ()) -> list[Table]:
     """Task accuracy, then every table of ``tables`` (the registered metrics', in report order) whose
-    metrics are in the store, then the trust section (:mod:`.trust`: where the store holds its metrics), then the
+    metrics are in the store, a regression head's Pearson r (:mod:`.head`), then the trust section (:mod:`.trust`:
+    where the store holds its metrics), then the
     timings; ``resamples`` bootstrap resamples per confidence interval, every
     method tested against the ``controls`` (:class:`~llmattr.declarations.Catalog`'s)."""
     cfg = Stats(resamples=resamples, controls=tuple(controls))
     built = [accuracy_table(results, model, cfg), *(metric_table(results, model, spec, cfg) for spec in tables),
+             pearson_table(results, model, cfg),
              *trust_tables(results, model, cfg, [row for spec in tables for row in spec.rows]),
              timing_table(results, model, cfg)]
     return [t for t in built if t is not None and any(c.value is not None for s in t.sections
