@@ -5,8 +5,9 @@ with a sequence head (``llmattr finetune --head``), in one run.
 
 Each input is ``length`` token ids drawn (seeded) from the vocabulary's ordinary tokens; each method
 (:func:`llmattr.faithfulness.head.head_attribution`: NormXLogit, Grad. Norm, G x I, IG with 25 steps) runs once as a
-warm-up and then ``--repeats`` times; the table gives the mean and standard deviation of the wall time, with the
-load average before and after (a shared machine slows every method). Small arguments for a check:
+warm-up and then ``--repeats`` times; the table gives the mean and standard deviation of the wall time and, per
+length, each method's time divided by NormXLogit's from the same run (the ratio a shared machine distorts least),
+with the load average before and after (a shared machine slows every method). Small arguments for a check:
 ``--lengths 8,16 --repeats 1``.
 """
 
@@ -37,6 +38,22 @@ def inputs(tokenizer, length: int, seed: int) -> torch.Tensor:
     return pool[pick][None]
 
 
+def ratios(cells: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Each method's mean seconds divided by NormXLogit's at the same length, from the same run."""
+    return {method: mean / cells["normxlogit"][0] for method, (mean, _) in cells.items()}
+
+
+def table(rows: dict[int, dict[str, tuple[float, float]]], methods: list[str]) -> list[str]:
+    """Markdown lines: seconds per instance (mean ± sd) by input length, then each method's ratio to NormXLogit."""
+    names = [NAMES.get(m, m) for m in methods]
+    lines = ["| input length | " + " | ".join(names) + " | " + " | ".join(f"{n} / NormXLogit" for n in names) + " |",
+             "|---" * (2 * len(methods) + 1) + "|"]
+    for length, cells in rows.items():
+        lines.append(f"| {length} | " + " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in cells.values()) + " | "
+                     + " | ".join(f"{r:.2f}x" for r in ratios(cells).values()) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True, help="a folder written by llmattr finetune --head")
@@ -45,8 +62,10 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--out")
     args = parser.parse_args()
-    lm = load_model(args.model, device="cpu")
     methods = args.methods.split(",")
+    if "normxlogit" not in methods:
+        parser.error("--methods must include normxlogit (the ratios' denominator)")
+    lm = load_model(args.model, device="cpu")
     load_before = os.getloadavg()[0]
     rows = {}
     for length in map(int, args.lengths.split(",")):
@@ -61,14 +80,12 @@ def main() -> None:
                 times.append(time.perf_counter() - start)
             rows[length][method] = (statistics.mean(times), statistics.stdev(times) if len(times) > 1 else 0.0)
     load_after = os.getloadavg()[0]
-    print("| input length | " + " | ".join(NAMES.get(m, m) for m in methods) + " |")
-    print("|---" * (len(methods) + 1) + "|")
-    for length, cells in rows.items():
-        print(f"| {length} | " + " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in cells.values()) + " |")
+    print("\n".join(table(rows, methods)))
     print(f"seconds per instance, {args.repeats} repeats after a warm-up, {torch.get_num_threads()} torch threads; "
           f"load average {load_before:.1f} before, {load_after:.1f} after")
     if args.out:
         Path(args.out).write_text(json.dumps({"model": args.model, "repeats": args.repeats, "rows": rows,
+                                              "ratios": {length: ratios(cells) for length, cells in rows.items()},
                                               "threads": torch.get_num_threads(), "load_before": load_before,
                                               "load_after": load_after}, indent=1))
 
