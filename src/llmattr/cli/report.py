@@ -21,15 +21,16 @@ def report(
                                                              "(seeded)."),
 ) -> None:
     """Write the paper-shaped tables, figures and HTML report; print the task accuracy and Table 1."""
+    from ..report import build_report, check_resamples, parse_formats
     from ..store import expand
 
-    expand(stores)  # a missing store is refused before the registries (and torch) load
+    check_resamples(bootstrap)  # the options, then a missing store, refused before the registries (and torch) load
+    formats = parse_formats(format)
+    expand(stores)
     from ..api import catalog
-    from ..report import build_report, parse_formats
     from ..report.layouts import paper_tables
     from ..report.writers import to_markdown
 
-    formats = parse_formats(format)
     known = catalog()
     results, written = build_report(stores, out if out is not None else Path(stores[0]).parent / "report",
                                     formats, bootstrap, catalog=known)

@@ -72,14 +72,19 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+def check_resamples(resamples: int) -> None:
+    """Refuse fewer than one bootstrap resample per confidence interval (one line)."""
+    if resamples < 1:
+        raise LlmattrError("--bootstrap must be at least 1 resample (default 2000)")
+
+
 def build_report(stores: Iterable[str | Path], out: str | Path, formats: Iterable[str] = ("md", "html"),
                  resamples: int = RESAMPLES, *, catalog: Catalog) -> tuple[Results, list[Path]]:
     """Merge ``stores`` (files or globs) and write the report of every model into ``out``, with
     ``resamples`` bootstrap resamples per confidence interval. ``catalog`` (:func:`llmattr.api.catalog`:
     the registered metrics' tables and the methods' defaults) says what to render; the report itself
     imports no model, method or metric code."""
-    if resamples < 1:
-        raise LlmattrError("--bootstrap must be at least 1 resample (default 2000)")
+    check_resamples(resamples)
     results = Results(stores, catalog.method_defaults, catalog.datasets)
     models = results.models()
     if not models:
