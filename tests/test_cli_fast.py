@@ -35,15 +35,16 @@ print("\\n@@" + json.dumps({{"code": code, "heavy": [m for m in HEAVY if m in sy
 """
 
 
-def run_cli(args: list[str]) -> tuple[str, int, list[str]]:
+def run_cli(args: list[str]) -> tuple[str, int, list[str], str]:
     """``llmattr ARGS`` in a fresh interpreter at a fixed width without colour: (stdout, exit code, heavy modules
-    imported)."""
+    imported, stderr)."""
     env = {**os.environ, "COLUMNS": "100", "TERM": "dumb", "NO_COLOR": "1", "PYTHONPATH": str(ROOT / "src")}
     env.pop("FORCE_COLOR", None)
     done = subprocess.run([sys.executable, "-c", RUN, json.dumps(args)], env=env, capture_output=True, text=True,
                           timeout=120)
-    tail = json.loads(done.stderr.rsplit("@@", 1)[1])
-    return done.stdout, tail["code"], tail["heavy"]
+    err, tail = done.stderr.rsplit("@@", 1)
+    tail = json.loads(tail)
+    return done.stdout, tail["code"], tail["heavy"], err
 
 
 def golden(command: str) -> Path:
@@ -57,35 +58,47 @@ def test_written_view_is_the_registries():
 
 @pytest.mark.parametrize("command", [pytest.param(c, id=c or "llmattr") for c in COMMANDS])
 def test_help_imports_no_torch(command):
-    _, code, heavy = run_cli([*([command] if command else []), "--help"])
+    _, code, heavy, _ = run_cli([*([command] if command else []), "--help"])
     assert code == 0
     assert heavy == []
 
 
 @pytest.mark.parametrize("command", [pytest.param(c, id=c or "llmattr") for c in COMMANDS])
 def test_help_unchanged(command):
-    out, code, _ = run_cli([*([command] if command else []), "--help"])
+    out, code, _, _ = run_cli([*([command] if command else []), "--help"])
     assert code == 0
     assert out == golden(command).read_text()
 
 
 REFUSALS = {  # model-free refusals: each must exit 2 before torch loads
-    "status-missing-store": (["status", "/nonexistent/x.sqlite"], False),
-    "finetune-unknown-task": (["finetune", "--task", "nope"], False),
-    "evaluate-scores-missing-file": (["evaluate-scores", "/nonexistent/s.json"], False),
-    "report-missing-store": (["report", "/nonexistent/x.sqlite"], False),
-    "explain-unknown-method": (["explain", "--method", "nope", "hi"], True),
-    "evaluate-bad-n": (["evaluate", "--n", "0"], False),
+    "status-missing-store": ["status", "/nonexistent/x.sqlite"],
+    "finetune-unknown-task": ["finetune", "--task", "nope"],
+    "evaluate-scores-missing-file": ["evaluate-scores", "/nonexistent/s.json"],
+    "report-missing-store": ["report", "/nonexistent/x.sqlite"],
+    "explain-unknown-method": ["explain", "--method", "nope", "hi"],
+    "explain-undefined-method": ["explain", "--method", "saliency,decompx", "hi"],
+    "evaluate-bad-n": ["evaluate", "--n", "0"],
 }
 
 
-@pytest.mark.parametrize("args", [
-    pytest.param(args, id=name, marks=[pytest.mark.xfail(strict=True, reason="not done")] if todo else [])
-    for name, (args, todo) in REFUSALS.items()])
+@pytest.mark.parametrize("args", [pytest.param(args, id=name) for name, args in REFUSALS.items()])
 def test_model_free_refusal_imports_no_torch(args):
-    _, code, heavy = run_cli(args)
+    _, code, heavy, _ = run_cli(args)
     assert code == 2
     assert heavy == []
+
+
+@pytest.mark.parametrize("name", ["nope", "decompx"])
+def test_method_refusal_is_the_registry_line(name):
+    """The torch-free refusal of ``explain --method`` prints the line :func:`llmattr.methods.get` raises."""
+    from llmattr import methods
+    from llmattr.errors import LlmattrError
+
+    with pytest.raises(LlmattrError) as refused:
+        methods.get(name)
+    _, code, _, err = run_cli(["explain", "--method", name, "hi"])
+    assert code == 2
+    assert " ".join(err.split()) == f"error: {refused.value}"
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--regen"]:

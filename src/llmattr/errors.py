@@ -1,4 +1,7 @@
-"""The one exception type users can cause, and warnings recorded on results."""
+"""The one exception type users can cause, warnings recorded on results, and the refusals of names that need no
+registry loaded (so the CLI can give them without importing torch)."""
+
+from collections.abc import Iterable, Mapping
 
 
 class LlmattrError(ValueError):
@@ -11,3 +14,13 @@ class LlmattrError(ValueError):
 class NotExplainedWarning(UserWarning):
     """Some items of a batch were not explained (the others were kept): ``llmattr.explain`` names them, and the CLI,
     whose own error line names them too, filters this category out."""
+
+
+def method_refusal(name: str, available: Iterable[str], not_defined: Mapping[str, str]) -> str | None:
+    """The line refusing the method ``name`` given the registered names and the methods not defined for
+    decoder-only models (name: why), or None when ``name`` is registered."""
+    if name in not_defined:
+        return f"{name} is not defined for decoder-only models: {not_defined[name]}"
+    if name not in available:
+        return f"unknown method {name!r}; valid: {', '.join(sorted(available))}"
+    return None

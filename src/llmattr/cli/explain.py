@@ -14,7 +14,7 @@ from rich.console import Console
 from ..checks import FIGURE_SUFFIXES, ROUTINGS, one_of, positive_int, writable_file
 from ..errors import LlmattrError, NotExplainedWarning
 from .app import DERIVED, app, plugin_command
-from .view import view
+from .view import check_methods, view
 
 FORMATS = ("text", "json")
 METHOD_PANEL = "Method parameters"
@@ -191,6 +191,14 @@ def explain(
 ) -> None:
     """Explain the model's answer to TEXT (or to every row of --data FILE): answer, token heatmap, optional HTML
     and JSON. Every registered method's parameters are options (the Method parameters panel)."""
+    one_of(format, FORMATS, "--format")
+    console = Console(stderr=format == "json")
+    if (text is None) == (data is None):
+        raise LlmattrError("give the text to explain, or --data FILE (not both)")
+    if data is None and (text_field is not None or n is not None or documents_field is not None):
+        raise LlmattrError("--text-field, --documents-field and --n go with --data FILE")
+    names = [name.strip() for name in method.split(",") if name.strip()] or [method]
+    check_methods(names)  # from the registries' view: an unknown name is refused before torch is imported
     from .. import methods
     from ..api import explain as run_explain
     from ..models.loading import load_model, resolve_dtype
@@ -199,15 +207,8 @@ def explain(
     from ..tasks.datasets import read_rows
     from ..tasks.files import read_file_texts
 
-    one_of(format, FORMATS, "--format")
-    console = Console(stderr=format == "json")
-    if (text is None) == (data is None):
-        raise LlmattrError("give the text to explain, or --data FILE (not both)")
-    if data is None and (text_field is not None or n is not None or documents_field is not None):
-        raise LlmattrError("--text-field, --documents-field and --n go with --data FILE")
     given = {key: value for key, value in ctx.meta.get(DERIVED, {}).items() if value is not None}
     params = methods.parse_params(param + [f"{key}={value}" for key, value in given.items()], "--param NAME=VALUE")
-    names = [name.strip() for name in method.split(",") if name.strip()] or [method]
     if document and context is not None:
         raise LlmattrError("give --document (repeated) or --context FILE, not both")
     documents = context_documents(context) if context is not None else (document or None)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from pprint import pformat
 
+from ..errors import LlmattrError, method_refusal
 from ._registered import VIEW
 
 REGISTRIES = ("llmattr.methods", "llmattr.faithfulness", "llmattr.tasks")  # the packages that hold them
@@ -23,7 +24,8 @@ WRITTEN = Path(__file__).with_name("_registered.py")
 
 
 def registered() -> dict:
-    """The view read from the registries (importing them, and torch): ``method_params`` ({parameter: [``"method
+    """The view read from the registries (importing them, and torch): ``methods`` (the registered names),
+    ``not_defined`` ({name: why}: methods refused for decoder-only models), ``method_params`` ({parameter: [``"method
     default"``, ...]}), ``tasks``, ``datasets``, ``groups`` ({group: datasets}), ``metrics`` and ``metric_options``
     ({name: {flag, type, default, valid, help}})."""
     from .. import methods
@@ -36,6 +38,8 @@ def registered() -> dict:
         for key, value in methods.REGISTRY[name].defaults.items():
             takers.setdefault(key, []).append(f"{name} {value}")
     return {
+        "methods": methods.available(),
+        "not_defined": dict(sorted(methods.NOT_DEFINED.items())),
         "method_params": dict(sorted(takers.items())),
         "tasks": sorted(TASKS),
         "datasets": list(dataset_names()),
@@ -53,6 +57,15 @@ def view() -> dict:
     """The registries' view when they are loaded in this process (what a plugin registered is in them), else the
     written one (no torch)."""
     return registered() if any(name in sys.modules for name in REGISTRIES) else VIEW
+
+
+def check_methods(names: list[str]) -> None:
+    """Refuse an unknown method name with :func:`llmattr.methods.get`'s line, from the view (no torch)."""
+    known = view()
+    for name in names:
+        refusal = method_refusal(name, known["methods"], known["not_defined"])
+        if refusal is not None:
+            raise LlmattrError(refusal)
 
 
 def written_text() -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ..errors import LlmattrError
+from ..errors import LlmattrError, method_refusal
 from .base import NOT_DEFINED, REGISTRY, AttributionMethod, layer_parameter, parse_params, register
 from .given import GivenScores
 
@@ -20,10 +20,9 @@ def available() -> list[str]:
 
 def get(name: str, **params) -> AttributionMethod:
     """An attribution method by name, e.g. ``get("grad-ellm", layers=4)``."""
-    if name in NOT_DEFINED:
-        raise LlmattrError(f"{name} is not defined for decoder-only models: {NOT_DEFINED[name]}")
-    if name not in REGISTRY:
-        raise LlmattrError(f"unknown method {name!r}; valid: {', '.join(available())}")
+    refusal = method_refusal(name, REGISTRY, NOT_DEFINED)
+    if refusal is not None:
+        raise LlmattrError(refusal)
     return REGISTRY[name](**params)
 
 
