@@ -171,3 +171,27 @@ def test_finetune_on_a_loaded_model_leaves_no_stale_entry(tiny_tokenizer, tmp_pa
     fresh = build_tiny("llama", tiny_tokenizer)
     fresh.model.load_state_dict(lm.model.state_dict())
     assert_bit_equal(explain(lm, "integrated-gradients"), explain(fresh, "integrated-gradients"))
+
+
+def test_rows_computes_each_distinct_row_once_across_calls(tiny_llama):
+    """``Kept.rows``: identical rows of a batch run once, a row kept by an earlier call of the same key is read
+    back (only the others are computed, together), another key or an edit of the weights computes again."""
+    model, store, calls = tiny_llama.model, Kept(), []
+
+    def compute(rows: torch.Tensor) -> torch.Tensor:
+        calls.append(rows.tolist())
+        return rows @ torch.tensor([[1.0, 10.0], [100.0, 1000.0]])
+
+    first = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    assert store.rows(model, "masks", first, compute).tolist() == [[1, 10], [100, 1000], [1, 10]]
+    assert calls == [[[0.0, 1.0], [1.0, 0.0]]]
+    second = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+    assert store.rows(model, "masks", second, compute).tolist() == [[101, 1010], [100, 1000]]
+    assert calls[1:] == [[[1.0, 1.0]]]  # the row kept by the first call is read back
+    store.rows(model, "other", second, compute)
+    assert calls[2:] == [[[0.0, 1.0], [1.0, 1.0]]]
+    with torch.no_grad():
+        model.model.norm.weight.mul_(2)
+    store.rows(model, "masks", second, compute)
+    assert calls[3:] == [[[0.0, 1.0], [1.0, 1.0]]]
+    assert store.rows(model, "masks", first[:0], compute).shape == (0, 2)

@@ -95,9 +95,9 @@ def test_source_pi_soft_masks_each_sources_tokens_together(lm, tiny_tokenizer, m
     seen = []
     probs = engine_module.PerturbationEngine.probs
 
-    def recording(self, keep):
+    def recording(self, keep, **options):
         seen.append(keep.clone())
-        return probs(self, keep)
+        return probs(self, keep, **options)
 
     monkeypatch.setattr(engine_module.PerturbationEngine, "probs", recording)
     scores = torch.tensor([[0.1, 3.0, -1.0, 2.0, 0.5]])
@@ -110,6 +110,49 @@ def test_source_pi_soft_masks_each_sources_tokens_together(lm, tiny_tokenizer, m
         assert (keep[:, list(group)] == keep[:, [group[0]]]).all()
     assert (keep[0, [k for g in groups for k in g]] == 0).all()  # the zero baseline
     assert len({tuple(row.tolist()) for row in keep}) > 2 and result.d0 > 0
+
+
+def test_a_second_methods_source_masks_are_read_back_not_run(lm, tiny_tokenizer, monkeypatch):
+    """Masks over a few sources repeat across methods (coupled uniforms, ``2^n`` possible masks; the LDS's held-out
+    masks are the same for every method): a second method's source pi-Soft and removal metrics run only the
+    masks the first did not, and equal what a model with nothing kept gives; token-level pi-Soft keeps nothing."""
+    target = forced(context_prompt(tiny_tokenizer, DOCUMENTS, QUERY), answer_ids(tiny_tokenizer))
+    runs = {"masks": 0, "tokens": 0}
+    forward, model_forward = engine_module.PerturbationEngine._forward, lm.model.forward
+
+    def counting(self, keep):
+        runs["masks"] += keep.shape[0]
+        return forward(self, keep)
+
+    def counting_tokens(*args, **kwargs):
+        runs["tokens"] += kwargs["input_ids"].numel() if kwargs.get("input_ids") is not None else 0
+        return model_forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module.PerturbationEngine, "_forward", counting)
+    monkeypatch.setattr(lm.model, "forward", counting_tokens)
+    first = SourceInput(target, torch.tensor([[0.1, 3.0, -1.0, 2.0, 0.5]]), True)
+    second = SourceInput(target, torch.tensor([[2.0, 0.2, 1.0, -0.5, 0.4]]), True)
+    soft = {"samples": 6, "pis": (0.3, 0.5, 0.7), "seed": 1}
+
+    def both(given: SourceInput) -> tuple:
+        return source_soft(lm, given, [0, 1], **soft).to_dict(), removal_metrics(lm, given, k_max=2, lds_ablations=8)
+
+    both(first)
+    runs.update(masks=0, tokens=0)
+    warm, warm_runs = both(second), dict(runs)
+    lm.forget()
+    runs.update(masks=0, tokens=0)
+    cold = both(second)
+    assert warm_runs["masks"] < runs["masks"] and warm_runs["tokens"] < runs["tokens"]
+    for name in ("pi_soft_ns", "pi_soft_nc"):
+        assert warm[0]["metrics"][name]["values"] == pytest.approx(cold[0]["metrics"][name]["values"], abs=1e-6)
+    assert warm[1].top_k_drop == pytest.approx(cold[1].top_k_drop, abs=1e-5)
+    assert warm[1].lds == pytest.approx(cold[1].lds, abs=1e-9)
+    lm.forget()
+    n = target.span[1] - target.span[0]
+    evaluate_target(lm, target, torch.rand(target.n_steps, n, generator=torch.Generator().manual_seed(0)), [0],
+                    samples=2, pis=(0.5,))
+    assert not [key for key in lm.kept.entries if key[0][0] == "perturbed-probs"]
 
 
 def test_the_source_metrics_are_registered():

@@ -22,7 +22,7 @@ import torch
 
 from ..checks import ROUTINGS, one_of
 from ..errors import LlmattrError
-from ..models.forward import logits_and_prefix
+from ..models.forward import content_key, logits_and_prefix
 from ..models.loading import LoadedModel
 from ..models.memory import Shapes, activation_bytes, is_oom, memory_limit
 from ..models.probe import Probe
@@ -66,6 +66,7 @@ class PerturbationEngine:
         self.suffix_embeds = lm.embed(ids[self.prefix_len:])[None]  # (1, T, d)
         self.batch_size = batch_size or forward_batch(lm, self.suffix_embeds.shape[1])
         self.last = torch.tensor([ids.numel() - 1])  # the step's predicting position
+        self.key = ("perturbed-probs", routing, self.prefix_len, self.n_span, content_key(ids))  # :meth:`probs`
         self._clean_pass(ids)
 
     @torch.no_grad()
@@ -92,25 +93,34 @@ class PerturbationEngine:
             logits = self.prefix.logits_at(self.lm, self._masked_embeds(keep), self.last)
         return torch.softmax(logits[:, -1].float(), dim=-1)
 
-    def probs(self, keep: torch.Tensor) -> torch.Tensor:
+    def probs(self, keep: torch.Tensor, reuse: bool = False) -> torch.Tensor:
         """Next-token probabilities ``(N, V)`` at step ``step`` for the perturbed inputs ``keep``.
 
         ``keep``: ``(N, m)`` or ``(N, m, d)`` multipliers in [0, 1] on the m content-span token embeddings
         (0 = zeroed, 1 = kept; ``(N, m, d)`` = per-dimension masks). Tokens outside the span (template,
         generated prefix) stay intact. Identical masks run once. Runs in as few forward passes as memory
         allows (halving the batch size on out-of-memory), reusing the prefix key/value cache and computing
-        logits at the last position only.
+        logits at the last position only. ``reuse``: each mask's probabilities are also kept on the model
+        (:meth:`~llmattr.models.kept.Kept.rows`), and a later engine of the same input, step and routing reads
+        them back instead of running them again: for masks over a few units (sources), which every method's
+        metric draws from the same ``2^n``.
         """
         if keep.dim() not in (2, 3) or keep.shape[1] != self.n_span:
             raise LlmattrError(
                 f"keep masks must have shape (N, {self.n_span}) or (N, {self.n_span}, d), "
                 f"got {tuple(keep.shape)}"
             )
+        if reuse:
+            return self.lm.kept.rows(self.lm.model, self.key, keep, self._distinct_probs)
         unique, inverse = torch.unique(keep, dim=0, return_inverse=True)  # repeated masks run once
+        return self._distinct_probs(unique)[inverse.to(self.clean_probs.device)]
+
+    def _distinct_probs(self, keep: torch.Tensor) -> torch.Tensor:
+        """:meth:`probs` of distinct masks: batches of ``batch_size``, halved on out-of-memory."""
         chunks, start = [], 0
-        while start < unique.shape[0]:
+        while start < keep.shape[0]:
             try:
-                chunks.append(self._forward(unique[start: start + self.batch_size]))
+                chunks.append(self._forward(keep[start: start + self.batch_size]))
             except RuntimeError as err:
                 if not is_oom(err) or self.batch_size == 1:
                     raise
@@ -119,4 +129,4 @@ class PerturbationEngine:
             start += chunks[-1].shape[0]
         if not chunks:
             return self.clean_probs.new_zeros(0, self.clean_probs.shape[0])
-        return torch.cat(chunks)[inverse.to(self.clean_probs.device)]
+        return torch.cat(chunks)

@@ -164,7 +164,9 @@ def soft_samples(engine: PerturbationEngine, s_tilde: torch.Tensor, samples: int
     ``engine.probs`` in one call. NS keeps token i with probability ``s_i`` (eq. 1), NC with ``1 - s_i``
     (:func:`draw_masks`). With ``groups`` ``(m, n_span)`` (0/1: which span tokens form each of the m units, e.g.
     the sources), the Bernoulli draws are per unit and a unit's tokens are kept or zeroed together; tokens of no
-    unit are never perturbed (the zero baseline zeroes every unit).
+    unit are never perturbed (the zero baseline zeroes every unit). Over units the masks come from ``2^m``
+    possibilities, so each one's probabilities are kept on the model and the next method's same mask is read
+    back (:meth:`PerturbationEngine.probs` with ``reuse``); token masks are not kept.
     """
     dims = engine.suffix_embeds.shape[-1] if mode == "reagent" else None
     k, m = s_tilde.shape
@@ -173,7 +175,8 @@ def soft_samples(engine: PerturbationEngine, s_tilde: torch.Tensor, samples: int
     batch = torch.cat([zero] + [mask.flatten(0, 1) for mask in masks.values()])
     if groups is not None:
         batch = 1 - (1 - batch) @ groups.float()
-    distance = DISTANCES[mode](engine.clean_probs.double()[None], engine.probs(batch).double()).cpu()  # (1 + F K S,)
+    probs = engine.probs(batch, reuse=groups is not None)  # masks over units repeat across methods: kept
+    distance = DISTANCES[mode](engine.clean_probs.double()[None], probs.double()).cpu()  # (1 + F K S,)
     d0, rest = float(distance[0]), distance[1:].reshape(len(masks), k, samples)
     if d0 <= D0_MIN:
         return StepSamples(d0=d0, ns=None, nc=None)

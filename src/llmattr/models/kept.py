@@ -85,6 +85,24 @@ class Kept:
         value = self.get(model, key)
         return self.keep(model, key, compute()) if value is None else value
 
+    def rows(self, model: torch.nn.Module, key: Hashable, rows: torch.Tensor,
+             compute: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``compute(rows)`` ``(R, ...)`` for a batch of inputs ``rows`` ``(R, ...)`` of one computation ``key``
+        (perturbation masks of one input, say), each distinct row computed once: a row's result is kept under
+        ``(key, the row's bytes)``, read back by any later call, and only the rows not kept go to ``compute``, in
+        one call. For computations whose rows repeat across calls (the masks over a few sources, which every
+        method's metric draws from the same 2^n)."""
+        unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
+        names = [(key, row.cpu().numpy().tobytes()) for row in unique]
+        found = [self.get(model, name) for name in names]
+        missing = [i for i, value in enumerate(found) if value is None]
+        if missing:
+            for i, value in zip(missing, compute(unique[missing]), strict=True):
+                found[i] = self.keep(model, names[i], value.clone())
+        if not found:
+            return compute(unique)
+        return torch.stack(found)[inverse.to(found[0].device)]
+
     def check(self, model: torch.nn.Module) -> None:
         """Drop every entry if ``model``'s weights are not of the version they were computed with."""
         version = weights_version(model)

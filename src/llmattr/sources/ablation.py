@@ -30,7 +30,7 @@ from transformers.cache_utils import Cache, DynamicCache
 
 from .. import objectives
 from ..errors import LlmattrError
-from ..models.forward import PrefixLayer
+from ..models.forward import PrefixLayer, content_key
 from ..models.loading import LoadedModel
 from ..targets import Target
 from .spans import Sources
@@ -69,6 +69,12 @@ class Ablation:
     def of(cls, target: Target, groups: tuple[tuple[int, ...], ...], explained: objectives.Objective,
            foil: torch.Tensor | None = None) -> Ablation:
         return cls(target.input_ids[0].cpu(), groups, target.target_ids, explained, foil)
+
+    def key(self, *rule) -> tuple:
+        """The key of this ablation's objectives on the model's kept store, with the ``rule`` they were run by."""
+        foil = () if self.foil is None else (self.foil,)
+        return ("ablated-objective", self.groups, self.explained.name, *rule,
+                content_key(self.ids, self.target_ids, *foil))
 
     @property
     def steps(self) -> int:
@@ -142,23 +148,27 @@ def ablated_objective(lm: LoadedModel, ablation: Ablation, keep: torch.Tensor, b
     """``F_t`` ``(R, T)`` of each row of ``keep`` ``(R, n_sources)`` (module docstring).
 
     ``reuse_prefix``: reuse the clean keys and values before each batch's first removed token (``clean``: a
-    :func:`clean_pass` already run); otherwise every row runs from the first token."""
-    keep = keep.bool().cpu()
-    tokens = ablation.kept_tokens(keep)
-    length, steps = len(ablation.ids), ablation.steps
-    if reuse_prefix:
-        first = ablation.first_removed(tokens).clamp_max(length - steps).tolist()
-        layers = (clean or clean_pass(lm, ablation))[1]
-    else:
-        first, layers = [0] * len(keep), None
-    order = sorted(range(len(keep)), key=lambda r: first[r])
-    lengths = tokens.sum(1).tolist()
-    out = torch.empty(len(keep), steps)
-    for batch in batches(order, lengths, batch_size, sliding_window(lm)):
-        start = first[batch[0]]
-        rows = [ablation.ids[start:][tokens[r, start:]] for r in batch]
-        out[batch] = batch_objective(lm, ablation, rows, start, layers)
-    return out
+    :func:`clean_pass` already run); otherwise every row runs from the first token. Each row's result is kept on
+    the model (:meth:`~llmattr.models.kept.Kept.rows`) and read back by a later call with the same ablation, prefix
+    rule and batch size: the estimators and metrics of several methods ablate the same few sources."""
+    def compute(keep: torch.Tensor) -> torch.Tensor:
+        tokens = ablation.kept_tokens(keep)
+        length, steps = len(ablation.ids), ablation.steps
+        if reuse_prefix:
+            first = ablation.first_removed(tokens).clamp_max(length - steps).tolist()
+            layers = (clean or clean_pass(lm, ablation))[1]
+        else:
+            first, layers = [0] * len(keep), None
+        order = sorted(range(len(keep)), key=lambda r: first[r])
+        lengths = tokens.sum(1).tolist()
+        out = torch.empty(len(keep), steps)
+        for batch in batches(order, lengths, batch_size, sliding_window(lm)):
+            start = first[batch[0]]
+            rows = [ablation.ids[start:][tokens[r, start:]] for r in batch]
+            out[batch] = batch_objective(lm, ablation, rows, start, layers)
+        return out
+
+    return lm.kept.rows(lm.model, ablation.key(reuse_prefix, batch_size), keep.bool().cpu(), compute)
 
 
 def contextcite_masks(n_sources: int, num_ablations: int, keep_prob: float, base_seed: int = 0) -> torch.Tensor:
