@@ -99,23 +99,36 @@ def figure(by_method: dict, gold: list[float], path: str, title: str) -> None:
     plot_curves(panels, Path(path), title, "K (ratio of tokens perturbed)", method_colors(by_method), ("random",))
 
 
+CLASSIFIER_ROWS = ("comprehensiveness", "sufficiency", "comprehensiveness_acc", "sufficiency_acc")
+REGRESSION_ROWS = ("comprehensiveness_output", "sufficiency_output")
+
+
 def from_store(path: str, dataset: str) -> tuple[dict, list[float]]:
-    """A classifier's ``comp-suff`` rows in an ``llmattr evaluate`` store as :class:`HeadFaithfulness` per method
-    (examples that every method holds), with the perturbed prediction's correctness as the prediction and gold 1."""
+    """The ``comp-suff`` rows of a head in an ``llmattr evaluate`` store as :class:`HeadFaithfulness` per method
+    (examples that every method holds) and the gold of each example. A classifier: the perturbed prediction's
+    correctness as the prediction and gold 1; a regression head: its output at each K and the stored gold score."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     cells: dict = defaultdict(lambda: defaultdict(dict))
+    gold: dict = {}
     for example, method, metric, x, value in con.execute(
-            "SELECT example, method, metric, x, value FROM results WHERE dataset = ? AND metric IN "
-            "('comprehensiveness', 'sufficiency', 'comprehensiveness_acc', 'sufficiency_acc')", (dataset,)):
-        cells[method][example][metric, x] = value
+            "SELECT example, method, metric, x, value FROM results WHERE dataset = ?", (dataset,)):
+        if metric == "gold_score":
+            gold[example] = value
+        elif metric in CLASSIFIER_ROWS + REGRESSION_ROWS:
+            cells[method][example][metric, x] = value
+    if not cells:
+        raise SystemExit(f"{path} holds no comp-suff rows of dataset {dataset!r}")
     examples = sorted(set.intersection(*(set(rows) for rows in cells.values())))
     by_method = {}
     for method, rows in cells.items():
-        curves = [[[rows[e][metric, k] for k in K_GRID] for metric in ("comprehensiveness", "sufficiency",
-                                                                        "comprehensiveness_acc", "sufficiency_acc")]
-                  for e in examples]
+        if gold:  # a regression head: the output at each K is both the value and the prediction
+            by_method[method] = [HeadFaithfulness(list(K_GRID), None, 0.0, *(2 * [[rows[e][metric, k] for k in K_GRID]
+                                                                                   for metric in REGRESSION_ROWS]))
+                                 for e in examples]
+            continue
+        curves = [[[rows[e][metric, k] for k in K_GRID] for metric in CLASSIFIER_ROWS] for e in examples]
         by_method[method] = [HeadFaithfulness(list(K_GRID), 1, 0.0, *four) for four in curves]
-    return by_method, [1.0] * len(examples)
+    return by_method, [gold[e] for e in examples] if gold else [1.0] * len(examples)
 
 
 def main() -> None:
