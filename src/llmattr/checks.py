@@ -100,6 +100,13 @@ def examples_wanted(value: object) -> int | str | None:
     return positive_int(value, "--n")
 
 
+def one_source(data: object, datasets: list[str] | None) -> None:
+    """Refuse ``evaluate``'s ``--data`` (the user's file) beside ``--datasets`` (shipped ones)."""
+    if data is not None and datasets is not None:
+        raise LlmattrError(f"--data evaluates your file {data}; --datasets {','.join(datasets)} names shipped ones: "
+                           "give one of them (run twice for both)")
+
+
 def split_list(text: str) -> list[str]:
     """``"a,b, c"`` -> ``["a", "b", "c"]`` (empty items dropped)."""
     return [item.strip() for item in text.split(",") if item.strip()]

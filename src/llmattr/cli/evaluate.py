@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..checks import DATA_TASK, ROUTINGS, check_texts, examples_wanted, one_of, split_list, split_spec
+from ..checks import DATA_TASK, ROUTINGS, check_texts, examples_wanted, one_of, one_source, split_list, split_spec
 from ..readers import shaped_rows, shaped_texts
 from .app import DERIVED, app, plugin_command
 from .view import check_datasets, check_methods, check_metrics, check_task, view
@@ -144,6 +144,7 @@ def model_free_checks(datasets: str | None, methods: str | None, metrics: str | 
     routing and task, and the ``--data`` file (``data``: None when a ``--config`` file may set its task), every
     row holding the task's columns and a text."""
     if datasets is not None:
+        one_source(data, split_list(datasets))
         check_datasets(split_list(datasets))
     if methods is not None:
         check_methods([split_spec(text)[0] for text in split_list(methods)])

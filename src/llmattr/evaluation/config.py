@@ -14,6 +14,7 @@ from ..checks import (
     examples_wanted,
     member,
     one_of,
+    one_source,
     positive_int,
     split_list,
     writable_file,
@@ -95,9 +96,7 @@ class EvalConfig:
     def validate(self) -> None:
         """Refuse bad values before the model loads and before anything is stored."""
         self.n = examples_wanted(self.n)
-        if self.data is not None and self.datasets is not None:
-            raise LlmattrError(f"--data evaluates your file {self.data}; --datasets {','.join(self.datasets)} "
-                               "names shipped ones: give one of them (run twice for both)")
+        one_source(self.data, self.datasets)
         if self.max_new_tokens is not None:
             positive_int(self.max_new_tokens, "--max-new-tokens")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
