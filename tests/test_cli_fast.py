@@ -122,6 +122,7 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
     "evaluate-undefined-method": ["evaluate", "--methods", "decompx"],
     "evaluate-bad-method-param": ["evaluate", "--methods", "grad-ellm:layers"],
     "evaluate-bad-routing": ["evaluate", "--routing", "sideways"],
+    "evaluate-data-and-datasets": ["evaluate", "--data", f"{FILES}/reviews.csv", "--datasets", "sst2"],
     "evaluate-data-bad-task": ["evaluate", "--data", f"{FILES}/reviews.csv", "--task", "nope"],
     **{f"evaluate-data-{name}": ["evaluate", "--data", path] for name, path in BAD_FILES.items()},
     **{f"evaluate-data-{name}": ["evaluate", "--data", *args] for name, args in ROWS.items()},
