@@ -85,6 +85,7 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
     "status-missing-store": ["status", "/nonexistent/x.sqlite"],
     "report-missing-store": ["report", "/nonexistent/x.sqlite"],
     "report-bad-format": ["report", "/nonexistent/x.sqlite", "--format", "xml"],
+    "report-bad-bootstrap": ["report", "/nonexistent/x.sqlite", "--bootstrap", "0"],
     "explain-no-text": ["explain"],
     "explain-empty-text": ["explain", ""],
     "explain-blank-text": ["explain", "   "],

@@ -18,6 +18,7 @@ FIGURE_SUFFIXES = (".png", ".svg", ".pdf")  # what the figures are written as (m
 ROUTINGS = ("dynamic", "fixed")  # the perturbation metrics' routing protocols (paper 000 appendix K)
 TARGET_MODES = ("label", "generated", "gold")  # what is explained: llmattr.targets
 SCOPES = ("span", "prompt", "all")  # what is attributed: llmattr.targets
+REPORT_FORMATS = ("md", "latex", "csv", "html")  # what llmattr report writes
 DATA_TASK = "sentiment"  # the task that prompts the rows of a user's own file in llmattr evaluate --data
 
 
@@ -161,3 +162,21 @@ def check_text(text: object) -> None:
     problem = text_problem(text)
     if problem:
         raise LlmattrError(problem)
+
+
+def parse_formats(text: str) -> list[str]:
+    """``llmattr report --format``: ``md,html`` or ``all`` -> the list of formats; unknown ones list the valid
+    ones."""
+    items = [f.strip() for f in text.split(",") if f.strip()]
+    items = list(REPORT_FORMATS) if items == ["all"] else items
+    unknown = [f for f in items if f not in REPORT_FORMATS]
+    if unknown or not items:
+        raise LlmattrError(f"unknown report format {', '.join(unknown) or repr(text)}; "
+                           f"valid: {', '.join(REPORT_FORMATS)}, all")
+    return items
+
+
+def check_resamples(resamples: int) -> None:
+    """Refuse fewer than one bootstrap resample per confidence interval (one line)."""
+    if resamples < 1:
+        raise LlmattrError("--bootstrap must be at least 1 resample (default 2000)")
