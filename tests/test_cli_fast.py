@@ -1,7 +1,8 @@
-"""Issue 35 item 7: ``--help`` of every command and the model-free refusals answer without importing torch or
-transformers (checked in a fresh interpreter through ``sys.modules``: a test of imports, not of time), and every
-help text is what it was before the fast path (golden files in ``tests/data/cli_help/``, captured from main at
-2d915e0). The help of ``explain`` and ``evaluate`` lists the registries through a written view of them
+"""Issue 35 item 7: ``--help`` of every command and every model-free refusal answer without importing torch,
+transformers, scipy or matplotlib (checked in a fresh interpreter through ``sys.modules``: a test of imports, not of
+time), and every help text and refusal line is what it was before the fast path (golden files in
+``tests/data/cli_help/``, captured from main at 2d915e0, and ``tests/data/cli_refusals.json``, from main at
+4837f74). The help of ``explain`` and ``evaluate`` lists the registries through a written view of them
 (``llmattr.cli._registered``); a test fails when it disagrees with the registries. Regenerate both deliberately with
 ``python tests/test_cli_fast.py --regen`` when a method, metric, task or option is added."""
 
@@ -20,7 +21,7 @@ from llmattr.cli.view import WRITTEN, written_text
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "cli_help"
 COMMANDS = ["", "explain", "evaluate", "evaluate-scores", "finetune", "methods", "report", "status"]
-HEAVY = ("torch", "transformers")
+HEAVY = ("torch", "transformers", "scipy", "matplotlib")  # what takes seconds to import
 RUN = f"""import json, sys
 HEAVY = {HEAVY!r}
 from llmattr.cli import main
