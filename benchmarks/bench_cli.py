@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+FILES = SRC.parent / "tests" / "data" / "cli_refusals"  # a user's bad files (tests/test_cli_fast.py refuses each)
 CLI = "import sys; from llmattr.cli import main; sys.argv[0] = 'llmattr'; main()"
 ROWS = {
     "python -c pass": ["-c", "pass"],
@@ -24,10 +25,21 @@ ROWS = {
     **{f"llmattr {c} --help": ["-c", CLI, c, "--help"]
        for c in ("explain", "evaluate", "evaluate-scores", "finetune", "methods", "report", "status")},
     "refuse: explain --method nope": ["-c", CLI, "explain", "--method", "nope", "hi"],
+    "refuse: explain ''": ["-c", CLI, "explain", ""],
+    "refuse: explain --objective nope": ["-c", CLI, "explain", "--objective", "nope", "hi"],
+    "refuse: explain --html in no folder": ["-c", CLI, "explain", "--html", "/nonexistent/x.html", "hi"],
+    "refuse: explain --data latin-1 CSV": ["-c", CLI, "explain", "--data", str(FILES / "latin1.csv")],
+    "refuse: explain --data no text column": ["-c", CLI, "explain", "--data", str(FILES / "reviews.csv")],
     "refuse: evaluate --n 0": ["-c", CLI, "evaluate", "--n", "0"],
+    "refuse: evaluate --datasets nope": ["-c", CLI, "evaluate", "--datasets", "nope"],
+    "refuse: evaluate --metrics nope": ["-c", CLI, "evaluate", "--metrics", "nope"],
+    "refuse: evaluate --data broken JSONL": ["-c", CLI, "evaluate", "--data", str(FILES / "broken.jsonl")],
     "refuse: evaluate-scores missing file": ["-c", CLI, "evaluate-scores", "/nonexistent/s.json"],
     "refuse: report missing store": ["-c", CLI, "report", "/nonexistent/x.sqlite"],
-    "refuse: finetune --task nope": ["-c", CLI, "finetune", "--task", "nope"],
+    "refuse: finetune --task nope": ["-c", CLI, "finetune", "--out", "/nonexistent/f", "--task", "nope"],
+    "refuse: finetune --head nope": ["-c", CLI, "finetune", "--out", "/nonexistent/f", "--head", "nope"],
+    "refuse: finetune --data empty file": ["-c", CLI, "finetune", "--out", "/nonexistent/f", "--data",
+                                           str(FILES / "empty.csv")],
 }
 
 

@@ -1,7 +1,8 @@
-"""Issue 35 item 7: ``--help`` of every command and the model-free refusals answer without importing torch or
-transformers (checked in a fresh interpreter through ``sys.modules``: a test of imports, not of time), and every
-help text is what it was before the fast path (golden files in ``tests/data/cli_help/``, captured from main at
-2d915e0). The help of ``explain`` and ``evaluate`` lists the registries through a written view of them
+"""Issue 35 item 7: ``--help`` of every command and every model-free refusal answer without importing torch,
+transformers, scipy or matplotlib (checked in a fresh interpreter through ``sys.modules``: a test of imports, not of
+time), and every help text and refusal line is what it was before the fast path (golden files in
+``tests/data/cli_help/``, captured from main at 2d915e0, and ``tests/data/cli_refusals.json``, from main at
+4837f74). The help of ``explain`` and ``evaluate`` lists the registries through a written view of them
 (``llmattr.cli._registered``); a test fails when it disagrees with the registries. Regenerate both deliberately with
 ``python tests/test_cli_fast.py --regen`` when a method, metric, task or option is added."""
 
@@ -20,7 +21,7 @@ from llmattr.cli.view import WRITTEN, written_text
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "cli_help"
 COMMANDS = ["", "explain", "evaluate", "evaluate-scores", "finetune", "methods", "report", "status"]
-HEAVY = ("torch", "transformers")
+HEAVY = ("torch", "transformers", "scipy", "matplotlib")  # what takes seconds to import
 RUN = f"""import json, sys
 HEAVY = {HEAVY!r}
 from llmattr.cli import main
@@ -35,13 +36,13 @@ print("\\n@@" + json.dumps({{"code": code, "heavy": [m for m in HEAVY if m in sy
 """
 
 
-def run_cli(args: list[str]) -> tuple[str, int, list[str], str]:
-    """``llmattr ARGS`` in a fresh interpreter at a fixed width without colour: (stdout, exit code, heavy modules
-    imported, stderr)."""
-    env = {**os.environ, "COLUMNS": "100", "TERM": "dumb", "NO_COLOR": "1", "PYTHONPATH": str(ROOT / "src")}
+def run_cli(args: list[str], src: Path = ROOT / "src") -> tuple[str, int, list[str], str]:
+    """``llmattr ARGS`` (the package in ``src``) in a fresh interpreter in the repository's root at a fixed width
+    without colour: (stdout, exit code, heavy modules imported, stderr)."""
+    env = {**os.environ, "COLUMNS": "100", "TERM": "dumb", "NO_COLOR": "1", "PYTHONPATH": str(src)}
     env.pop("FORCE_COLOR", None)
     done = subprocess.run([sys.executable, "-c", RUN, json.dumps(args)], env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, cwd=ROOT)
     err, tail = done.stderr.rsplit("@@", 1)
     tail = json.loads(tail)
     return done.stdout, tail["code"], tail["heavy"], err
@@ -70,15 +71,81 @@ def test_help_unchanged(command):
     assert out == golden(command).read_text()
 
 
-REFUSALS = {  # model-free refusals: each must exit 2 before torch loads
+FILES = "tests/data/cli_refusals"  # a user's bad files (relative: the lines name them as given)
+BAD_FILES = {  # each refused by every file reader in one line
+    "missing": f"{FILES}/none.csv", "folder": FILES, "latin1": f"{FILES}/latin1.csv",
+    "broken-jsonl": f"{FILES}/broken.jsonl", "empty": f"{FILES}/empty.csv", "ragged": f"{FILES}/ragged.csv",
+}
+ROWS = {  # a readable file whose rows a command refuses: no text column, no label column, an empty text
+    "no-text-column": [f"{FILES}/reviews.csv"],
+    "no-label-column": [f"{FILES}/reviews.csv", "--text-field", "review"],
+    "blank-text": [f"{FILES}/blank.csv"],
+}
+OUT = ["--out", "/nonexistent/finetuned"]
+REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with the line main printed
     "status-missing-store": ["status", "/nonexistent/x.sqlite"],
-    "finetune-unknown-task": ["finetune", "--task", "nope"],
-    "evaluate-scores-missing-file": ["evaluate-scores", "/nonexistent/s.json"],
     "report-missing-store": ["report", "/nonexistent/x.sqlite"],
+    "report-bad-format": ["report", "/nonexistent/x.sqlite", "--format", "xml"],
+    "report-bad-bootstrap": ["report", "/nonexistent/x.sqlite", "--bootstrap", "0"],
+    "explain-no-text": ["explain"],
+    "explain-empty-text": ["explain", ""],
+    "explain-blank-text": ["explain", "   "],
+    "explain-bad-format": ["explain", "--format", "xml", "hi"],
     "explain-unknown-method": ["explain", "--method", "nope", "hi"],
     "explain-undefined-method": ["explain", "--method", "saliency,decompx", "hi"],
+    "explain-bad-param": ["explain", "--param", "foo", "hi"],
+    "explain-bad-task": ["explain", "--task", "nope", "hi"],
+    "explain-bad-target": ["explain", "--target", "nope", "hi"],
+    "explain-bad-scope": ["explain", "--scope", "nope", "hi"],
+    "explain-bad-objective": ["explain", "--objective", "nope", "hi"],
+    "explain-bad-objective-param": ["explain", "--method", "saliency", "--param", "objective=nope", "hi"],
+    "explain-document-and-context": ["explain", "--document", "a", "--context", "c.txt", "q?"],
+    "explain-data-and-span": ["explain", "--data", f"{FILES}/blank.csv", "--span", "0:1"],
+    "explain-missing-context": ["explain", "--context", f"{FILES}/none.txt", "q?"],
+    "explain-html-no-folder": ["explain", "--html", "/nonexistent/dir/x.html", "hi"],
+    "explain-json-folder": ["explain", "--json", FILES, "hi"],
+    "explain-figure-suffix": ["explain", "--figure", "m.txt", "hi"],
+    "explain-plot-without-evaluate": ["explain", "--plot", "p.png", "hi"],
+    "explain-bad-routing": ["explain", "--evaluate", "--routing", "sideways", "hi"],
+    "explain-bad-samples": ["explain", "--evaluate", "--samples", "0", "hi"],
+    "explain-figure-of-several": ["explain", "--method", "saliency,grad-ellm", "--figure", "/tmp/m.png", "hi"],
+    "explain-shots-from-missing": ["explain", "--shots", "1", "--shots-from", f"{FILES}/none.csv", "hi"],
+    "explain-data-field": ["explain", "--data", f"{FILES}/blank.csv", "--field", "a=b"],
+    "explain-data-gold": ["explain", "--data", f"{FILES}/reviews.csv", "--text-field", "review", "--target", "gold"],
+    "explain-data-n": ["explain", "--data", f"{FILES}/reviews.csv", "--text-field", "review", "--n", "0"],
+    **{f"explain-data-{name}": ["explain", "--data", path, "--text-field", "review"]
+       for name, path in BAD_FILES.items()},
+    "explain-data-no-text-column": ["explain", "--data", f"{FILES}/reviews.csv"],
+    "explain-data-blank-text": ["explain", "--data", f"{FILES}/blank.csv"],
     "evaluate-bad-n": ["evaluate", "--n", "0"],
+    "evaluate-bad-dataset": ["evaluate", "--datasets", "sst2,nope"],
+    "evaluate-bad-metric": ["evaluate", "--metrics", "pi-soft,nope"],
+    "evaluate-bad-method": ["evaluate", "--methods", "nope:layers=4"],
+    "evaluate-undefined-method": ["evaluate", "--methods", "decompx"],
+    "evaluate-bad-method-param": ["evaluate", "--methods", "grad-ellm:layers"],
+    "evaluate-bad-routing": ["evaluate", "--routing", "sideways"],
+    "evaluate-data-and-datasets": ["evaluate", "--data", f"{FILES}/reviews.csv", "--datasets", "sst2"],
+    "evaluate-data-bad-task": ["evaluate", "--data", f"{FILES}/reviews.csv", "--task", "nope"],
+    **{f"evaluate-data-{name}": ["evaluate", "--data", path] for name, path in BAD_FILES.items()},
+    **{f"evaluate-data-{name}": ["evaluate", "--data", *args] for name, args in ROWS.items()},
+    **{f"evaluate-scores-{name}": ["evaluate-scores", path] for name, path in BAD_FILES.items()},
+    "evaluate-scores-broken-json": ["evaluate-scores", f"{FILES}/broken.json"],
+    "evaluate-scores-not-records": ["evaluate-scores", f"{FILES}/numbers.json"],
+    "evaluate-scores-bad-routing": ["evaluate-scores", f"{FILES}/numbers.json", "--routing", "sideways"],
+    "finetune-unknown-task": ["finetune", *OUT, "--task", "nope"],
+    "finetune-bad-loss": ["finetune", *OUT, "--loss", "nope"],
+    "finetune-bad-head": ["finetune", *OUT, "--head", "nope"],
+    **{f"finetune-data-{name}": ["finetune", *OUT, "--data", path] for name, path in BAD_FILES.items()},
+    **{f"finetune-data-{name}": ["finetune", *OUT, "--data", *args] for name, args in ROWS.items()
+       if name != "blank-text"},
 }
+REFUSED = ROOT / "tests" / "data" / "cli_refusals.json"  # each refusal's stderr as main printed it at 4837f74
+
+
+def refusal_line(args: list[str], src: Path = ROOT / "src") -> tuple[int, str]:
+    """The exit code and stderr of ``llmattr ARGS``, its whitespace collapsed (rich wraps at the width)."""
+    _, code, _, err = run_cli(args, src)
+    return code, " ".join(err.split())
 
 
 @pytest.mark.parametrize("args", [pytest.param(args, id=name) for name, args in REFUSALS.items()])
@@ -86,6 +153,12 @@ def test_model_free_refusal_imports_no_torch(args):
     _, code, heavy, _ = run_cli(args)
     assert code == 2
     assert heavy == []
+
+
+@pytest.mark.parametrize("name", list(REFUSALS))
+def test_refusal_unchanged(name):
+    """Each model-free refusal prints exactly the line it printed when it still imported torch first."""
+    assert refusal_line(REFUSALS[name]) == (2, json.loads(REFUSED.read_text(encoding="utf-8"))[name])
 
 
 @pytest.mark.parametrize("name", ["nope", "decompx"])
@@ -100,6 +173,13 @@ def test_method_refusal_is_the_registry_line(name):
     assert code == 2
     assert " ".join(err.split()) == f"error: {refused.value}"
 
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--refusals-from"]:  # SRC: a checkout's src of the reference
+    lines = {}
+    for name, args in REFUSALS.items():
+        code, lines[name] = refusal_line(args, Path(sys.argv[2]).resolve())
+        assert code == 2, (name, code, lines[name])
+    REFUSED.write_text(json.dumps(lines, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 if __name__ == "__main__" and sys.argv[1:] == ["--regen"]:
     WRITTEN.write_text(written_text(), encoding="utf-8")  # first: the goldens' subprocesses read it

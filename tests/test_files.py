@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from llmattr.cli import app
 from llmattr.errors import LlmattrError
 from llmattr.evaluation import EvalConfig
-from llmattr.tasks.datasets import balanced_limit, read_json, read_numbered_rows, sample
+from llmattr.readers import read_json, read_numbered_rows
+from llmattr.tasks.datasets import balanced_limit, sample
 from llmattr.tasks.files import read_file_examples, read_file_texts
 from test_cli_checks import NO_MODEL, one_line_error, run_cli
 

@@ -11,6 +11,7 @@ import torch
 from rich.progress import Progress, track
 
 from . import faithfulness, methods
+from .checks import check_text, check_texts
 from .declarations import Catalog
 from .display import span_display
 from .errors import LlmattrError, NotExplainedWarning
@@ -20,7 +21,7 @@ from .models import memory
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
 from .render import progress_console
-from .request import Request, check_text, check_texts
+from .request import Request
 from .targets import Target, label_target, make_target, step_probabilities, with_scope, word_target
 from .tasks import TASKS, Task, get_task
 

@@ -12,10 +12,14 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import LlmattrError
+from .errors import LlmattrError, unknown_name
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")  # what the figures are written as (matplotlib's Agg, SVG, PDF)
 ROUTINGS = ("dynamic", "fixed")  # the perturbation metrics' routing protocols (paper 000 appendix K)
+TARGET_MODES = ("label", "generated", "gold")  # what is explained: llmattr.targets
+SCOPES = ("span", "prompt", "all")  # what is attributed: llmattr.targets
+REPORT_FORMATS = ("md", "latex", "csv", "html")  # what llmattr report writes
+DATA_TASK = "sentiment"  # the task that prompts the rows of a user's own file in llmattr evaluate --data
 
 
 def positive_int(value: object, name: str) -> int:
@@ -31,7 +35,7 @@ def one_of(value: object, valid: Iterable[str], name: str) -> str:
     """``value`` if it is one of ``valid``, else one line listing them."""
     valid = tuple(valid)
     if value not in valid:
-        raise LlmattrError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
+        raise LlmattrError(unknown_name(name, value, valid))
     return value
 
 
@@ -95,3 +99,84 @@ def examples_wanted(value: object) -> int | str | None:
             raise LlmattrError(f"--n takes a number of examples or all (every row), got {value!r}")
         value = int(value)
     return positive_int(value, "--n")
+
+
+def one_source(data: object, datasets: list[str] | None) -> None:
+    """Refuse ``evaluate``'s ``--data`` (the user's file) beside ``--datasets`` (shipped ones)."""
+    if data is not None and datasets is not None:
+        raise LlmattrError(f"--data evaluates your file {data}; --datasets {','.join(datasets)} names shipped ones: "
+                           "give one of them (run twice for both)")
+
+
+def split_list(text: str) -> list[str]:
+    """``"a,b, c"`` -> ``["a", "b", "c"]`` (empty items dropped)."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def parse_params(items: list[str], usage: str) -> dict:
+    """Method parameters from ``key=value`` texts (``--param`` of ``explain``, ``name:key=value`` of
+    ``evaluate``); integers and floats are converted, anything else stays text. ``usage`` ends the error
+    line of an item without ``=``."""
+    params: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise LlmattrError(f"method parameter {item!r} must be key=value ({usage})")
+        key, value = (part.strip() for part in item.split("=", 1))
+        for cast in (int, float):
+            try:
+                params[key] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            params[key] = value
+    return params
+
+
+def split_spec(text: str) -> tuple[str, dict]:
+    """An ``evaluate --methods`` item ``name[:key=value]...`` as the method's name and its parameters."""
+    name, *items = text.split(":")
+    return name.strip(), parse_params(items, f"in {text!r}, e.g. grad-ellm:layers=4")
+
+
+def text_problem(text: object) -> str | None:
+    """Why ``text`` cannot be explained (not a str or a dict of a task's fields, or empty), else None."""
+    if not isinstance(text, str | dict):
+        return (f"text must be a str (or a dict of the task's fields; a list explains each item), "
+                f"got {type(text).__name__}")
+    if isinstance(text, str) and not text.strip():
+        return "empty text: give the text to explain"
+    return None
+
+
+def check_texts(texts: list, first: int = 0, noun: str = "item") -> None:
+    """Refuse a batch in one line naming every text that cannot be explained (``noun`` and its number, counted
+    from ``first``), before any work."""
+    bad = {i + first: problem for i, item in enumerate(texts) if (problem := text_problem(item))}
+    if bad:
+        raise LlmattrError("cannot explain " + "; ".join(f"{noun} {i}: {why}" for i, why in bad.items()))
+
+
+def check_text(text: object) -> None:
+    """Refuse what is not a text (a str, or a dict of a multi-field task's fields) before any work."""
+    problem = text_problem(text)
+    if problem:
+        raise LlmattrError(problem)
+
+
+def parse_formats(text: str) -> list[str]:
+    """``llmattr report --format``: ``md,html`` or ``all`` -> the list of formats; unknown ones list the valid
+    ones."""
+    items = [f.strip() for f in text.split(",") if f.strip()]
+    items = list(REPORT_FORMATS) if items == ["all"] else items
+    unknown = [f for f in items if f not in REPORT_FORMATS]
+    if unknown or not items:
+        raise LlmattrError(f"unknown report format {', '.join(unknown) or repr(text)}; "
+                           f"valid: {', '.join(REPORT_FORMATS)}, all")
+    return items
+
+
+def check_resamples(resamples: int) -> None:
+    """Refuse fewer than one bootstrap resample per confidence interval (one line)."""
+    if resamples < 1:
+        raise LlmattrError("--bootstrap must be at least 1 resample (default 2000)")

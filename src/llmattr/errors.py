@@ -24,3 +24,19 @@ def method_refusal(name: str, available: Iterable[str], not_defined: Mapping[str
     if name not in available:
         return f"unknown method {name!r}; valid: {', '.join(sorted(available))}"
     return None
+
+
+def unknown_name(kind: str, name: object, valid: Iterable[str]) -> str:
+    """The line refusing ``name``, which is no ``kind`` of ``valid`` (listed in the given order)."""
+    return f"unknown {kind} {name!r}; valid: {', '.join(valid)}"
+
+
+def metric_refusal(names: Iterable[str], valid: Iterable[str]) -> str | None:
+    """The line refusing metric ``names`` given the registered metric and output names ``valid``: the unknown
+    ones, or none given; None when every name is known."""
+    valid, names = list(valid), list(names)
+    unknown = [name for name in names if name not in valid]
+    if not unknown and names:
+        return None
+    what = f"unknown metric {', '.join(map(repr, unknown))}" if unknown else "no metric given"
+    return f"{what}; valid: {', '.join(sorted(valid))}"

@@ -37,7 +37,7 @@ import torch
 import transformers
 from transformers.trainer_utils import get_last_checkpoint
 
-from .checks import positive_int
+from .checks import one_of, positive_int
 from .declarations import held_out_summary
 from .errors import LlmattrError
 from .evaluation.accuracy import label_predictions
@@ -111,8 +111,7 @@ class FinetuneConfig:
     def validate(self) -> Task:
         """Refuse bad values before any data or model is read; returns the task."""
         task = get_task(self.task)
-        if self.loss not in LOSSES:
-            raise LlmattrError(f"unknown --loss {self.loss!r}; valid: {', '.join(LOSSES)}")
+        one_of(self.loss, LOSSES, "--loss")
         if self.head is not None:
             task = head_task(task, self.head, self.loss)
         elif task.head != "lm":
@@ -142,8 +141,7 @@ class FinetuneConfig:
 def head_task(task: Task, head: str, loss: str) -> Task:
     """The task a ``--head`` trains: a head task as is, a prompted one's head version (``sst2`` -> ``sst2-head``,
     ``stsb`` -> ``stsb-regression``); a head that does not fit the task is refused before any data is read."""
-    if head not in HEADS:
-        raise LlmattrError(f"unknown --head {head!r}; valid: {', '.join(HEADS)}")
+    one_of(head, HEADS, "--head")
     if loss != LOSSES[0]:
         raise LlmattrError(f"--head {head} trains the head on the labels; --loss {loss} is for the LM head")
     wanted = "regression" if task.numeric else "classification" if task.classifies else None

@@ -4,10 +4,15 @@ these, and so do the CLI's model-free checks (``evaluate-scores``' scores file) 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import LlmattrError
+
+SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")  # the data files read as rows
 
 
 def check_file(path: Path, what: str = "data file") -> None:
@@ -50,3 +55,156 @@ def read_json(path: str | Path, what: str = "data file") -> object:
         raise json_error(path, err) from None
     except RecursionError:
         raise LlmattrError(f"{path}: nested too deeply to be a {what}") from None
+
+
+def read_jsonl(path: Path, what: str = "data file") -> tuple[list, list[int]]:
+    """The JSON value of every non-blank line of ``path``, and its line number."""
+    rows, lines = [], []
+    for number, line in enumerate(file_text(path, what).split("\n"), 1):  # not splitlines: U+2028 is text
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise json_error(path, err, number - 1) from None
+            except RecursionError:
+                raise LlmattrError(f"{path}: line {number} is nested too deeply to be a row") from None
+            lines.append(number)
+    return rows, lines
+
+
+def read_json_rows(path: Path, what: str = "data file") -> tuple[list, list[int]]:
+    """The rows of a ``.json`` file: a list of objects, or one object (a single row); no line numbers are known,
+    so each row's number is its place in the list (from 1)."""
+    rows = read_json(path, what)
+    rows = [rows] if isinstance(rows, dict) else rows
+    if not isinstance(rows, list):
+        raise LlmattrError(f"{path}: a .json data file holds a list of objects (one per row), not a "
+                           f"{type(rows).__name__}")
+    return rows, list(range(1, len(rows) + 1))
+
+
+def read_table(path: Path, what: str = "data file") -> tuple[list, list[int]]:
+    """The rows of a CSV or TSV file (its first line names the columns) and each row's line number; a row with
+    more or fewer fields than the header is refused."""
+    delimiter, name = ("\t", "tab") if path.suffix == ".tsv" else (",", "comma")
+    reader = csv.reader(io.StringIO(file_text(path, what), newline=""), delimiter=delimiter)
+    try:
+        header = next(reader)
+        if not any(column.strip() for column in header):
+            raise LlmattrError(f"{path}: line 1 names no columns; the first line is the header (e.g. text,label)")
+        rows, lines = [], []
+        for cells in reader:
+            if not any(cell.strip() for cell in cells):
+                continue
+            if len(cells) != len(header):
+                raise LlmattrError(f"{path}: line {reader.line_num} has {len(cells)} field(s), the header "
+                                   f"{len(header)}; quote a field that holds a {name} or fix the row")
+            rows.append(dict(zip(header, cells, strict=True)))
+            lines.append(reader.line_num)
+    except csv.Error as err:
+        raise LlmattrError(f"{path}: line {reader.line_num} is not {path.suffix[1:].upper()} ({err}); fix that "
+                           "line") from None
+    return rows, lines
+
+
+READERS = {".jsonl": read_jsonl, ".json": read_json_rows, ".csv": read_table, ".tsv": read_table}
+
+
+def read_numbered_rows(path: str | Path, what: str = "data file") -> tuple[list[dict], list[int]]:
+    """Rows of a JSONL (or JSON list), CSV or TSV file, as dicts of the file's columns, and each row's line
+    number (a .json file: its place in the list). Every problem is one :class:`LlmattrError` line naming the
+    file, the line and the fix: a missing file, a folder, an empty file, bytes that are not UTF-8, a line that is
+    not JSON, a CSV row with the wrong number of fields, a row that is not an object, no rows at all."""
+    path = Path(path)
+    check_file(path, what)
+    if path.suffix not in READERS:
+        raise LlmattrError(f"{path}: unknown data format; use one of {', '.join(SUFFIXES)}")
+    rows, lines = READERS[path.suffix](path, what)
+    where = "line" if path.suffix != ".json" else "row"
+    for row, line in zip(rows, lines, strict=True):
+        if not isinstance(row, dict):
+            raise LlmattrError(f"{path}: {where} {line} is a {type(row).__name__}, not an object of columns "
+                               '(e.g. {"text": "...", "label": "..."})')
+    if not rows:
+        raise LlmattrError(f"{path}: no rows; add one row per example")
+    return rows, lines
+
+
+def read_rows(path: str | Path, what: str = "data file") -> list[dict]:
+    """Rows of a JSONL (or JSON list), CSV or TSV file, as dicts of the file's columns
+    (:func:`read_numbered_rows`' refusals)."""
+    return read_numbered_rows(path, what)[0]
+
+
+def list_cell(value):
+    """A list-valued column as a list: JSON rows hold one; a CSV/TSV cell holds it as JSON text (``["a", "b"]``)."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as err:
+            raise LlmattrError(f"a list column is not JSON ({err.msg}): {value[:60]!r}") from None
+    return value
+
+
+def file_columns(shape: Mapping, text_field: str | None = None,
+                 label_field: str | None | bool = None) -> tuple[dict, dict]:
+    """The map from a task's fields (and ``"label"`` unless ``label_field`` is ``False``) to a file's columns,
+    and the fix to name when a row lacks one. ``shape``: the task's ``name``, ``fields``, ``columns`` (field ->
+    column), ``label_field`` (:func:`llmattr.tasks.files.shape_of`)."""
+    fields = shape["fields"]
+    columns = {name: shape["columns"].get(name, name) for name in fields}
+    if text_field:
+        columns[fields[0]] = text_field
+    hints = {fields[0]: "set --text-field", "label": "set --label-field",
+             **{name: f"task {shape['name']} reads it by this name" for name in fields[1:]}}
+    if label_field is not False:
+        columns["label"] = label_field or shape["label_field"] or "label"
+    return columns, hints
+
+
+def shaped_rows(shape: Mapping, path: str | Path, text_field: str | None = None,
+                label_field: str | None | bool = None) -> tuple[list[dict], list[str], dict]:
+    """Every row of ``path`` (:func:`read_numbered_rows`), where each is (``line N``; a .json file's ``row N``)
+    and the map from the task's fields (and ``"label"`` when ``label_field`` is not ``False``) to the file's
+    columns (:func:`file_columns`), each row checked to hold them all (one line naming the file's columns)."""
+    path = Path(path)
+    rows, lines = read_numbered_rows(path)
+    where = [f"{'row' if path.suffix == '.json' else 'line'} {line}" for line in lines]
+    columns, hints = file_columns(shape, text_field, label_field)
+    for row, at in zip(rows, where, strict=True):
+        for name, column in columns.items():
+            if column not in row:
+                what = "the label" if name == "label" else f"field {name!r}"
+                raise LlmattrError(f"{path}: {at} has no column {column!r} for {what} ({hints[name]}); "
+                                   f"its columns: {', '.join(map(str, row))}")
+            if row[column] is None:  # JSON null: no value, not the text "None"
+                raise LlmattrError(f"{path}: {at} has no value (null) in column {column!r}")
+    return rows, where, columns
+
+
+def row_texts(shape: Mapping, path: str | Path, text_field: str | None = None,
+              documents_field: str | None = None) -> list[str | dict]:
+    """The text of every row of ``path`` as :func:`llmattr.explain` takes it (the first field's string, or a dict
+    of every field for a multi-field task or a task that takes documents, whose list is the column
+    ``documents_field``, default ``documents``: a JSON list, or in a CSV/TSV cell a JSON list as text), in file
+    order; no label is read (``llmattr explain --data``)."""
+    rows, where, columns = shaped_rows(shape, path, text_field, label_field=False)
+    texts = [{name: str(row[column]) for name, column in columns.items()} for row in rows]
+    if shape["documents"]:
+        column = documents_field or "documents"
+        for text, row, at in zip(texts, rows, where, strict=True):
+            if column not in row:
+                raise LlmattrError(f"{path}: {at} has no column {column!r} for the documents (set "
+                                   f"--documents-field); its columns: {', '.join(map(str, row))}")
+            text["documents"] = list_cell(row[column])
+    return shaped_texts(shape, texts)
+
+
+def shaped_texts(shape: Mapping, examples: list[dict]) -> list[str | dict]:
+    """Each example's text as :func:`llmattr.explain` takes it: its first field, or a dict of every field of a
+    multi-field task (and its ``documents`` for a task that takes them)."""
+    fields = tuple(shape["fields"])
+    if len(fields) == 1 and not shape["documents"]:
+        return [example[fields[0]] for example in examples]
+    keep = fields + (("documents",) if shape["documents"] else ())
+    return [{name: example[name] for name in keep} for example in examples]

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checks import member
+from .checks import SCOPES, TARGET_MODES, check_text, member
 from .errors import LlmattrError
 from .methods import AttributionMethod
 from .methods import get as get_method
@@ -19,7 +19,7 @@ from .models.memory import check_checkpointing
 from .prompting import build_prompt, source_ranges
 from .sources.build import check_documents, check_spans
 from .sources.spans import GRANULARITIES
-from .targets import SCOPES, TARGET_MODES, check_gold_word, check_length
+from .targets import check_gold_word, check_length
 from .tasks import Task, few_shot, get_task
 
 
@@ -152,28 +152,3 @@ class Request:
                                "(--document, --context; documents=[...]), spans (--span) or --sources sentence")
         if self.target == "gold" and self.task.next_word and self.answer is None:
             check_gold_word(self.task, self.gold_of(example))
-
-
-def text_problem(text: object) -> str | None:
-    """Why ``text`` cannot be explained (not a str or a dict of a task's fields, or empty), else None."""
-    if not isinstance(text, str | dict):
-        return (f"text must be a str (or a dict of the task's fields; a list explains each item), "
-                f"got {type(text).__name__}")
-    if isinstance(text, str) and not text.strip():
-        return "empty text: give the text to explain"
-    return None
-
-
-def check_texts(texts: list, first: int = 0, noun: str = "item") -> None:
-    """Refuse a batch in one line naming every text that cannot be explained (``noun`` and its number, counted
-    from ``first``), before any work."""
-    bad = {i + first: problem for i, item in enumerate(texts) if (problem := text_problem(item))}
-    if bad:
-        raise LlmattrError("cannot explain " + "; ".join(f"{noun} {i}: {why}" for i, why in bad.items()))
-
-
-def check_text(text: object) -> None:
-    """Refuse what is not a text (a str, or a dict of a multi-field task's fields) before any work."""
-    problem = text_problem(text)
-    if problem:
-        raise LlmattrError(problem)

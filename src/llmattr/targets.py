@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .checks import member
+from .checks import SCOPES, TARGET_MODES, member
 from .errors import LlmattrError
 from .models.loading import LoadedModel
 from .objectives import probability
@@ -166,7 +166,6 @@ def foil_id(tokenizer, foil: str | int) -> int:
     return pieces[0]
 
 
-TARGET_MODES = ("label", "generated", "gold")
 
 
 def label_record(task, tokenizer, label_ids: torch.Tensor, logits: torch.Tensor, free: torch.Tensor,
@@ -212,7 +211,6 @@ def label_target(lm: LoadedModel, prompt: Prompt, task, max_new_tokens: int, mod
                   step_logits=logits[: len(ids)])
 
 
-SCOPES = ("span", "prompt", "all")
 
 
 def with_scope(target: Target, scope: str) -> Target:

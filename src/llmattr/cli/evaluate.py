@@ -9,9 +9,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..checks import examples_wanted
+from ..checks import DATA_TASK, ROUTINGS, check_texts, examples_wanted, one_of, one_source, split_list, split_spec
+from ..readers import shaped_rows, shaped_texts
 from .app import DERIVED, app, plugin_command
-from .view import view
+from .view import check_datasets, check_methods, check_metrics, check_task, view
 
 TYPES = {"bool": bool, "int": int, "float": float, "str": str}  # a metric option's type, by its name in the view
 
@@ -98,6 +99,8 @@ def evaluate(
     """Evaluate attribution methods on datasets; every finished example is stored at once, reruns resume. Exits 1
     when a unit failed (every good one is stored; the same command again retries the failed ones)."""
     examples_wanted(n)  # a bad --n is refused before the evaluation (and torch) loads; EvalConfig checks it again
+    model_free_checks(datasets, methods, metrics, routing, None if config is not None else data, task, text_field,
+                      label_field)
     from ..evaluation import EvalConfig, run
 
     cli = {"model": model, "datasets": datasets, "methods": methods, "metrics": metrics, "routing": routing,
@@ -132,6 +135,29 @@ def evaluate(
         console.print(f"{len(summary.failed)} unit(s) failed; every other one is in {summary.out}: fix the cause "
                       "and run the same command again to retry only the failed ones", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+def model_free_checks(datasets: str | None, methods: str | None, metrics: str | None, routing: str | None,
+                      data: Path | None, task: str | None, text_field: str | None, label_field: str | None) -> None:
+    """The options given on the command line that need no model, checked from the registries' view before torch
+    is imported (``EvalConfig`` and the evaluation check them again): the names of datasets, methods, metrics,
+    routing and task, and the ``--data`` file (``data``: None when a ``--config`` file may set its task), every
+    row holding the task's columns and a text."""
+    if datasets is not None:
+        one_source(data, split_list(datasets))
+        check_datasets(split_list(datasets))
+    if methods is not None:
+        check_methods([split_spec(text)[0] for text in split_list(methods)])
+    if metrics is not None:
+        check_metrics(split_list(metrics))
+    if routing is not None:
+        one_of(routing, (*ROUTINGS, "both"), "routing")
+    if data is not None:
+        shape = check_task(task or DATA_TASK)
+        rows, _, columns = shaped_rows(shape, data, text_field, label_field)
+        if not shape["documents"]:
+            check_texts(shaped_texts(shape, [{name: row[column] for name, column in columns.items()}
+                                             for row in rows]), first=1, noun="row")
 
 
 def launch_shards(cfg, launcher: str, console: Console, *, shards: int | None, partition: str | None,

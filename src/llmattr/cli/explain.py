@@ -11,10 +11,23 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..checks import FIGURE_SUFFIXES, ROUTINGS, one_of, positive_int, writable_file
+from ..checks import (
+    FIGURE_SUFFIXES,
+    ROUTINGS,
+    SCOPES,
+    TARGET_MODES,
+    check_text,
+    check_texts,
+    member,
+    one_of,
+    parse_params,
+    positive_int,
+    writable_file,
+)
 from ..errors import LlmattrError, NotExplainedWarning
+from ..readers import read_rows, row_texts
 from .app import DERIVED, app, plugin_command
-from .view import check_methods, view
+from .view import check_methods, check_objectives, check_task, view
 
 FORMATS = ("text", "json")
 METHOD_PANEL = "Method parameters"
@@ -198,17 +211,10 @@ def explain(
     if data is None and (text_field is not None or n is not None or documents_field is not None):
         raise LlmattrError("--text-field, --documents-field and --n go with --data FILE")
     names = [name.strip() for name in method.split(",") if name.strip()] or [method]
-    check_methods(names)  # from the registries' view: an unknown name is refused before torch is imported
-    from .. import methods
-    from ..api import explain as run_explain
-    from ..models.loading import load_model, resolve_dtype
-    from ..render import print_explanation, progress_console
-    from ..request import Request, check_texts
-    from ..tasks.datasets import read_rows
-    from ..tasks.files import read_file_texts
-
+    # every check that needs no model runs first, from the registries' view (llmattr.cli.view): no torch yet
+    check_methods(names)
     given = {key: value for key, value in ctx.meta.get(DERIVED, {}).items() if value is not None}
-    params = methods.parse_params(param + [f"{key}={value}" for key, value in given.items()], "--param NAME=VALUE")
+    params = parse_params(param + [f"{key}={value}" for key, value in given.items()], "--param NAME=VALUE")
     if document and context is not None:
         raise LlmattrError("give --document (repeated) or --context FILE, not both")
     documents = context_documents(context) if context is not None else (document or None)
@@ -216,14 +222,28 @@ def explain(
         raise LlmattrError("--document, --context and --span go with one TEXT; with --data each row holds its "
                            "documents (--documents-field)")
     task = task if task is not None else "context" if documents is not None else "sentiment"
+    shape = check_task(task)
+    member(target, TARGET_MODES, "target")
+    member(scope, SCOPES, "scope")
+    check_objectives(names, objective if objective is not None else params.get("objective"))
+    if data is not None:
+        content = file_texts(row_texts(shape, data, text_field, documents_field), n, field, target)
+    elif not field:
+        check_text(text)
+    outputs = {"--html": html, "--json": json, "--eval-json": eval_json, "--plot": plot, "--figure": figure}
+    many = len(names) > 1 or data is not None  # an Explanations collection: lists in the JSON, a grid page
+    model_free_checks(evaluate, routing, samples, shots_from, data, many, outputs)
+    from ..api import explain as run_explain
+    from ..models.loading import load_model, resolve_dtype
+    from ..render import print_explanation, progress_console
+    from ..request import Request
+
     request = Request.of(names, task, params, objective, foil, max_new_tokens=max_new_tokens, answer=answer,
                          shots=shots, shots_from=shots_from, target=target, scope=scope, checkpointing=checkpointing,
                          documents=documents, spans=parse_spans(span), sources=sources)
     task_obj = request.task
     gold_field = ("label",) if task_obj.has_gold_word else ()  # --target gold's word
     if data is not None:
-        content = file_texts(read_file_texts(task_obj, data, text_field, documents_field), n, field, target,
-                             check_texts)
         for row, text_item in enumerate(content, 1):  # documents and spans of every row, before the model loads
             try:
                 request.check_text(text_item)
@@ -235,23 +255,6 @@ def explain(
         content = {task_obj.fields[0]: content.pop("__text__"), **content}
     if data is None:
         request.check_text(content)
-    if not evaluate and (eval_json or plot):
-        raise LlmattrError("--eval-json and --plot need --evaluate")
-    if evaluate:
-        one_of(routing, ROUTINGS, "--routing")
-        positive_int(samples, "--samples")
-    outputs = {"--html": html, "--json": json, "--eval-json": eval_json, "--plot": plot, "--figure": figure}
-    for option, path in outputs.items():  # every output path is checked before the model loads
-        if path is not None:
-            writable_file(path, option, FIGURE_SUFFIXES if option in ("--plot", "--figure") else None)
-    if shots_from is not None:  # a bad file is refused before the model loads, as --data is
-        read_rows(shots_from, "--shots-from file")
-    many = len(names) > 1 or data is not None  # an Explanations collection: lists in the JSON, a grid page
-    if many and figure is not None:
-        raise LlmattrError("--figure draws one method's matrix of one text; give one --method and one TEXT "
-                           "(--html shows several)")
-    if data is not None and plot is not None:
-        raise LlmattrError("--plot draws one text's curves; with --data, --eval-json holds every row's")
     resolve_dtype(dtype, "cpu")  # a bad --dtype is refused before the model loads
     if request.has_sources:  # a source that tokenises to nothing, a context too long: the tokenizer says so
         check_prompts(request, model, content if data is not None else [content], data)
@@ -285,6 +288,28 @@ def explain(
         raise LlmattrError(not_explained(failed, data))
 
 
+def model_free_checks(evaluate: bool, routing: str, samples: int, shots_from: Path | None, data: Path | None,
+                      many: bool, outputs: dict[str, Path | None]) -> None:
+    """The options that need no model, checked before torch is imported: ``--evaluate``'s, every output path
+    (``outputs``: option -> path), the ``--shots-from`` file, and the outputs that draw one text (``many``: several
+    methods or ``--data``)."""
+    if not evaluate and (outputs["--eval-json"] or outputs["--plot"]):
+        raise LlmattrError("--eval-json and --plot need --evaluate")
+    if evaluate:
+        one_of(routing, ROUTINGS, "--routing")
+        positive_int(samples, "--samples")
+    for option, path in outputs.items():  # every output path is checked before the model loads
+        if path is not None:
+            writable_file(path, option, FIGURE_SUFFIXES if option in ("--plot", "--figure") else None)
+    if shots_from is not None:  # a bad file is refused before the model loads, as --data is
+        read_rows(shots_from, "--shots-from file")
+    if many and outputs["--figure"] is not None:
+        raise LlmattrError("--figure draws one method's matrix of one text; give one --method and one TEXT "
+                           "(--html shows several)")
+    if data is not None and outputs["--plot"] is not None:
+        raise LlmattrError("--plot draws one text's curves; with --data, --eval-json holds every row's")
+
+
 def not_explained(failed: dict[int, str], data: Path | None) -> str:
     """One line naming what :func:`llmattr.explain` left out: ``--data``'s rows by number, or for one text the
     methods that refused it (``"saliency: ..."``, or ``"no method fits in memory: ..."``)."""
@@ -307,7 +332,7 @@ def check_prompts(request, model: str, texts: list, data: str | None) -> None:
             raise LlmattrError(f"{data}: row {row}: {err}" if data is not None else str(err)) from None
 
 
-def file_texts(texts: list, n: int | None, field: list[str], target: str, check_texts) -> list:
+def file_texts(texts: list, n: int | None, field: list[str], target: str) -> list:
     """``--data``'s texts (the first ``n``), every one checked before the model loads: an empty or malformed row
     is named by its number in one line."""
     if field:

@@ -7,7 +7,26 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from ..checks import one_of
+from ..readers import read_numbered_rows, shaped_rows
 from .app import app
+from .view import check_task, view
+
+
+def model_free_checks(task: str, loss: str, objective: str | None, head: str | None, data: Path | None,
+                      text_field: str | None, label_field: str | None) -> None:
+    """What needs no model, checked from the registries' view before torch is imported (``FinetuneConfig``
+    checks it again): the task, ``--loss`` (or its old name ``--objective``) and ``--head`` names and the
+    ``--data`` file (with a head, the file alone: the head's task reads its columns)."""
+    shape = check_task(task)
+    known = view()
+    one_of(loss if objective is None else objective, known["losses"], "--loss")
+    if head is not None:
+        one_of(head, known["heads"], "--head")
+    if data is not None and head is None:
+        shaped_rows(shape, data, text_field, label_field)
+    elif data is not None:
+        read_numbered_rows(data)
 
 
 @app.command()
@@ -45,6 +64,7 @@ def finetune(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Fine-tune a model on a task; the folder loads with --model DIR everywhere, its card names what it saw."""
+    model_free_checks(task, loss, objective, head, data, text_field, label_field)
     from ..declarations import held_out_summary
     from ..finetuning import FinetuneConfig
     from ..finetuning import finetune as run_finetune

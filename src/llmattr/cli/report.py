@@ -7,6 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from ..checks import check_resamples, parse_formats
+from ..store import expand
 from .app import app
 
 
@@ -21,13 +23,11 @@ def report(
                                                              "(seeded)."),
 ) -> None:
     """Write the paper-shaped tables, figures and HTML report; print the task accuracy and Table 1."""
-    from ..report import build_report, check_resamples, parse_formats
-    from ..store import expand
-
     check_resamples(bootstrap)  # the options, then a missing store, refused before the registries (and torch) load
     formats = parse_formats(format)
     expand(stores)
     from ..api import catalog
+    from ..report import build_report
     from ..report.layouts import paper_tables
     from ..report.writers import to_markdown
 

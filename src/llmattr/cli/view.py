@@ -1,5 +1,7 @@
-"""A torch-free view of the registries for the CLI's help and derived options: each registered method parameter's
-help, the tasks, the datasets and their groups, the metrics and each option a metric declares.
+"""A torch-free view of the registries for the CLI's help, derived options and model-free refusals: each registered
+method parameter's help, each method's default objective and the objectives, the tasks with what reading a file for
+each needs, the datasets and their groups, the metrics with their outputs and each option a metric declares, and
+finetune's losses and heads.
 
 The registries themselves import torch (a method, a metric and a task are code). So the view has two sources:
 the registries, when they are already loaded in this process (an installed ``llmattr.plugins`` entry point, a
@@ -16,7 +18,8 @@ import sys
 from pathlib import Path
 from pprint import pformat
 
-from ..errors import LlmattrError, method_refusal
+from ..checks import one_of
+from ..errors import LlmattrError, method_refusal, metric_refusal, unknown_name
 from ._registered import VIEW
 
 REGISTRIES = ("llmattr.methods", "llmattr.faithfulness", "llmattr.tasks")  # the packages that hold them
@@ -27,11 +30,16 @@ def registered() -> dict:
     """The view read from the registries (importing them, and torch): ``methods`` (the registered names),
     ``not_defined`` ({name: why}: methods refused for decoder-only models), ``method_params`` ({parameter: [``"method
     default"``, ...]}), ``tasks``, ``datasets``, ``groups`` ({group: datasets}), ``metrics`` and ``metric_options``
-    ({name: {flag, type, default, valid, help}})."""
+    ({name: {flag, type, default, valid, help}}), ``scoring`` ({method: its default objective}), ``objectives``,
+    ``task_shapes`` ({task: :func:`llmattr.tasks.files.shape_of`}), ``outputs`` (the metrics' output names),
+    ``losses`` and ``heads`` (``finetune``'s)."""
     from .. import methods
     from ..evaluation.run_datasets import dataset_groups, dataset_names
-    from ..faithfulness import METRICS, declared_options
+    from ..faithfulness import METRICS, OUTPUTS, declared_options
+    from ..finetuning import HEADS, LOSSES
+    from ..objectives import OBJECTIVES
     from ..tasks import TASKS
+    from ..tasks.files import shape_of
 
     takers: dict[str, list[str]] = {}
     for name in methods.available():
@@ -50,6 +58,13 @@ def registered() -> dict:
             "type": type(option.default).__name__ if isinstance(option.default, int | float | str) else "str",
             "default": str(option.default), "valid": [str(v) for v in option.valid or ()], "help": option.help}
             for name, option in sorted(declared_options().items())},
+        "scoring": {name: methods.REGISTRY[name].objective for name in methods.available()
+                    if methods.REGISTRY[name].objective},
+        "objectives": list(OBJECTIVES),
+        "task_shapes": {name: shape_of(TASKS[name]) for name in sorted(TASKS)},
+        "outputs": sorted(OUTPUTS),
+        "losses": list(LOSSES),
+        "heads": list(HEADS),
     }
 
 
@@ -66,6 +81,39 @@ def check_methods(names: list[str]) -> None:
         refusal = method_refusal(name, known["methods"], known["not_defined"])
         if refusal is not None:
             raise LlmattrError(refusal)
+
+
+def check_task(name: str) -> dict:
+    """The shape of task ``name`` (what reading a file for it needs); an unknown name refused with
+    :func:`llmattr.tasks.get_task`'s line."""
+    known = view()
+    return known["task_shapes"][one_of(name, known["tasks"], "task")]
+
+
+def check_objectives(names: list[str], objective: str | None) -> None:
+    """Refuse an unknown ``objective`` (else each method's default) of the methods ``names`` that score a model
+    output, with the line the method's construction raises (:func:`llmattr.objectives.get`'s)."""
+    known = view()
+    for name in names:
+        if name in known["scoring"]:
+            one_of(objective or known["scoring"][name], known["objectives"], f"{name} objective")
+
+
+def check_datasets(names: list[str]) -> None:
+    """Refuse a name that is no dataset nor group with :func:`llmattr.evaluation.load_dataset`'s line."""
+    known = view()
+    valid = sorted([*known["datasets"], *known["groups"]])
+    for name in names:
+        if name not in valid:
+            raise LlmattrError(unknown_name("dataset", name, valid))
+
+
+def check_metrics(names: list[str]) -> None:
+    """Refuse unknown metric names with :func:`llmattr.faithfulness.registry.select`'s line."""
+    known = view()
+    refusal = metric_refusal(names, [*known["metrics"], *known["outputs"]])
+    if refusal is not None:
+        raise LlmattrError(refusal)
 
 
 def written_text() -> str:

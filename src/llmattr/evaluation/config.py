@@ -6,11 +6,22 @@ import tomllib
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
-from ..checks import ROUTINGS, examples_wanted, member, positive_int, writable_file
+from ..checks import (
+    DATA_TASK,
+    ROUTINGS,
+    SCOPES,
+    TARGET_MODES,
+    examples_wanted,
+    member,
+    one_of,
+    one_source,
+    positive_int,
+    split_list,
+    writable_file,
+)
 from ..errors import LlmattrError
 from ..faithfulness.registry import MetricOptions, declared_options
 from ..models.loading import parse_max_memory, resolve_dtype
-from ..targets import SCOPES, TARGET_MODES
 
 
 @dataclass
@@ -39,7 +50,7 @@ class EvalConfig:
     max_memory: str | None = None
     load_in_4bit: bool = False
     data: str | None = None  # the user's own JSONL/CSV file instead of --datasets (docs/evaluate.md)
-    task: str = "sentiment"  # --data: the task that prompts its rows
+    task: str = DATA_TASK  # --data: the task that prompts its rows
     text_field: str | None = None
     label_field: str | None = None
     labels: str | None = None
@@ -85,9 +96,7 @@ class EvalConfig:
     def validate(self) -> None:
         """Refuse bad values before the model loads and before anything is stored."""
         self.n = examples_wanted(self.n)
-        if self.data is not None and self.datasets is not None:
-            raise LlmattrError(f"--data evaluates your file {self.data}; --datasets {','.join(self.datasets)} "
-                               "names shipped ones: give one of them (run twice for both)")
+        one_source(self.data, self.datasets)
         if self.max_new_tokens is not None:
             positive_int(self.max_new_tokens, "--max-new-tokens")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -115,9 +124,7 @@ class EvalConfig:
     def routings(self) -> tuple[str, ...]:
         if self.routing == "both":
             return ROUTINGS
-        if self.routing not in ROUTINGS:
-            raise LlmattrError(f"unknown routing {self.routing!r}; valid: dynamic, fixed, both")
-        return (self.routing,)
+        return (one_of(self.routing, (*ROUTINGS, "both"), "routing"),)
 
     def metric_options(self) -> MetricOptions:
         """The options the metrics read (:class:`~llmattr.faithfulness.registry.MetricOptions`)."""
@@ -133,8 +140,3 @@ class EvalConfig:
 FIELDS = {f.name for f in fields(EvalConfig)}
 DEFAULT_DATASETS = ("sst2",)
 DEFAULT_N = 50  # examples per shipped dataset, balanced per class (paper 000 appendix C)
-
-
-def split_list(text: str) -> list[str]:
-    """``"a,b, c"`` -> ``["a", "b", "c"]`` (empty items dropped)."""
-    return [item.strip() for item in text.split(",") if item.strip()]

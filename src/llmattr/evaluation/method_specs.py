@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 
 from .. import methods as method_registry
+from ..checks import split_spec
 from ..declarations import method_label
 from ..errors import LlmattrError
 from ..store import canonical
@@ -35,9 +36,8 @@ class MethodSpec:
 
 def parse_method(text: str) -> MethodSpec:
     """Parse ``name[:key=value]...``; unknown names and parameters list the valid ones."""
-    name, *items = text.split(":")
-    params = method_registry.parse_params(items, f"in {text!r}, e.g. grad-ellm:layers=4")
-    method = method_registry.get(name.strip(), **params)  # validates name and parameters
+    name, params = split_spec(text)
+    method = method_registry.get(name, **params)  # validates name and parameters
     return MethodSpec(method.name, canonical(method.params))
 
 

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LlmattrError
+from ..checks import check_texts
+from ..errors import LlmattrError, unknown_name
 from ..models.card import content_hash
-from ..request import check_texts
 from ..tasks import TASKS, Task, get_task, load_examples
 from ..tasks.datasets import sample
 from ..tasks.files import example_texts, read_file_examples
@@ -77,7 +77,7 @@ def load_dataset(name: str, n: int | None, seed: int, exclude: Exclude | None = 
     ``exclude``, drawn from the rows it does not exclude."""
     if name not in dataset_names():
         valid = sorted([*dataset_names(), *dataset_groups()])
-        raise LlmattrError(f"unknown dataset {name!r}; valid: {', '.join(valid)}")
+        raise LlmattrError(unknown_name("dataset", name, valid))
     task = get_task(name)
     if exclude is None:
         return Dataset(name, task, load_examples(task, n=n, seed=seed))

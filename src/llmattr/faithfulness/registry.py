@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from ..checks import positive_int, register_once
 from ..declarations import FigureSpec, TableSpec
-from ..errors import LlmattrError
+from ..errors import LlmattrError, metric_refusal
 from ..store import Row
 
 if TYPE_CHECKING:  # annotations only: the registry itself loads no model code
@@ -176,10 +176,9 @@ def unregister(name: str) -> None:
 def select(names: list[str]) -> dict[Metric, tuple[str, ...]]:
     """The registered metrics that ``names`` (metric or output names) ask for, in order, each with the outputs
     asked of it (``()``: all of it); unknown names list the valid ones."""
-    unknown = [name for name in names if name not in METRICS and name not in OUTPUTS]
-    if unknown or not names:
-        what = f"unknown metric {', '.join(map(repr, unknown))}" if unknown else "no metric given"
-        raise LlmattrError(f"{what}; valid: {', '.join(sorted([*METRICS, *OUTPUTS]))}")
+    refusal = metric_refusal(names, [*METRICS, *OUTPUTS])
+    if refusal is not None:
+        raise LlmattrError(refusal)
     chosen: dict[Metric, tuple[str, ...]] = {}
     for name in names:
         metric = METRICS[OUTPUTS.get(name, name)]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from ..checks import parse_params
 from ..errors import LlmattrError, method_refusal
-from .base import NOT_DEFINED, REGISTRY, AttributionMethod, layer_parameter, parse_params, register
+from .base import NOT_DEFINED, REGISTRY, AttributionMethod, layer_parameter, register
 from .given import GivenScores
 
 for _module in pkgutil.iter_modules(__path__):

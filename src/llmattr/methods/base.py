@@ -152,26 +152,6 @@ def layer_parameter(cls: type[AttributionMethod]) -> str | None:
     return cls.layer_param if cls.layer_param in cls.defaults else None
 
 
-def parse_params(items: list[str], usage: str) -> dict:
-    """Method parameters from ``key=value`` texts (``--param`` of ``explain``, ``name:key=value`` of
-    ``evaluate``); integers and floats are converted, anything else stays text. ``usage`` ends the error
-    line of an item without ``=``."""
-    params: dict = {}
-    for item in items:
-        if "=" not in item:
-            raise LlmattrError(f"method parameter {item!r} must be key=value ({usage})")
-        key, value = (part.strip() for part in item.split("=", 1))
-        for cast in (int, float):
-            try:
-                params[key] = cast(value)
-                break
-            except ValueError:
-                continue
-        else:
-            params[key] = value
-    return params
-
-
 def register(cls: type[AttributionMethod]) -> type[AttributionMethod]:
     """Class decorator: make a method available by its kebab-case name."""
     return register_once(REGISTRY, cls.name, cls, "method")

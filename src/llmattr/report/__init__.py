@@ -16,24 +16,13 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..checks import REPORT_FORMATS as FORMATS
+from ..checks import check_resamples, parse_formats
 from ..declarations import Catalog
 from ..errors import LlmattrError
 from ..stats import RESAMPLES
 from ..store import Results
 from . import figures, head, html, layouts, writers
-
-FORMATS = ("md", "latex", "csv", "html")
-
-
-def parse_formats(text: str) -> list[str]:
-    """``md,html`` or ``all`` -> the list of formats; unknown ones list the valid ones."""
-    items = [f.strip() for f in text.split(",") if f.strip()]
-    items = list(FORMATS) if items == ["all"] else items
-    unknown = [f for f in items if f not in FORMATS]
-    if unknown or not items:
-        raise LlmattrError(f"unknown report format {', '.join(unknown) or repr(text)}; "
-                           f"valid: {', '.join(FORMATS)}, all")
-    return items
 
 
 def _slug(text: str) -> str:
@@ -70,12 +59,6 @@ def write_model_report(results: Results, model: str, out: Path, formats: list[st
 def _write(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path
-
-
-def check_resamples(resamples: int) -> None:
-    """Refuse fewer than one bootstrap resample per confidence interval (one line)."""
-    if resamples < 1:
-        raise LlmattrError("--bootstrap must be at least 1 resample (default 2000)")
 
 
 def build_report(stores: Iterable[str | Path], out: str | Path, formats: Iterable[str] = ("md", "html"),

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..checks import register_once
-from ..errors import LlmattrError
+from ..checks import one_of, register_once
 from .base import BUILTIN, GENERATE, SENTIMENT, Task
 from .blimp import BLIMP
 from .documents import DOCUMENT_TASKS
@@ -109,6 +108,4 @@ def get_task(name: str | Task) -> Task:
     """A task by name (``sentiment``, ``boolq``, ``generate``, ``sst2``, ``blimp-darn``, ...)."""
     if isinstance(name, Task):
         return name
-    if name not in TASKS:
-        raise LlmattrError(f"unknown task {name!r}; valid: {', '.join(sorted(TASKS))}")
-    return TASKS[name]
+    return TASKS[one_of(name, sorted(TASKS), "task")]

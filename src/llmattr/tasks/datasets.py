@@ -10,104 +10,20 @@ examples that were not sampled.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import os
 import random
 from pathlib import Path
 
 from ..errors import LlmattrError
-from ..readers import check_file, file_text, json_error, read_json
+from ..readers import SUFFIXES, list_cell, read_rows
 from .base import SOURCE_KEYS, Task
 from .catalog import get_task
-
-SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
 
 
 def data_dir() -> Path:
     """``$LLMATTR_DATA``, else the sample files shipped with the package (``llmattr/data``, SOURCES.md there)."""
     env = os.environ.get("LLMATTR_DATA")
     return Path(env) if env else Path(__file__).resolve().parents[1] / "data"
-
-
-def read_jsonl(path: Path, what: str = "data file") -> tuple[list, list[int]]:
-    """The JSON value of every non-blank line of ``path``, and its line number."""
-    rows, lines = [], []
-    for number, line in enumerate(file_text(path, what).split("\n"), 1):  # not splitlines: U+2028 is text
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise json_error(path, err, number - 1) from None
-            except RecursionError:
-                raise LlmattrError(f"{path}: line {number} is nested too deeply to be a row") from None
-            lines.append(number)
-    return rows, lines
-
-
-def read_json_rows(path: Path, what: str = "data file") -> tuple[list, list[int]]:
-    """The rows of a ``.json`` file: a list of objects, or one object (a single row); no line numbers are known,
-    so each row's number is its place in the list (from 1)."""
-    rows = read_json(path, what)
-    rows = [rows] if isinstance(rows, dict) else rows
-    if not isinstance(rows, list):
-        raise LlmattrError(f"{path}: a .json data file holds a list of objects (one per row), not a "
-                           f"{type(rows).__name__}")
-    return rows, list(range(1, len(rows) + 1))
-
-
-def read_table(path: Path, what: str = "data file") -> tuple[list, list[int]]:
-    """The rows of a CSV or TSV file (its first line names the columns) and each row's line number; a row with
-    more or fewer fields than the header is refused."""
-    delimiter, name = ("\t", "tab") if path.suffix == ".tsv" else (",", "comma")
-    reader = csv.reader(io.StringIO(file_text(path, what), newline=""), delimiter=delimiter)
-    try:
-        header = next(reader)
-        if not any(column.strip() for column in header):
-            raise LlmattrError(f"{path}: line 1 names no columns; the first line is the header (e.g. text,label)")
-        rows, lines = [], []
-        for cells in reader:
-            if not any(cell.strip() for cell in cells):
-                continue
-            if len(cells) != len(header):
-                raise LlmattrError(f"{path}: line {reader.line_num} has {len(cells)} field(s), the header "
-                                   f"{len(header)}; quote a field that holds a {name} or fix the row")
-            rows.append(dict(zip(header, cells, strict=True)))
-            lines.append(reader.line_num)
-    except csv.Error as err:
-        raise LlmattrError(f"{path}: line {reader.line_num} is not {path.suffix[1:].upper()} ({err}); fix that "
-                           "line") from None
-    return rows, lines
-
-
-READERS = {".jsonl": read_jsonl, ".json": read_json_rows, ".csv": read_table, ".tsv": read_table}
-
-
-def read_numbered_rows(path: str | Path, what: str = "data file") -> tuple[list[dict], list[int]]:
-    """Rows of a JSONL (or JSON list), CSV or TSV file, as dicts of the file's columns, and each row's line
-    number (a .json file: its place in the list). Every problem is one :class:`LlmattrError` line naming the
-    file, the line and the fix: a missing file, a folder, an empty file, bytes that are not UTF-8, a line that is
-    not JSON, a CSV row with the wrong number of fields, a row that is not an object, no rows at all."""
-    path = Path(path)
-    check_file(path, what)
-    if path.suffix not in READERS:
-        raise LlmattrError(f"{path}: unknown data format; use one of {', '.join(SUFFIXES)}")
-    rows, lines = READERS[path.suffix](path, what)
-    where = "line" if path.suffix != ".json" else "row"
-    for row, line in zip(rows, lines, strict=True):
-        if not isinstance(row, dict):
-            raise LlmattrError(f"{path}: {where} {line} is a {type(row).__name__}, not an object of columns "
-                               '(e.g. {"text": "...", "label": "..."})')
-    if not rows:
-        raise LlmattrError(f"{path}: no rows; add one row per example")
-    return rows, lines
-
-
-def read_rows(path: str | Path, what: str = "data file") -> list[dict]:
-    """Rows of a JSONL (or JSON list), CSV or TSV file, as dicts of the file's columns
-    (:func:`read_numbered_rows`' refusals)."""
-    return read_numbered_rows(path, what)[0]
 
 
 def hf_rows(task: Task, hf_id: str | None = None, split: str | None = None) -> list[dict]:
@@ -190,16 +106,6 @@ def to_example(task: Task, row: dict, index: int, columns: dict | None = None) -
         if key in row:
             example[key] = list_cell(row[key])
     return example
-
-
-def list_cell(value):
-    """A list-valued column as a list: JSON rows hold one; a CSV/TSV cell holds it as JSON text (``["a", "b"]``)."""
-    if isinstance(value, str) and value.lstrip().startswith("["):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as err:
-            raise LlmattrError(f"a list column is not JSON ({err.msg}): {value[:60]!r}") from None
-    return value
 
 
 def sample(examples: list[dict], n: int | None, seed: int = 0, balanced: bool = True,

@@ -15,9 +15,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import LlmattrError
+from ..readers import row_texts, shaped_rows, shaped_texts
 from .base import Task
 from .catalog import get_task
-from .datasets import list_cell, read_numbered_rows, to_example
+from .datasets import to_example
 
 
 def parse_labels(text: str) -> tuple[tuple[str, ...], dict]:
@@ -48,58 +49,24 @@ def label_text(value) -> str | None:
     return value if value is None or isinstance(value, str) else json.dumps(value)
 
 
-def file_rows(task: Task, path: str | Path, text_field: str | None = None,
-              label_field: str | None = None) -> tuple[list[dict], list[str], dict]:
-    """Every row of ``path``, where each is (``line N``; a .json file's ``row N``) and the map from the task's
-    fields (and ``"label"`` when ``label_field`` is not ``False``) to the file's columns, each row checked to hold
-    them all (one line naming the file's columns)."""
-    path = Path(path)
-    rows, lines = read_numbered_rows(path)
-    where = [f"{'row' if path.suffix == '.json' else 'line'} {line}" for line in lines]
-    columns = {name: task.columns.get(name, name) for name in task.fields}
-    if text_field:
-        columns[task.fields[0]] = text_field
-    hints = {task.fields[0]: "set --text-field", "label": "set --label-field",
-             **{name: f"task {task.name} reads it by this name" for name in task.fields[1:]}}
-    if label_field is not False:
-        columns["label"] = label_field or task.label_field or "label"
-    for row, at in zip(rows, where, strict=True):
-        for name, column in columns.items():
-            if column not in row:
-                what = "the label" if name == "label" else f"field {name!r}"
-                raise LlmattrError(f"{path}: {at} has no column {column!r} for {what} ({hints[name]}); "
-                                   f"its columns: {', '.join(map(str, row))}")
-            if row[column] is None:  # JSON null: no value, not the text "None"
-                raise LlmattrError(f"{path}: {at} has no value (null) in column {column!r}")
-    return rows, where, columns
+def shape_of(task: Task) -> dict:
+    """What reading a file for ``task`` needs (:func:`llmattr.readers.shaped_rows`): its ``name``, ``fields``,
+    ``columns`` (field -> file column), ``label_field`` and whether it takes ``documents``; the CLI reads the same
+    from its view of the registries, without torch."""
+    return {"name": task.name, "fields": list(task.fields), "columns": dict(task.columns),
+            "label_field": task.label_field, "documents": task.documents}
 
 
 def read_file_texts(task: str | Task, path: str | Path, text_field: str | None = None,
                     documents_field: str | None = None) -> list[str | dict]:
-    """The text of every row of ``path`` as :func:`llmattr.explain` takes it (the first field's string, or a dict
-    of every field for a multi-field task or a task that takes documents, whose list is the column
-    ``documents_field``, default ``documents``: a JSON list, or in a CSV/TSV cell a JSON list as text), in file
-    order; no label is read (``llmattr explain --data``)."""
-    task = get_task(task)
-    rows, where, columns = file_rows(task, path, text_field, label_field=False)
-    texts = [{name: str(row[column]) for name, column in columns.items()} for row in rows]
-    if task.documents:
-        column = documents_field or "documents"
-        for text, row, at in zip(texts, rows, where, strict=True):
-            if column not in row:
-                raise LlmattrError(f"{path}: {at} has no column {column!r} for the documents (set "
-                                   f"--documents-field); its columns: {', '.join(map(str, row))}")
-            text["documents"] = list_cell(row[column])
-    return example_texts(task, texts)
+    """The text of every row of ``path`` as :func:`llmattr.explain` takes it (:func:`llmattr.readers.row_texts`
+    with the task's shape)."""
+    return row_texts(shape_of(get_task(task)), path, text_field, documents_field)
 
 
 def example_texts(task: Task, examples: list[dict]) -> list[str | dict]:
-    """Each example's text as :func:`llmattr.explain` takes it: its first field, or a dict of every field of a
-    multi-field task (and its ``documents`` for a task that takes them)."""
-    if len(task.fields) == 1 and not task.documents:
-        return [example[task.fields[0]] for example in examples]
-    keep = task.fields + (("documents",) if task.documents else ())
-    return [{name: example[name] for name in keep} for example in examples]
+    """Each example's text as :func:`llmattr.explain` takes it (:func:`llmattr.readers.shaped_texts`)."""
+    return shaped_texts(shape_of(task), examples)
 
 
 def read_file_examples(task: str | Task, path: str | Path, text_field: str | None = None,
@@ -111,7 +78,7 @@ def read_file_examples(task: str | Task, path: str | Path, text_field: str | Non
     """
     task = file_task(task, labels)
     path = Path(path)
-    rows, where, columns = file_rows(task, path, text_field, label_field)
+    rows, where, columns = shaped_rows(shape_of(task), path, text_field, label_field)
     label_column = columns["label"]
     rows = [{"id": f"{path.stem}-{i}", **row} for i, row in enumerate(rows)]
     rows = [{**row, label_column: label_text(row[label_column])} for row in rows]
