@@ -17,6 +17,7 @@ from llmattr.faithfulness.head import (
     head_attribution,
     head_faithfulness,
     kept_sequences,
+    last_token_logits,
     summarize,
 )
 from llmattr.finetuning import head_model
@@ -85,6 +86,20 @@ def test_the_summary_averages_over_k_with_intervals_and_paired_tests():
     assert table["methods"]["random"]["comprehensiveness_acc"]["mean"] == pytest.approx(0.5)  # right at K=10% only
     assert table["methods"]["random"]["comprehensiveness_acc"]["curve"] == [1.0, 0.0]
     assert cell["p_vs_random"] == pytest.approx(2 / 2 ** 8)  # exact sign-flip test: all 8 differences one way
+
+
+@pytest.mark.parametrize("task", ["sst2-head", "stsb-regression"])
+def test_the_head_on_embeddings_reads_the_last_token_as_transformers_does(tiny_tokenizer, task):
+    """``last_token_logits`` (the gradient methods' forward, without transformers' padding warning) gives the
+    logits the sequence-classification model gives on the same unpadded ids."""
+    lm = build_tiny("llama", tiny_tokenizer)
+    model = head_model(lm, get_task(task), seed=0)
+    ids = torch.tensor([[5, 17, 23, 9, 41], [6, 7, 8, 9, 10]], device=lm.device)
+    with torch.no_grad():
+        got = last_token_logits(model, model.get_input_embeddings()(ids))
+        want = model(input_ids=ids).logits
+    assert got.shape == want.shape == (2, model.config.num_labels)
+    torch.testing.assert_close(got, want)
 
 
 def test_the_gradient_methods_are_the_l1_norms_of_autograd_on_the_head(tiny_tokenizer):

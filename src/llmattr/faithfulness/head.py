@@ -42,10 +42,18 @@ IG_STEPS = 25  # paper 003 app. A: "for LLaMA2, we reduced the number of steps t
 BOOTSTRAP = 2000
 
 
+def last_token_logits(model: torch.nn.Module, embeds: torch.Tensor) -> torch.Tensor:
+    """The head's logits ``(B, labels)`` on the last token's state of unpadded ``embeds`` ``(B, S, D)``: what
+    transformers' ``*ForSequenceClassification`` reads when given ``inputs_embeds`` (it cannot look for padding
+    there, and warns so), computed from the base model and the ``score`` layer, for the last position only."""
+    hidden = getattr(model, model.base_model_prefix)(inputs_embeds=embeds).last_hidden_state
+    return model.score(hidden[:, -1])
+
+
 def head_function(model: torch.nn.Module, label: int | None):
     """``F(embeds (B, S, D)) -> (B, 1)``: the head's probability of ``label``, or a regression head's output."""
     def f(embeds: torch.Tensor) -> torch.Tensor:
-        logits = model(inputs_embeds=embeds).logits.float()
+        logits = last_token_logits(model, embeds).float()
         return logits[:, :1] if label is None else logits.softmax(-1)[:, [label]]
     return f
 
