@@ -23,7 +23,6 @@ accuracy on a held-out split (balanced per class, seeded) that training never se
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import math
@@ -46,7 +45,7 @@ from .faithfulness.ranks import counts
 from .models.card import CARD_NAME, card_path, content_hash, read_card
 from .models.loading import LoadedModel, load_model
 from .prompting import build_prompt
-from .stats import estimate
+from .stats import estimate, stable_seed
 from .tasks import Task, get_task, load_examples
 from .tasks.catalog import HEAD_TASKS, STSB_REGRESSION, head_version
 from .tasks.datasets import sample
@@ -256,7 +255,7 @@ class MaskAugmented(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         row = self.rows[i]
-        gen = torch.Generator().manual_seed(hash_seed(self.seed, self.epoch, i))
+        gen = torch.Generator().manual_seed(stable_seed(self.seed, self.epoch, i, "mask-augment"))
         a, b = row["span"]
         removed = augment_mask(b - a, self.beta, gen)
         keep = [j for j in range(len(row["input_ids"])) if not a <= j < b or not removed[j - a]]
@@ -271,11 +270,6 @@ def augment_mask(m: int, beta: float, gen: torch.Generator) -> torch.Tensor:
     removed = torch.zeros(m, dtype=torch.bool)
     removed[torch.randperm(m, generator=gen)[:k]] = True
     return removed
-
-
-def hash_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (the mask of one row in one epoch of one run)."""
-    return int.from_bytes(hashlib.sha256(json.dumps(parts).encode()).digest()[:8], "big") >> 1
 
 
 class EpochCallback(transformers.TrainerCallback):
