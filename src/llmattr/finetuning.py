@@ -37,11 +37,11 @@ import torch
 import transformers
 from transformers.trainer_utils import get_last_checkpoint
 
-from .checks import positive_int
+from .checks import mask_rate, positive_int
 from .declarations import held_out_summary
 from .errors import LlmattrError
 from .evaluation.accuracy import label_predictions
-from .faithfulness.ranks import counts
+from .faithfulness.ffidelity import augment_mask
 from .models.card import CARD_NAME, card_path, content_hash, read_card
 from .models.loading import LoadedModel, load_model
 from .prompting import build_prompt
@@ -126,7 +126,7 @@ class FinetuneConfig:
                                f"is a {task.kind} task{regression}; use --loss lm to fine-tune on its text")
         if self.permute_labels and not (self.head or self.loss == "label"):
             raise LlmattrError("--permute-labels permutes the labels a model learns: give --loss label or --head")
-        check_mask_rate(self.mask_augment)
+        mask_rate(self.mask_augment, "--mask-augment")
         if self.mask_augment and (self.head or self.loss != "label"):
             raise LlmattrError("--mask-augment deletes text tokens of the task's prompt: it trains with --loss label, "
                                "without --head")
@@ -143,13 +143,6 @@ class FinetuneConfig:
         if self.load_in_4bit and not self.rank:
             raise LlmattrError("--load-in-4bit trains LoRA adapters on the frozen 4-bit weights: give --lora-r")
         return task
-
-
-def check_mask_rate(rate: object, flag: str = "--mask-augment") -> float:
-    """``rate`` if it is a fraction in [0, 1) (F-Fidelity's beta; 0: no augmentation), else one line."""
-    if isinstance(rate, bool) or not isinstance(rate, float | int) or not 0 <= rate < 1:
-        raise LlmattrError(f"{flag} must be a fraction in [0, 1) (F-Fidelity's beta, e.g. 0.1), got {rate!r}")
-    return float(rate)
 
 
 def head_task(task: Task, head: str, loss: str) -> Task:
@@ -240,11 +233,11 @@ def lm_sequence(tokenizer, task: Task, example: dict) -> dict:
 class MaskAugmented(torch.utils.data.Dataset):
     """The label rows with F-Fidelity's random-mask augmentation (Zheng et al., ICLR 2025; docs/trust.md).
 
-    Each time row ``i`` is read in epoch ``e`` it loses a uniformly random subset of ``k`` of its ``m`` text tokens
-    (its content span: never a token of the template), ``k`` uniform on ``{0, ..., K}``, ``K = round(beta m)``
-    (:func:`llmattr.faithfulness.ranks.counts`); the tokens are deleted, as ``f-fidelity`` deletes them at test
-    time, so every removal size the test makes (at most ``K``) was seen in training. The draw is seeded by
-    ``(seed, e, i)``: the same on a resumed run. ``epoch`` is set by :class:`EpochCallback` as each epoch begins.
+    Each time row ``i`` is read in epoch ``e`` its content span (the text: never a token of the template) loses
+    :func:`~llmattr.faithfulness.ffidelity.augment_mask`'s tokens (``k ~ U{0..K}``, ``K = round(beta m)``); they are
+    deleted, as ``f-fidelity`` deletes them at test time, so every removal size the test makes was seen in training.
+    The draw is seeded by ``(seed, e, i)``: the same on a resumed run. ``epoch`` is set by :class:`EpochCallback`
+    as each epoch begins.
     """
 
     def __init__(self, rows: list[dict], beta: float, seed: int):
@@ -260,16 +253,6 @@ class MaskAugmented(torch.utils.data.Dataset):
         removed = augment_mask(b - a, self.beta, gen)
         keep = [j for j in range(len(row["input_ids"])) if not a <= j < b or not removed[j - a]]
         return {"input_ids": [row["input_ids"][j] for j in keep], "labels": row["labels"]}
-
-
-def augment_mask(m: int, beta: float, gen: torch.Generator) -> torch.Tensor:
-    """``(m,)`` bool, True where a token is removed: ``k ~ U{0..K}`` of ``m`` positions, ``K = round(beta m)``,
-    a uniformly random subset."""
-    top = counts([beta], m)[0]
-    k = int(torch.randint(0, top + 1, (1,), generator=gen))
-    removed = torch.zeros(m, dtype=torch.bool)
-    removed[torch.randperm(m, generator=gen)[:k]] = True
-    return removed
 
 
 class EpochCallback(transformers.TrainerCallback):
@@ -548,8 +531,8 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
     return card
 
 
-def build_trainer(lm: LoadedModel, rows: list[dict] | MaskAugmented, cfg: FinetuneConfig, checkpoints: Path, progress: bool,
-                  callbacks: tuple) -> transformers.Trainer:
+def build_trainer(lm: LoadedModel, rows: list[dict] | MaskAugmented, cfg: FinetuneConfig, checkpoints: Path,
+                  progress: bool, callbacks: tuple) -> transformers.Trainer:
     """transformers' Trainer over ``rows`` (AdamW, linear decay, no warm-up, no weight decay, no dropout change)."""
     transformers.set_seed(cfg.seed)
     model = lm.model
