@@ -15,6 +15,7 @@ from llmattr.api import prepare
 from llmattr.errors import LlmattrError
 from llmattr.faithfulness import ffidelity
 from llmattr.faithfulness.ffidelity import augment_mask, f_fidelity, removal_bound, removal_sets
+from llmattr.faithfulness.ranking import deleted_probs
 from llmattr.faithfulness.ranks import K_GRID, counts
 from llmattr.finetuning import FinetuneConfig, MaskAugmented, label_sequence
 from llmattr.models.card import CARD_NAME
@@ -27,10 +28,10 @@ EVIDENCE = (0, 1, 2)  # the fake model's evidence tokens: each one deleted lower
 DROP = 0.1
 
 
-def fake_deleted_probs(lm, target, step, keep, batch_size):
+def fake_deleted_probs(lm, target, step, removed, batch_size):
     """p over a vocabulary of 3: label 0 has 0.8 - 0.1 c, label 1 0.2 + 0.1 c, where c counts the deleted
     evidence tokens; the third token none (so the label-word renormalisation changes nothing)."""
-    c = (1 - keep[:, list(EVIDENCE)]).sum(-1).double()
+    c = removed[:, list(EVIDENCE)].sum(-1).double()
     return torch.stack([0.8 - DROP * c, 0.2 + DROP * c, torch.zeros_like(c)], -1)
 
 
@@ -47,7 +48,7 @@ def test_ffid_plus_and_minus_are_the_expected_confidence_drops_of_a_known_model(
     removal is the whole pool and the value is exact; elsewhere it is a mean of N draws, within 4 standard errors
     (the hypergeometric variance)."""
     lm, tgt = target
-    monkeypatch.setattr(ffidelity, "deleted_probs", fake_deleted_probs)
+    monkeypatch.setattr(ffidelity, "deleted_after_prefix", fake_deleted_probs)
     m = tgt.span[1] - tgt.span[0]
     beta, samples = 2.2 / m, 4000
     k = removal_bound(beta, m)
@@ -164,3 +165,14 @@ def test_a_mask_augmented_finetune_records_its_rate_and_resumes_to_the_same_weig
                          save_steps=2)
     assert "mask_augment" not in plain["settings"] and "mask_augment" not in plain["hyperparameters"]
     assert json.loads((tmp_path / "plain" / CARD_NAME).read_text())["settings"] == plain["settings"]
+
+
+def test_deletion_after_the_cached_template_equals_the_plain_deleted_forward(tiny_tokenizer):
+    lm = build_tiny("llama", tiny_tokenizer)
+    tgt = prepare(lm, TEXT, Request("generate", max_new_tokens=1))
+    assert tgt.span[0] > 0  # the chat template before the text: the cached prefix
+    m = tgt.span[1] - tgt.span[0]
+    removed = torch.rand(12, m, generator=torch.Generator().manual_seed(0)) < 0.3
+    removed[0] = False
+    got = ffidelity.deleted_after_prefix(lm, tgt, 0, removed, batch_size=5)
+    torch.testing.assert_close(got, deleted_probs(lm, tgt, 0, (~removed).long()), atol=1e-5, rtol=1e-4)

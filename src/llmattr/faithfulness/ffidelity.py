@@ -12,9 +12,9 @@ removes more than ``K`` tokens, so every input it feeds the model is one the fin
 (stochastic removal of a random subset of the top-``alpha`` tokens, resp. of the rest, N samples each); ``p(y^|.)``
 is the original prediction's probability renormalised over the label words, as in comp-suff
 (:func:`~.ranking.class_probs`). A faithful explanation has a large FFid+ and a small FFid-. Tokens are deleted
-(:func:`~.ranking.deleted_probs`), as the fine-tuning deletes them. Every removal set of an example runs in one
-padded batch; the sets repeated among the samples (where ``|T_alpha| <= K`` the removal is the whole top set) are
-run once.
+(:func:`deleted_after_prefix`: the template before the text runs once), as the fine-tuning deletes them. Every
+removal set of an example runs in one padded batch; the sets repeated among the samples (where ``|T_alpha| <= K``
+the removal is the whole top set) run once.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 from ..checks import mask_rate
 from ..declarations import FigureSpec, MetricRow, TableSpec
 from ..errors import LlmattrError
+from ..models.forward import SharedPrefix
 from ..stats import stable_seed
 from ..store import Row
 from ..targets import Target
@@ -96,6 +97,34 @@ def removal_sets(scores: torch.Tensor, ratios, beta: float, samples: int,
     return plus, minus, most
 
 
+@torch.no_grad()
+def deleted_after_prefix(lm, target: Target, step: int, removed: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
+    """Next-token probabilities ``(N, V)`` at ``step`` with the span tokens where ``removed`` ``(N, m)`` is True
+    deleted: :func:`~.ranking.deleted_probs` with the template before the span run once
+    (:class:`~llmattr.models.forward.SharedPrefix`); each row's remaining tokens are left-padded after it (the
+    padding masked, position ids counting the kept tokens only)."""
+    ids = target.input_ids[0, : int(target.positions[step]) + 1]
+    a = target.span[0]
+    if not a:
+        return deleted_probs(lm, target, step, (~removed).long(), batch_size)
+    prefix = SharedPrefix.compute(lm, ids[None], a)
+    keep = torch.ones(removed.shape[0], ids.numel() - a, dtype=torch.long)
+    keep[:, : removed.shape[1]] = (~removed).long()
+    order = torch.sort(keep, dim=1, stable=True).indices  # removed tokens first: the padding
+    suffix, mask = ids[a:][order], keep.gather(1, order)
+    positions = a + (mask.cumsum(1) - 1).clamp_min(0)
+    attention = torch.cat([torch.ones(len(mask), a, dtype=torch.long), mask], 1)
+    last = torch.tensor([suffix.shape[1] - 1], device=lm.device)
+    out = []
+    for start in range(0, len(mask), batch_size):
+        rows = slice(start, start + batch_size)
+        logits = lm.model(input_ids=suffix[rows].to(lm.device), attention_mask=attention[rows].to(lm.device),
+                          position_ids=positions[rows].to(lm.device), cache=prefix.cache(), use_cache=True,
+                          logits_to_keep=last).logits
+        out.append(torch.softmax(logits[:, -1].float(), dim=-1).cpu())
+    return torch.cat(out)
+
+
 def f_fidelity(scores, lm, target: Target | None = None, label_ids=None, step: int = 0, ratios=K_GRID,
                beta: float = 0.1, samples: int = 16, seed: int = 0, batch_size: int | None = None) -> FFidelity:
     """FFid+ and FFid- (module docstring) of one explained step at each of ``ratios``.
@@ -113,7 +142,7 @@ def f_fidelity(scores, lm, target: Target | None = None, label_ids=None, step: i
     plus, minus, most = removal_sets(raw, ratios, beta, samples, torch.Generator().manual_seed(seed))
     removed = torch.cat([plus, minus]).flatten(0, 1)  # (2 R N, m)
     unique, inverse = torch.unique(torch.cat([torch.zeros_like(removed[:1]), removed]), dim=0, return_inverse=True)
-    probs = class_probs(deleted_probs(lm, target, step, (~unique).long(), batch_size or 64), label_ids, 0).double()
+    probs = class_probs(deleted_after_prefix(lm, target, step, unique, batch_size or 64), label_ids, 0).double()
     p = probs[inverse]  # (1 + 2 R N, L): the clean input first (nothing removed)
     pred = int(p[0].argmax())
     drop = (p[0, pred] - p[1:, pred]).view(2, len(ratios), samples).mean(-1)
