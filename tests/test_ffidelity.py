@@ -21,6 +21,7 @@ from llmattr.finetuning import FinetuneConfig, MaskAugmented, label_sequence
 from llmattr.models.card import CARD_NAME
 from llmattr.request import Request
 from llmattr.tasks import get_task
+from test_cli_checks import NO_MODEL, one_line_error, run_cli
 from test_finetune import straight_and_resumed, toy_file, toy_finetune
 from test_ranking import LABELS, TEXT, evidence_model
 
@@ -176,3 +177,16 @@ def test_deletion_after_the_cached_template_equals_the_plain_deleted_forward(tin
     removed[0] = False
     got = ffidelity.deleted_after_prefix(lm, tgt, 0, removed, batch_size=5)
     torch.testing.assert_close(got, deleted_probs(lm, tgt, 0, (~removed).long()), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("command, args, fragment", [
+    ("finetune", ["--mask-augment", "1.5", "--out", "{tmp}/new"], "--mask-augment must be a fraction in [0, 1)"),
+    ("finetune", ["--mask-augment", "0.1", "--loss", "lm", "--out", "{tmp}/new"], "it trains with --loss label"),
+    ("evaluate", ["--metrics", "f-fidelity", "--ffid-beta", "1", "--out", "{tmp}/s.sqlite"],
+     "--ffid-beta must be a fraction in [0, 1)"),
+    ("evaluate", ["--metrics", "f-fidelity", "--ffid-samples", "0", "--out", "{tmp}/s.sqlite"],
+     "--ffid-samples must be at least 1"),
+])
+def test_bad_rates_are_one_line_and_exit_2_before_the_model_loads(command, args, fragment, tmp_path):
+    one_line_error(run_cli(command, *NO_MODEL, *[a.format(tmp=tmp_path) for a in args]), fragment)
+    assert not (tmp_path / "new").exists() and not (tmp_path / "s.sqlite").exists()
