@@ -31,7 +31,7 @@ from ..stats import stable_seed
 from ..store import Row
 from ..targets import Target
 from .inputs import example_key
-from .ranking import _inputs, class_probs, deleted_probs
+from .ranking import _head, _inputs, class_probs, deleted_probs
 from .ranks import K_GRID, counts, top_masks
 from .registry import Metric, MetricContext, Option, register
 
@@ -151,6 +151,9 @@ def f_fidelity(scores, lm, target: Target | None = None, label_ids=None, step: i
 
 def _rows(ctx: MetricContext, routing: str) -> list[Row]:
     """FFid+ / FFid- at each ratio (x) of the explanation's first step."""
+    if _head(ctx):
+        raise LlmattrError("f-fidelity reads the label words of an LM head; a sequence head's explanation is "
+                           "measured by comp-suff (paper 003)")
     expl = ctx.explanation
     seed = stable_seed(ctx.options.get("seed"), example_key(expl), "f-fidelity")
     r = f_fidelity(expl, ctx.lm, beta=ctx.options.get(FFID_BETA.name), samples=ctx.options.get(FFID_SAMPLES.name),
