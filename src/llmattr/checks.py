@@ -31,6 +31,13 @@ def positive_int(value: object, name: str) -> int:
     return int(value)
 
 
+def mask_rate(value: object, name: str) -> float:
+    """``value`` as a fraction in [0, 1) (F-Fidelity's beta, ``finetune --mask-augment``; 0: off)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
+        raise LlmattrError(f"{name} must be a fraction in [0, 1) (F-Fidelity's beta, e.g. 0.1), got {value!r}")
+    return float(value)
+
+
 def one_of(value: object, valid: Iterable[str], name: str) -> str:
     """``value`` if it is one of ``valid``, else one line listing them."""
     valid = tuple(valid)

@@ -37,14 +37,15 @@ import torch
 import transformers
 from transformers.trainer_utils import get_last_checkpoint
 
-from .checks import one_of, positive_int
+from .checks import mask_rate, one_of, positive_int
 from .declarations import held_out_summary
 from .errors import LlmattrError
 from .evaluation.accuracy import label_predictions
+from .faithfulness.ffidelity import augment_mask
 from .models.card import CARD_NAME, card_path, content_hash, read_card
 from .models.loading import LoadedModel, load_model
 from .prompting import build_prompt
-from .stats import estimate
+from .stats import estimate, stable_seed
 from .tasks import Task, get_task, load_examples
 from .tasks.catalog import HEAD_TASKS, STSB_REGRESSION, head_version
 from .tasks.datasets import sample
@@ -82,6 +83,7 @@ class FinetuneConfig:
     load_in_4bit: bool = False
     head: str | None = None  # None: the LM head's label word (``loss``); classification/regression: a new head
     permute_labels: bool = False  # train on the training rows' labels permuted (the sanity checks' data randomisation)
+    mask_augment: float = 0.0  # F-Fidelity's beta: delete a random subset of up to beta of each row's text tokens
     objective: InitVar[str | None] = None
 
     def __post_init__(self, objective: str | None) -> None:
@@ -103,7 +105,7 @@ class FinetuneConfig:
         """The config as the model card records it: ``lora_r`` resolved, ``head`` only when given (a card written
         before either existed still resumes)."""
         fields = {**asdict(self), "lora_r": self.rank}
-        for name in ("head", "permute_labels"):
+        for name in ("head", "permute_labels", "mask_augment"):
             if not fields[name]:
                 del fields[name]
         return fields
@@ -123,6 +125,10 @@ class FinetuneConfig:
                                f"is a {task.kind} task{regression}; use --loss lm to fine-tune on its text")
         if self.permute_labels and not (self.head or self.loss == "label"):
             raise LlmattrError("--permute-labels permutes the labels a model learns: give --loss label or --head")
+        mask_rate(self.mask_augment, "--mask-augment")
+        if self.mask_augment and (self.head or self.loss != "label"):
+            raise LlmattrError("--mask-augment deletes text tokens of the task's prompt: it trains with --loss label, "
+                               "without --head")
         for name in ("held_out", "epochs", "batch_size", "max_tokens", "save_steps", "logging_steps"):
             positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
         if not (isinstance(self.learning_rate, float | int) and 0 < self.learning_rate < 1):
@@ -209,8 +215,9 @@ def label_sequence(tokenizer, task: Task, example: dict, label_ids: torch.Tensor
     ``labels`` is ``[-100, y]``: the label follows the last prompt position as in a shifted causal-LM loss, so
     the Trainer's count of targets (``labels[..., 1:] != -100``) is one per row.
     """
-    prompt = build_prompt(tokenizer, task, example).input_ids[0].tolist()
-    return {"input_ids": prompt, "labels": [-100, int(label_ids[task.label_words.index(example["label"])])]}
+    prompt = build_prompt(tokenizer, task, example)
+    return {"input_ids": prompt.input_ids[0].tolist(), "span": prompt.span,
+            "labels": [-100, int(label_ids[task.label_words.index(example["label"])])]}
 
 
 def lm_sequence(tokenizer, task: Task, example: dict) -> dict:
@@ -219,6 +226,42 @@ def lm_sequence(tokenizer, task: Task, example: dict) -> dict:
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     return {"input_ids": bos + ids, "labels": [-100] * len(bos) + ids}
+
+
+class MaskAugmented(torch.utils.data.Dataset):
+    """The label rows with F-Fidelity's random-mask augmentation (Zheng et al., ICLR 2025; docs/trust.md).
+
+    Each time row ``i`` is read in epoch ``e`` its content span (the text: never a token of the template) loses
+    :func:`~llmattr.faithfulness.ffidelity.augment_mask`'s tokens (``k ~ U{0..K}``, ``K = round(beta m)``); they are
+    deleted, as ``f-fidelity`` deletes them at test time, so every removal size the test makes was seen in training.
+    The draw is seeded by ``(seed, e, i)``: the same on a resumed run. ``epoch`` is set by :class:`EpochCallback`
+    as each epoch begins.
+    """
+
+    def __init__(self, rows: list[dict], beta: float, seed: int):
+        self.rows, self.beta, self.seed, self.epoch = rows, beta, seed, 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        row = self.rows[i]
+        gen = torch.Generator().manual_seed(stable_seed(self.seed, self.epoch, i, "mask-augment"))
+        a, b = row["span"]
+        removed = augment_mask(b - a, self.beta, gen)
+        keep = [j for j in range(len(row["input_ids"])) if not a <= j < b or not removed[j - a]]
+        return {"input_ids": [row["input_ids"][j] for j in keep], "labels": row["labels"]}
+
+
+class EpochCallback(transformers.TrainerCallback):
+    """Tells :class:`MaskAugmented` which epoch is read (``state.epoch`` is the epochs done, fractional on a run
+    resumed inside an epoch), so each epoch draws new masks."""
+
+    def __init__(self, dataset: MaskAugmented):
+        self.dataset = dataset
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.dataset.epoch = int(state.epoch or 0)
 
 
 @dataclass
@@ -418,7 +461,8 @@ def new_card(cfg: FinetuneConfig, task: Task, data: dict, settings: dict, train:
         "seed": cfg.seed,
         "hyperparameters": {"epochs": cfg.epochs, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,
                             "optimizer": "adamw_torch", "schedule": "linear", "max_tokens": cfg.max_tokens,
-                            "lora_r": cfg.rank, **({"head": cfg.head} if cfg.head else {})},
+                            "lora_r": cfg.rank, **({"head": cfg.head} if cfg.head else {}),
+                            **({"mask_augment": cfg.mask_augment} if cfg.mask_augment else {})},
         "n_train": len(train), "n_held_out": len(held),
         "train_ids": [ex["id"] for ex in train], "held_out_ids": [ex["id"] for ex in held],
         "train_hashes": sorted({content_hash(task.user_content(ex)[0]) for ex in train}),
@@ -457,6 +501,8 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
     elif cfg.loss == "label":
         label_ids = task.label_ids(tokenizer)
         rows = [label_sequence(tokenizer, task, cap(task, ex, tokenizer, cfg.max_tokens), label_ids) for ex in train]
+        rows = (MaskAugmented(rows, cfg.mask_augment, cfg.seed) if cfg.mask_augment
+                else [{k: v for k, v in row.items() if k != "span"} for row in rows])
     else:
         rows = [lm_sequence(tokenizer, task, cap(task, ex, tokenizer, cfg.max_tokens)) for ex in train]
     start = time.perf_counter()
@@ -483,8 +529,8 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
     return card
 
 
-def build_trainer(lm: LoadedModel, rows: list[dict], cfg: FinetuneConfig, checkpoints: Path, progress: bool,
-                  callbacks: tuple) -> transformers.Trainer:
+def build_trainer(lm: LoadedModel, rows: list[dict] | MaskAugmented, cfg: FinetuneConfig, checkpoints: Path,
+                  progress: bool, callbacks: tuple) -> transformers.Trainer:
     """transformers' Trainer over ``rows`` (AdamW, linear decay, no warm-up, no weight decay, no dropout change)."""
     transformers.set_seed(cfg.seed)
     model = lm.model
@@ -510,6 +556,8 @@ def build_trainer(lm: LoadedModel, rows: list[dict], cfg: FinetuneConfig, checkp
     )
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.tokenizer.eos_token_id
     label = cfg.loss == "label" and not cfg.head  # a head's own loss: cross-entropy, or MSE for regression
+    if isinstance(rows, MaskAugmented):
+        callbacks = (EpochCallback(rows), *callbacks)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=list(callbacks),
                                    data_collator=HeadCollator(pad or 0) if cfg.head else Collator(pad or 0, left=label),
                                    compute_loss_func=label_loss if label else None)

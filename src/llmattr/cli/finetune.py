@@ -58,6 +58,9 @@ def finetune(
                                                                     "a CUDA GPU)."),
     permute_labels: bool = typer.Option(False, "--permute-labels", help="Train on the training rows' labels permuted "
                                         "(the data randomisation sanity check's model; held-out rows keep theirs)."),
+    mask_augment: float = typer.Option(0.0, help="F-Fidelity's random-mask fine-tuning: each training row loses a "
+                                       "random subset of up to this fraction of its text tokens (deleted), new "
+                                       "each epoch (0: off; e.g. 0.1; docs/trust.md)."),
     seed: int = typer.Option(0, help="Seed of the split, the data order and the initialisation of adapters."),
     save_steps: int = typer.Option(50, help="Checkpoint every this many steps (resume point after an interrupt)."),
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
@@ -73,7 +76,7 @@ def finetune(
                          label_field=label_field, labels=labels, loss=loss, objective=objective, held_out=held_out,
                          epochs=epochs, learning_rate=learning_rate, batch_size=batch_size, max_tokens=max_tokens,
                          lora_r=lora_r, seed=seed, save_steps=save_steps, load_in_4bit=load_in_4bit, head=head,
-                         permute_labels=permute_labels)
+                         permute_labels=permute_labels, mask_augment=mask_augment)
     console = Console(stderr=True)
     try:
         card = run_finetune(model, out, cfg, device=device, progress=not quiet)
