@@ -21,9 +21,7 @@ def method_refusal(name: str, available: Iterable[str], not_defined: Mapping[str
     decoder-only models (name: why), or None when ``name`` is registered."""
     if name in not_defined:
         return f"{name} is not defined for decoder-only models: {not_defined[name]}"
-    if name not in available:
-        return f"unknown method {name!r}; valid: {', '.join(sorted(available))}"
-    return None
+    return None if name in available else unknown_name("method", name, sorted(available))
 
 
 def unknown_name(kind: str, name: object, valid: Iterable[str]) -> str:
