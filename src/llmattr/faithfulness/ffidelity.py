@@ -26,7 +26,7 @@ import torch
 from ..checks import mask_rate
 from ..declarations import FigureSpec, MetricRow, TableSpec
 from ..errors import LlmattrError
-from ..models.forward import SharedPrefix
+from ..models.forward import SharedPrefix, padded_last_probs
 from ..stats import stable_seed
 from ..store import Row
 from ..targets import Target
@@ -111,18 +111,7 @@ def deleted_after_prefix(lm, target: Target, step: int, removed: torch.Tensor, b
     keep = torch.ones(removed.shape[0], ids.numel() - a, dtype=torch.long)
     keep[:, : removed.shape[1]] = (~removed).long()
     order = torch.sort(keep, dim=1, stable=True).indices  # removed tokens first: the padding
-    suffix, mask = ids[a:][order], keep.gather(1, order)
-    positions = a + (mask.cumsum(1) - 1).clamp_min(0)
-    attention = torch.cat([torch.ones(len(mask), a, dtype=torch.long), mask], 1)
-    last = torch.tensor([suffix.shape[1] - 1], device=lm.device)
-    out = []
-    for start in range(0, len(mask), batch_size):
-        rows = slice(start, start + batch_size)
-        logits = lm.model(input_ids=suffix[rows].to(lm.device), attention_mask=attention[rows].to(lm.device),
-                          position_ids=positions[rows].to(lm.device), cache=prefix.cache(), use_cache=True,
-                          logits_to_keep=last).logits
-        out.append(torch.softmax(logits[:, -1].float(), dim=-1).cpu())
-    return torch.cat(out)
+    return padded_last_probs(lm, ids[a:][order], keep.gather(1, order), batch_size, prefix)
 
 
 def f_fidelity(scores, lm, target: Target | None = None, label_ids=None, step: int = 0, ratios=K_GRID,

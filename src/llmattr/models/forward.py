@@ -203,15 +203,21 @@ def logits_and_prefix(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: t
 
 
 @torch.no_grad()
-def padded_last_probs(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
+def padded_last_probs(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, batch_size: int = 64,
+                      prefix: SharedPrefix | None = None) -> torch.Tensor:
     """Next-token probabilities ``(N, V)`` after each row of a left-padded ``(N, S)`` batch (mask 0 = pad);
-    position ids count only the unpadded tokens, logits are computed at the last position only."""
-    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    position ids count only the unpadded tokens, logits are computed at the last position only. ``prefix``: the
+    rows follow these shared tokens (run once, their keys and values reused; the padding sits after them)."""
+    before = 0 if prefix is None else prefix.length
+    positions = before + (mask.cumsum(1) - 1).clamp_min(0)
+    attention = torch.cat([torch.ones(len(mask), before, dtype=mask.dtype), mask], 1)
     last = torch.tensor([ids.shape[1] - 1], device=lm.device)  # an index, not logits_to_keep=1 (see logits_at)
     out = []
     for start in range(0, ids.shape[0], batch_size):
         rows = slice(start, start + batch_size)
-        logits = lm.model(input_ids=ids[rows].to(lm.device), attention_mask=mask[rows].to(lm.device),
-                          position_ids=positions[rows].to(lm.device), use_cache=False, logits_to_keep=last).logits
+        cache = {} if prefix is None else {"cache": prefix.cache()}
+        logits = lm.model(input_ids=ids[rows].to(lm.device), attention_mask=attention[rows].to(lm.device),
+                          position_ids=positions[rows].to(lm.device), use_cache=prefix is not None,
+                          logits_to_keep=last, **cache).logits
         out.append(torch.softmax(logits[:, -1].float(), dim=-1).cpu())
     return torch.cat(out)
