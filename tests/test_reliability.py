@@ -10,9 +10,9 @@ import torch
 import llmattr
 from llmattr.declarations import MetricRow, TableSpec
 from llmattr.errors import LlmattrError
-from llmattr.faithfulness import Metric, MetricContext, MetricOptions, register, unregister
+from llmattr.faithfulness import Metric, MetricContext, MetricOptions, ranking, register, unregister
 from llmattr.faithfulness.inputs import example_key
-from llmattr.faithfulness.reliability import RELIABILITY_OF, measured, perturbed, power, reliability_rows
+from llmattr.faithfulness.reliability import PERTURBATIONS, RELIABILITY_OF, measured, perturbed, power, reliability_rows
 from llmattr.stats import stable_seed
 from llmattr.store import Row
 
@@ -72,6 +72,18 @@ def test_rank_metrics_are_resilient_by_construction(tiny_llama):
     minor = {name: v for name, v in got.items() if name.endswith(("|seed", "|power"))}
     assert len(minor) == 2 * 9 and set(minor.values()) == {0.0}  # deterministic, and ranks unchanged by s**c
     assert any(v != 0 for name, v in got.items() if name.endswith("|invert"))  # reversing the ranking moves them
+
+
+def test_ranking_metrics_share_one_ranking_pass_per_perturbation(tiny_llama, monkeypatch):
+    """comp-suff, log-odds and deletion-insertion read one ranking pass of each explanation (the context's memo):
+    the unperturbed one and one per perturbation, five in all, not five per metric."""
+    calls = []
+    real = ranking.ranking_metrics
+    monkeypatch.setattr(ranking, "ranking_metrics", lambda *a, **k: calls.append(1) or real(*a, **k))
+    m = len(llmattr.tokens(TEXT, model=tiny_llama, task="sentiment"))
+    ctx = MetricContext(tiny_llama, scored(tiny_llama, torch.linspace(-1, 2, m).tolist()), MetricOptions(seed=0))
+    reliability_rows(ctx, measured("comp-suff,log-odds,deletion-insertion"), c=2.0)
+    assert len(calls) == 1 + len(PERTURBATIONS)
 
 
 def test_pi_soft_absorbs_the_power_that_moves_soft(tiny_llama):

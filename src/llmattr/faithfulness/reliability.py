@@ -97,20 +97,27 @@ def values_of(rows: list[Row], names: tuple[str, ...]) -> dict[str, tuple[float,
             for name, group in grouped.items()}
 
 
+def perturbed_contexts(ctx: MetricContext, c: float) -> dict[str, MetricContext]:
+    """One context per perturbation (:func:`perturbed`; ``seed``: the run's seed + 1), each with its own memo, so
+    the metrics measured on it share their passes there as on ``ctx`` (the ranking metrics' one ranking pass)."""
+    seed = ctx.options.seed
+    shuffle_seed = stable_seed(seed, example_key(ctx.explanation), "shuffle", bits=31)
+    return {kind: MetricContext(ctx.lm, perturbed(ctx.explanation, kind, c, shuffle_seed),
+                                MetricOptions(seed + 1 if kind == "seed" else seed, ctx.options.values))
+            for kind in PERTURBATIONS}
+
+
 def reliability_rows(ctx: MetricContext, metrics: list[Metric], c: float) -> list[Row]:
     """``v|none`` and ``v|<perturbation>`` (perturbed minus unperturbed, with the MC error of the difference) for
     every table value ``v`` of every metric in ``metrics``."""
-    seed = ctx.options.seed
-    shuffle_seed = stable_seed(seed, example_key(ctx.explanation), "shuffle", bits=31)
+    others = perturbed_contexts(ctx, c)
     rows = []
     for metric in metrics:
         routing = ROUTING if metric.routed else NO_ROUTING
         names = table_values(metric)
         base = values_of(metric.compute(ctx, routing), names)  # ctx's memo: shared with the run's own metrics
         rows += [Row(f"{name}{PERTURBED_SEP}{UNPERTURBED}", value, se=se) for name, (value, se) in base.items()]
-        for kind in PERTURBATIONS:
-            options = MetricOptions(seed + 1 if kind == "seed" else seed, ctx.options.values)
-            other = MetricContext(ctx.lm, perturbed(ctx.explanation, kind, c, shuffle_seed), options)
+        for kind, other in others.items():
             for name, (value, se) in values_of(metric.compute(other, routing), names).items():
                 if name in base:
                     both = (se, base[name][1])
