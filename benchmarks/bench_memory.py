@@ -23,7 +23,7 @@ many passes of the full length run fewer of them, each with the rows and the len
 * ReAGent: ``max_probe_steps = 2``: the first pass holds ``num_probes`` rows, the second ``2 num_probes``
   (updates and checks), as every later pass of the real run does;
 * the pi-Soft evaluator: as many perturbed sequences as one of its passes holds
-  (:func:`llmattr.faithfulness.engine.forward_batch` at that length), i.e. one full pass;
+  (:func:`llmattr.models.memory.forward_batch` at that length), i.e. one full pass;
 * every other method (attention, logit methods, value zeroing, the decomposition methods (ALTI, GlobEnc,
   ALTI-Logit, attention rollout: their rollout, every layer), saliency, input x gradient, Grad-ELLM,
   DeepLIFT, AttnLRP, CP-LRP, random) runs unbounded, with its defaults.

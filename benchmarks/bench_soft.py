@@ -27,9 +27,10 @@ import torch
 
 from _common import read_jsonl
 from llmattr.api import prepare
-from llmattr.faithfulness.engine import TOKEN_BUDGET, PerturbationEngine
+from llmattr.faithfulness.engine import PerturbationEngine
 from llmattr.faithfulness.soft import evaluate_target
 from llmattr.models.loading import load_model
+from llmattr.models.memory import TOKEN_BUDGET
 from llmattr.request import Request
 from llmattr.tasks import get_task
 

@@ -25,9 +25,11 @@ from llmattr.models.anatomy import decoder_blocks
 from llmattr.models.forward import logits_at
 from llmattr.models.memory import (
     LIMIT_ENV,
+    TOKEN_BUDGET,
     Shapes,
     activation_bytes,
     checkpointed,
+    forward_batch,
     parse_bytes,
     path_batch,
     plan,
@@ -320,8 +322,6 @@ def test_cli_refuses_an_oversize_text_with_one_line():
 
 def test_evaluator_chunk_from_token_budget_and_memory(tiny_llama, monkeypatch):
     """8192 suffix tokens per pass, or fewer rows when half the limit holds fewer (forward estimate per row)."""
-    from llmattr.faithfulness.engine import TOKEN_BUDGET, forward_batch
-
     monkeypatch.setenv(LIMIT_ENV, "1GB")
     assert forward_batch(tiny_llama, 50) == TOKEN_BUDGET // 50
     per_row = activation_bytes(Shapes.of(tiny_llama), "forward", 50)

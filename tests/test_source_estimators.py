@@ -4,6 +4,8 @@ model and masks, AttriBoT's hierarchy against flat leave-one-out."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,9 @@ from conftest import ARCHS, build_tiny
 from llmattr import objectives
 from llmattr.errors import LlmattrError
 from llmattr.methods.sources import ContextCite, HierarchicalLeaveOneOut, LeaveOneOut
-from llmattr.sources.ablation import Ablation, ablated_objective, contextcite_masks
+from llmattr.models.memory import TOKEN_BUDGET
+from llmattr.sources import ablation
+from llmattr.sources.ablation import Ablation, ablated_objective, contextcite_masks, rows_per_pass
 from sources_prompts import TEMPLATE, context_prompt, forced
 
 DOCUMENTS = [" The movie was dull.", " An engrossing film, never boring.", " The plot made no sense at all.",
@@ -74,6 +78,19 @@ def test_the_cache_runs_only_what_follows_each_removed_source(tiny_tokenizer, mo
     sizes = [len(g) for g in target.prompt.sources.groups]
     assert sum(seen) == (len(DOCUMENTS) + 1) * length - sum(sizes)
     assert cached == length + sum(length - s - n for s, n in zip(starts, sizes, strict=True))
+    seen[:] = []
+    lm.forget()  # the rows of the first call are kept on the model under the same rule: run them again
+    LeaveOneOut().attribute(lm, target)  # batch_size "auto": one row per pass on a CPU, the full reuse
+    assert sum(seen) == cached
+
+
+def test_auto_batch_is_one_row_on_a_cpu_and_the_token_budget_on_an_accelerator(tiny_tokenizer, monkeypatch):
+    lm = build_tiny("llama", tiny_tokenizer)
+    assert rows_per_pass(lm, "auto", 500) == 1 and rows_per_pass(lm, 4, 500) == 4
+    monkeypatch.setattr(ablation, "forward_batch", lambda lm, tokens: TOKEN_BUDGET // tokens)
+    assert rows_per_pass(SimpleNamespace(device=torch.device("cuda")), "auto", 500) == TOKEN_BUDGET // 500
+    with pytest.raises(LlmattrError, match="batch_size must be a whole number >= 1"):
+        ContextCite(batch_size="many")
 
 
 def test_source_methods_refuse_a_prompt_without_sources(tiny_tokenizer):

@@ -24,18 +24,9 @@ from ..checks import ROUTINGS, one_of
 from ..errors import LlmattrError
 from ..models.forward import content_key, logits_and_prefix
 from ..models.loading import LoadedModel
-from ..models.memory import Shapes, activation_bytes, is_oom, memory_limit
+from ..models.memory import forward_batch, is_oom
 from ..models.probe import Probe
 from ..targets import Target, visible
-
-TOKEN_BUDGET = 8192  # perturbed suffix tokens per forward pass when no batch size is given
-
-
-def forward_batch(lm: LoadedModel, suffix: int) -> int:
-    """Perturbed rows per pass: ``TOKEN_BUDGET`` suffix tokens, fewer if the memory guard's forward estimate of
-    the rows (:func:`llmattr.models.memory.activation_bytes`) would pass half the memory limit; at least 1."""
-    per_row = activation_bytes(Shapes.of(lm), "forward", suffix)
-    return max(1, min(TOKEN_BUDGET // suffix, memory_limit(lm.device)[0] // 2 // per_row))
 
 
 class PerturbationEngine:
@@ -47,7 +38,7 @@ class PerturbationEngine:
         step: which generation step's next-token distribution is read.
         routing: ``"dynamic"`` or ``"fixed"`` (clean attention probabilities replayed in every layer).
         batch_size: sequences per forward pass (default: about 8192 suffix tokens per pass, fewer when memory is
-            short: :func:`forward_batch`); halved on out-of-memory.
+            short: :func:`llmattr.models.memory.forward_batch`); halved on out-of-memory.
 
     Attributes:
         clean_probs: ``(V,)`` next-token distribution at step ``step`` on the clean input.

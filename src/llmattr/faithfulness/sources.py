@@ -39,7 +39,7 @@ from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
 from ..scores import retain_probs
-from ..sources.ablation import Ablation, ablated_objective, clean_pass, contextcite_masks, logit_response
+from ..sources.ablation import AUTO, Ablation, ablated_objective, clean_pass, contextcite_masks, logit_response
 from ..sources.spans import Sources
 from ..store import Row
 from ..targets import Target
@@ -126,7 +126,8 @@ class RemovalResult:
 
 
 def removal_metrics(lm: LoadedModel, given: SourceInput, k_max: int = TOP_K.default,
-                    lds_ablations: int = LDS_ABLATIONS.default, seed: int = 0, batch_size: int = 16) -> RemovalResult:
+                    lds_ablations: int = LDS_ABLATIONS.default, seed: int = 0,
+                    batch_size: int | str = AUTO) -> RemovalResult:
     """Top-k removal, comprehensiveness, sufficiency and the LDS of ``given`` (module docstring): every ablated
     input in one :func:`~llmattr.sources.ablation.ablated_objective` call (prefix cache)."""
     s = given.answer_scores

@@ -37,12 +37,14 @@ from ..checks import positive_int
 from ..errors import LlmattrError
 from ..models.loading import LoadedModel
 from ..sources.ablation import (
+    AUTO,
     Ablation,
     ablated_objective,
     clean_pass,
     contextcite_masks,
     logit_response,
     prompt_sources,
+    rows_per_pass,
 )
 from ..targets import Target
 from .base import AttributionMethod, register, source_features, spread
@@ -63,13 +65,13 @@ class SourceMethod(AttributionMethod):
     def __init__(self, **params):
         super().__init__(**params)
         for key in ("batch_size", "num_ablations", "top_documents"):
-            if key in self.params:
+            if key in self.params and not (key == "batch_size" and self.params[key] == AUTO):
                 positive_int(self.params[key], f"{self.name} {key}")
         if self.params.get("prefix", "cached") not in PREFIX_MODES:
             raise LlmattrError(f"{self.name} prefix must be one of {', '.join(PREFIX_MODES)}")
 
     def memory_rows(self, lm: LoadedModel, tokens: int) -> int:
-        return self.params["batch_size"]
+        return rows_per_pass(lm, self.params["batch_size"], tokens)
 
     def ablation(self, lm: LoadedModel, target: Target, groups) -> Ablation:
         return Ablation.of(target, groups, *self.explained(lm))
@@ -102,7 +104,7 @@ class LeaveOneOut(SourceMethod):
     name = "leave-one-out"
     summary = "leave-one-out over sources: the log-probability drop when a source is deleted (prefix cache)"
     cost = "1 clean forward + n_sources rows, each from its source's start (batch_size rows per pass)"
-    defaults = {"batch_size": 16, "prefix": "cached"}
+    defaults = {"batch_size": AUTO, "prefix": "cached"}
     objective = "log-prob"
 
     def scores(self, lm: LoadedModel, target: Target) -> torch.Tensor:
@@ -117,7 +119,7 @@ class HierarchicalLeaveOneOut(SourceMethod):
     name = "attribot-hierarchical"
     summary = "AttriBoT hierarchy: leave-one-out over documents, then over the top documents' sentences only"
     cost = "n_documents + the top documents' sentences rows (prefix cache, batch_size rows per pass)"
-    defaults = {"batch_size": 16, "prefix": "cached", "top_documents": 2}
+    defaults = {"batch_size": AUTO, "prefix": "cached", "top_documents": 2}
     objective = "log-prob"
 
     def scores(self, lm: LoadedModel, target: Target) -> torch.Tensor:
@@ -200,7 +202,7 @@ class ContextCite(SourceMethod):
     name = "contextcite"
     summary = "ContextCite: LASSO surrogate of logit P(answer) on 64 random source keep/drop masks"
     cost = "1 clean forward + num_ablations rows (prefix cache, batch_size rows per pass)"
-    defaults = {"num_ablations": 64, "ablation_keep_prob": 0.5, "lasso_alpha": 0.01, "batch_size": 16,
+    defaults = {"num_ablations": 64, "ablation_keep_prob": 0.5, "lasso_alpha": 0.01, "batch_size": AUTO,
                 "seed": 0, "prefix": "cached"}
     answer_level = True
 

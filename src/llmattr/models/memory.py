@@ -50,6 +50,7 @@ from .sizes import parse_size
 
 LIMIT_ENV = "LLMATTR_MEMORY_LIMIT"
 CHECKPOINTING = ("auto", "on", "off")
+TOKEN_BUDGET = 8192  # tokens per forward pass of perturbed rows when no batch size is given
 PATH_BUDGET = 2 * 2**30  # bytes of activations one path-method chunk may hold (at most half the limit)
 
 
@@ -182,6 +183,13 @@ def prefix_cache_pays(lm: LoadedModel, prefix: int, tokens: int, rows: int = 1) 
     s = Shapes.of(lm)
     masks = s.layers * (tokens - prefix) * tokens * s.element
     return prefix > 0 and masks < rows * prefix * activation_bytes(s, "backward", 1)
+
+
+def forward_batch(lm: LoadedModel, tokens: int) -> int:
+    """Perturbed rows of ``tokens`` tokens per forward pass: ``TOKEN_BUDGET`` tokens, fewer if the forward estimate
+    of the rows (:func:`activation_bytes`) would pass half the memory limit; at least 1."""
+    per_row = activation_bytes(Shapes.of(lm), "forward", tokens)
+    return max(1, min(TOKEN_BUDGET // tokens, memory_limit(lm.device)[0] // 2 // per_row))
 
 
 def path_batch(lm: LoadedModel, tokens: int, points: int, checkpointing: bool = False) -> int:

@@ -32,8 +32,11 @@ from .. import objectives
 from ..errors import LlmattrError
 from ..models.forward import PrefixLayer, content_key
 from ..models.loading import LoadedModel
+from ..models.memory import forward_batch
 from ..targets import Target
 from .spans import Sources
+
+AUTO = "auto"  # the estimators' default batch size: :func:`rows_per_pass`
 
 
 def prompt_sources(target: Target, what: str) -> Sources:
@@ -142,15 +145,29 @@ def batches(order: list[int], lengths: list[int], batch_size: int, same_length: 
     return [g[i:i + batch_size] for g in groups.values() for i in range(0, len(g), batch_size)]
 
 
+def rows_per_pass(lm: LoadedModel, batch_size: int | str, tokens: int) -> int:
+    """Ablated rows per forward pass: ``batch_size``, or for ``"auto"`` one row on a CPU and, on an accelerator,
+    the rows of ``tokens`` tokens that :func:`~llmattr.models.memory.forward_batch` allows. One row on a CPU: a row
+    of a long context already fills the cores, and a batch reuses only the prefix before its earliest removed
+    token, so batching rows costs the cache its savings (``benchmarks/bench_sources.py``: LOO with the cache 1.56x
+    naive at 1 row per pass, 0.67x at 16, 20 documents, docs/sources.md)."""
+    if batch_size != AUTO:
+        return int(batch_size)
+    return 1 if lm.device.type == "cpu" else forward_batch(lm, tokens)
+
+
 @torch.no_grad()
-def ablated_objective(lm: LoadedModel, ablation: Ablation, keep: torch.Tensor, batch_size: int = 16,
+def ablated_objective(lm: LoadedModel, ablation: Ablation, keep: torch.Tensor, batch_size: int | str = AUTO,
                       reuse_prefix: bool = True, clean: tuple | None = None) -> torch.Tensor:
-    """``F_t`` ``(R, T)`` of each row of ``keep`` ``(R, n_sources)`` (module docstring).
+    """``F_t`` ``(R, T)`` of each row of ``keep`` ``(R, n_sources)`` (module docstring), ``batch_size`` rows per
+    pass (:func:`rows_per_pass`).
 
     ``reuse_prefix``: reuse the clean keys and values before each batch's first removed token (``clean``: a
     :func:`clean_pass` already run); otherwise every row runs from the first token. Each row's result is kept on
     the model (:meth:`~llmattr.models.kept.Kept.rows`) and read back by a later call with the same ablation, prefix
     rule and batch size: the estimators and metrics of several methods ablate the same few sources."""
+    batch_size = rows_per_pass(lm, batch_size, len(ablation.ids))
+
     def compute(keep: torch.Tensor) -> torch.Tensor:
         tokens = ablation.kept_tokens(keep)
         length, steps = len(ablation.ids), ablation.steps
