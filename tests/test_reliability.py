@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,7 +14,16 @@ from llmattr.declarations import MetricRow, TableSpec
 from llmattr.errors import LlmattrError
 from llmattr.faithfulness import Metric, MetricContext, MetricOptions, ranking, register, unregister
 from llmattr.faithfulness.inputs import example_key
-from llmattr.faithfulness.reliability import PERTURBATIONS, RELIABILITY_OF, measured, perturbed, power, reliability_rows
+from llmattr.faithfulness.registry import METRICS
+from llmattr.faithfulness.reliability import (
+    PERTURBATIONS,
+    RELIABILITY_OF,
+    measured,
+    perturbed,
+    power,
+    reliability_rows,
+    shift_error,
+)
 from llmattr.stats import stable_seed
 from llmattr.store import Row
 
@@ -100,6 +111,34 @@ def test_pi_soft_absorbs_the_power_that_moves_soft(tiny_llama):
     assert got["pi_soft_nc_auc|power"] == pytest.approx(0, abs=1e-12)
     assert got["expected_retained|power"] == pytest.approx(float((s ** 2).sum() - s.sum()), rel=1e-9)
     assert abs(got["soft_ns|power"]) > 1e-3 and abs(got["soft_nc|power"]) > 1e-3
+
+
+def test_shift_error_pairs_draws_of_the_same_uniforms():
+    base = Row("v", 0.5, se=0.1, draws=[0.4, 0.5, 0.6])
+    other = Row("v", 0.6, se=0.1, draws=[0.52, 0.58, 0.7])
+    assert shift_error(base, other, paired=True) == pytest.approx(
+        float(np.std([0.12, 0.08, 0.1], ddof=1) / np.sqrt(3)))
+    assert shift_error(base, other, paired=False) == pytest.approx(math.hypot(0.1, 0.1))
+    assert shift_error(Row("v", 1.0), other, paired=True) is None  # deterministic: no error
+
+
+def test_soft_draws_average_to_their_values_and_pair_across_perturbations(tiny_llama):
+    """The draws' mean is the value (each sample's Soft and AUC averaged over steps), and the stored error of a
+    shift under s**c is the paired one: the standard error of the per-sample differences."""
+    m = len(llmattr.tokens(TEXT, model=tiny_llama, task="sentiment"))
+    expl = scored(tiny_llama, torch.linspace(-1, 2, m).tolist())
+    ctx = MetricContext(tiny_llama, expl, MetricOptions(seed=0, values={"samples": 4}))
+    base = {row.metric: row for row in METRICS["soft"].compute(ctx, "dynamic") + METRICS["pi-soft"].compute(
+        ctx, "dynamic") if row.draws is not None}
+    assert set(base) == {"soft_ns", "soft_nc", "pi_soft_ns_auc", "pi_soft_nc_auc"}
+    for row in base.values():
+        assert len(row.draws) == 4 and np.mean(row.draws) == pytest.approx(row.value, rel=1e-9, abs=1e-12)
+        assert row.se == pytest.approx(float(np.std(row.draws, ddof=1) / 2), rel=1e-9)
+    other = MetricContext(tiny_llama, perturbed(expl, "power", 2.0), ctx.options)
+    powered = {row.metric: row for row in METRICS["soft"].compute(other, "dynamic")}
+    got = {row.metric: row for row in reliability_rows(ctx, measured("soft"), c=2.0)}
+    expected = np.std(np.subtract(powered["soft_ns"].draws, base["soft_ns"].draws), ddof=1) / 2
+    assert got["soft_ns|power"].se == pytest.approx(float(expected), rel=1e-9)
 
 
 def test_unknown_measured_metric_is_one_line():

@@ -116,7 +116,8 @@ def _current_keys(conn: sqlite3.Connection) -> None:
 class Row:
     """One metric value: ``x`` is the curve's x (pi, a fraction, K, a layer; None for scalars), ``step`` the
     generation step, ``se`` its Monte-Carlo standard error (None when the metric is deterministic). ``pi=`` is
-    the old spelling of ``x=`` (a metric written before the rename keeps working)."""
+    the old spelling of ``x=`` (a metric written before the rename keeps working). ``draws``: the value's
+    Monte-Carlo draws where the metric gives them (the reliability metric pairs them), never stored."""
 
     metric: str
     value: float
@@ -124,6 +125,7 @@ class Row:
     step: int | None = None
     se: float | None = None
     pi: InitVar[float | None] = None
+    draws: list[float] | None = field(default=None, compare=False, repr=False)  # Monte-Carlo draws, not stored
 
     def __post_init__(self, pi: float | None) -> None:
         if pi is not None:

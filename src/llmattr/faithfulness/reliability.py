@@ -16,10 +16,12 @@ disruptive (the verdict must move)
 
 Rows, per value ``v`` of the metric's report tables (a value is the mean of its rows, over curve points and steps,
 as the report reads it): ``v|none`` (the value on the explanation) and ``v|<perturbation>`` = the perturbed value
-minus it, ``Delta``, with the Monte-Carlo standard error of that difference where the metric reports one. The report
-(:mod:`llmattr.report.trust`) turns them into resilience (``E|Delta|`` under the minor perturbations) and reactivity
-(``E|Delta|`` under the disruptive ones), both in units of the value's standard deviation over the run's examples,
-and adds the agreement of the metrics' rankings of the methods (Kendall's tau) and their split-half stability.
+minus it, ``Delta``, with the Monte-Carlo standard error of that difference where the metric reports one: of the
+paired draws where both were drawn from the same uniforms (every perturbation but ``seed``; :func:`shift_error`).
+The report (:mod:`llmattr.report.trust`) turns them into resilience (``E|Delta|`` under the minor perturbations)
+and reactivity (``E|Delta|`` under the disruptive ones), both in units of the value's standard deviation over the
+run's examples, and adds the agreement of the metrics' rankings of the methods (Kendall's tau) and their split-half
+stability.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ import math
 from collections import defaultdict
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from ..declarations import DISRUPTIVE, MINOR, PERTURBED_SEP, UNPERTURBED
 from ..errors import LlmattrError
 from ..explanation import Explanation
-from ..stats import stable_seed
+from ..stats import mc_standard_error, stable_seed
 from ..store import Row
 from .inputs import example_key
 from .ranking import REMOVAL
@@ -86,15 +89,27 @@ def table_values(metric: Metric) -> tuple[str, ...]:
     return tuple(dict.fromkeys(row.metric for table in metric.tables for row in table.rows))
 
 
-def values_of(rows: list[Row], names: tuple[str, ...]) -> dict[str, tuple[float, float | None]]:
-    """``{name: (value, mc_se)}``: each name's mean over its rows (curve points, steps), and its Monte-Carlo
-    standard error where it is one scalar row that has one."""
+def values_of(rows: list[Row], names: tuple[str, ...]) -> dict[str, Row]:
+    """``{name: Row}``: each name's mean over its rows (curve points, steps), with its Monte-Carlo standard error
+    and draws where it is one scalar row that has them."""
     grouped: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         if row.metric in names:
             grouped[row.metric].append(row)
-    return {name: (math.fsum(r.value for r in group) / len(group), group[0].se if len(group) == 1 else None)
+    return {name: group[0] if len(group) == 1 else Row(name, math.fsum(r.value for r in group) / len(group))
             for name, group in grouped.items()}
+
+
+def shift_error(base: Row, other: Row, paired: bool) -> float | None:
+    """The Monte-Carlo standard error of ``other.value - base.value``: with ``paired`` draws (the same uniforms,
+    sample j of one beside sample j of the other) the standard error of the paired differences, which common
+    random numbers make far smaller than the two errors combined; otherwise (another seed: independent draws)
+    ``sqrt(se_base**2 + se_other**2)``. None where either has no error (a deterministic metric)."""
+    if base.se is None or other.se is None:
+        return None
+    if paired and base.draws is not None and other.draws is not None:
+        return float(mc_standard_error(np.subtract(other.draws, base.draws)))
+    return math.hypot(base.se, other.se)
 
 
 def perturbed_contexts(ctx: MetricContext, c: float) -> dict[str, MetricContext]:
@@ -116,13 +131,12 @@ def reliability_rows(ctx: MetricContext, metrics: list[Metric], c: float) -> lis
         routing = ROUTING if metric.routed else NO_ROUTING
         names = table_values(metric)
         base = values_of(metric.compute(ctx, routing), names)  # ctx's memo: shared with the run's own metrics
-        rows += [Row(f"{name}{PERTURBED_SEP}{UNPERTURBED}", value, se=se) for name, (value, se) in base.items()]
+        rows += [Row(f"{name}{PERTURBED_SEP}{UNPERTURBED}", row.value, se=row.se) for name, row in base.items()]
         for kind, other in others.items():
-            for name, (value, se) in values_of(metric.compute(other, routing), names).items():
+            for name, row in values_of(metric.compute(other, routing), names).items():
                 if name in base:
-                    both = (se, base[name][1])
-                    err = None if None in both else math.hypot(*both)
-                    rows.append(Row(f"{name}{PERTURBED_SEP}{kind}", value - base[name][0], se=err))
+                    rows.append(Row(f"{name}{PERTURBED_SEP}{kind}", row.value - base[name].value,
+                                    se=shift_error(base[name], row, paired=kind != "seed")))
     return rows
 
 

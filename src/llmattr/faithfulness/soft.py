@@ -218,6 +218,7 @@ class SoftResult:
     warnings: list[str] = field(default_factory=list)
     coupling: str = "coupled"
     mc_se: dict = field(default_factory=dict)  # Monte-Carlo standard error of each value (None: 1 sample)
+    draws: dict = field(default_factory=dict)  # each scalar value's per-sample draws (:func:`mc_draws`)
     d0: float | None = None  # mean zero-baseline distance D0 over the evaluated steps
     scope: str = "span"  # what was perturbed and zeroed (the explanation's scope)
 
@@ -332,7 +333,7 @@ def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps
         expected_retained=float(sum(float(scores[k, : visible(target, k) if groups is None else None].sum())
                                     for k in kept) / len(kept)),
         routing=routing, samples=samples, seed=seed, mode=mode, steps=kept, warnings=warnings,
-        coupling=coupling, mc_se=mc_errors(per_step, grid.tolist()),
+        coupling=coupling, mc_se=mc_errors(per_step, grid.tolist()), draws=mc_draws(per_step, grid.tolist()),
         d0=float(sum(r.d0 for r in per_step) / len(per_step)), scope=target.scope,
     )
 
@@ -354,6 +355,22 @@ def mc_errors(per_step: list[StepSamples], pis: list[float]) -> dict:
         per_step_se = mc_standard_error(torch.cat([curves, auc_draws[:, None]], 1).numpy())  # (T, K + 2)
         se = [None if math.isnan(v) else v for v in ((per_step_se ** 2).sum(0) ** 0.5 / len(rows)).tolist()]
         out.update({f"pi_soft_{family}": se[:-2], f"soft_{family}": se[-2], f"pi_soft_{family}_auc": se[-1]})
+    return out
+
+
+def mc_draws(per_step: list[StepSamples], pis: list[float]) -> dict[str, list[float]]:
+    """Each scalar value's Monte-Carlo draws: sample j's Soft-NS/NC and its pi-curve's AUC, averaged over the
+    steps (the value is their mean). Two results drawn from the same uniforms (the same seed, example and steps;
+    the scores may differ) pair their draws j, so the error of their difference is the standard error of the
+    paired differences (:func:`llmattr.stats.mc_standard_error`), not the two errors added as if independent."""
+    out: dict = {}
+    for family in ("ns", "nc"):
+        rows = [getattr(r, family) for r in per_step]
+        if rows[0] is None:
+            continue
+        curves = torch.stack(rows)  # (T, K + 1, S)
+        aucs = curve_auc(curves[:, :-1].transpose(0, 1), pis)  # (T, S)
+        out.update({f"soft_{family}": curves[:, -1].mean(0).tolist(), f"pi_soft_{family}_auc": aucs.mean(0).tolist()})
     return out
 
 
@@ -410,15 +427,17 @@ def _rows(ctx: MetricContext, routing: str, curves: bool) -> list[Row]:
     rows per sample; the two metric families never share rows, so either can be added to a store later.
     """
     result = evaluate_explanation(ctx.explanation, ctx.lm, metrics=("pi-soft-nc", "pi-soft-ns"), routing=routing,
-                                  pis=None if curves else (0.5,), **soft_options(ctx)).to_dict()
-    values, se = result["metrics"], result["mc_se"]
+                                  pis=None if curves else (0.5,), **soft_options(ctx))
+    values, se, draws = result.to_dict()["metrics"], result.mc_se, result.draws
     if not curves:
-        return [Row(name, values[name], se=se.get(name)) for name in ("soft_ns", "soft_nc", "expected_retained")]
+        return [Row(name, values[name], se=se.get(name), draws=draws.get(name))
+                for name in ("soft_ns", "soft_nc", "expected_retained")]
     rows = []
     for name in ("pi_soft_ns", "pi_soft_nc"):
         curve = values[name]
         rows += [Row(name, v, x=p, se=e) for p, v, e in zip(curve["x"], curve["values"], se[name], strict=True)]
-        rows.append(Row(f"{name}_auc", curve["auc"], se=se[f"{name}_auc"]))
+        auc_name = f"{name}_auc"
+        rows.append(Row(auc_name, curve["auc"], se=se[auc_name], draws=draws.get(auc_name)))
     return rows
 
 
