@@ -7,10 +7,18 @@ import json
 import sqlite3
 
 import pytest
+import torch
 
 from conftest import build_tiny
 from llmattr.evaluation import EvalConfig, load_dataset, run
-from llmattr.evaluation.sharding import BALANCED, STRIDED, balanced_owners, example_cost, shard_examples
+from llmattr.evaluation.sharding import (
+    BALANCED,
+    STRIDED,
+    balanced_owners,
+    example_cost,
+    shard_device,
+    shard_examples,
+)
 from llmattr.faithfulness import METRICS, Metric, register
 from llmattr.store import Results, Row
 
@@ -110,3 +118,22 @@ def test_three_shards_merged_equal_one_process(tiny_long, tmp_path, toy_metric, 
     shards = sorted(tmp_path.glob("s.rank*.sqlite"))
     assert len(shards) == 3 and all(stored_examples(path) for path in shards)
     assert rows(shards) == rows([tmp_path / "one.sqlite"])
+
+
+@pytest.mark.parametrize(("env", "gpus", "expected"), [
+    ({"LOCAL_RANK": "3"}, 4, "cuda:3"),  # torchrun / accelerate
+    ({"SLURM_LOCALID": "2"}, 4, "cuda:2"),  # srun tasks sharing the node's GPUs
+    ({"SLURM_LOCALID": "2"}, 1, "cuda:0"),  # a task Slurm bound to one GPU sees only it
+    ({"LOCAL_RANK": "1", "SLURM_LOCALID": "0"}, 2, "cuda:1"),  # the launcher's own rank first
+    ({}, 4, "auto"),  # one process: auto stays auto
+])
+def test_each_local_process_takes_its_own_gpu(monkeypatch, env, gpus, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert shard_device("auto", env) == expected
+    assert shard_device("cpu", env) == "cpu"  # an explicit device is kept
+
+
+def test_no_gpu_keeps_the_device_whatever_the_rank(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert shard_device("auto", {"SLURM_LOCALID": "1"}) == "auto"

@@ -67,10 +67,13 @@ def shard_path(out: str | Path, rank: int, world: int) -> Path:
     return out if world == 1 else out.with_name(f"{out.stem}.rank{rank}{out.suffix or '.sqlite'}")
 
 
-def shard_device(device: str) -> str:
-    """Under torchrun/accelerate each process takes GPU ``LOCAL_RANK`` when the device is ``auto``."""
-    if device == "auto" and torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
-        return f"cuda:{int(os.environ['LOCAL_RANK'])}"
+def shard_device(device: str, env: Mapping[str, str] = os.environ) -> str:
+    """With ``device="auto"``, each process of a host takes its own GPU: its local rank on the host (torchrun and
+    accelerate's ``LOCAL_RANK``, else Slurm's ``SLURM_LOCALID``) modulo the GPUs it sees, so ``srun`` tasks that
+    share a node's GPUs spread over them and a task that Slurm bound to one GPU (it sees one) takes it."""
+    local = env.get("LOCAL_RANK", env.get("SLURM_LOCALID"))
+    if device == "auto" and local is not None and torch.cuda.is_available():
+        return f"cuda:{int(local) % torch.cuda.device_count()}"
     return device
 
 
