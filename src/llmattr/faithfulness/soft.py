@@ -23,6 +23,7 @@ shrinks. ``coupling="independent"`` draws per method and per family (the earlier
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -338,22 +339,28 @@ def evaluate_target(lm: LoadedModel, target: Target, scores: torch.Tensor, steps
     )
 
 
+def sample_values(per_step: list[StepSamples], pis: list[float]
+                  ) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """``(family, curves (T, K + 1, S), aucs (T, S))`` of each family the steps measured: every sample's curve
+    (the K pi rows, then alpha = 1) and its AUC per step. The AUC is linear in the curve, so sample j's AUC (over
+    the pi rows of sample j) is one draw of it."""
+    for family in ("ns", "nc"):
+        rows = [getattr(r, family) for r in per_step]
+        if rows[0] is not None:
+            curves = torch.stack(rows)
+            yield family, curves, curve_auc(curves[:, :-1].transpose(0, 1), pis)
+
+
 def mc_errors(per_step: list[StepSamples], pis: list[float]) -> dict:
     """Monte-Carlo standard error of every reported value (None with one sample).
 
     A value is the mean over T steps of a mean over S samples; steps draw independently, so its error
-    is ``sqrt(sum_t se_t**2) / T`` with ``se_t`` the standard error over samples at step t. The AUC is
-    linear in the curve, so sample j's AUC (over the pi rows of sample j) is one draw of it.
+    is ``sqrt(sum_t se_t**2) / T`` with ``se_t`` the standard error over samples at step t.
     """
     out: dict = {}
-    for family in ("ns", "nc"):
-        rows = [getattr(r, family) for r in per_step]
-        if rows[0] is None:
-            continue
-        curves = torch.stack(rows)  # (T, K + 1, S)
-        auc_draws = curve_auc(curves[:, :-1].transpose(0, 1), pis)  # (T, S)
-        per_step_se = mc_standard_error(torch.cat([curves, auc_draws[:, None]], 1).numpy())  # (T, K + 2)
-        se = [None if math.isnan(v) else v for v in ((per_step_se ** 2).sum(0) ** 0.5 / len(rows)).tolist()]
+    for family, curves, aucs in sample_values(per_step, pis):
+        per_step_se = mc_standard_error(torch.cat([curves, aucs[:, None]], 1).numpy())  # (T, K + 2)
+        se = [None if math.isnan(v) else v for v in ((per_step_se ** 2).sum(0) ** 0.5 / len(curves)).tolist()]
         out.update({f"pi_soft_{family}": se[:-2], f"soft_{family}": se[-2], f"pi_soft_{family}_auc": se[-1]})
     return out
 
@@ -364,12 +371,7 @@ def mc_draws(per_step: list[StepSamples], pis: list[float]) -> dict[str, list[fl
     the scores may differ) pair their draws j, so the error of their difference is the standard error of the
     paired differences (:func:`llmattr.stats.mc_standard_error`), not the two errors added as if independent."""
     out: dict = {}
-    for family in ("ns", "nc"):
-        rows = [getattr(r, family) for r in per_step]
-        if rows[0] is None:
-            continue
-        curves = torch.stack(rows)  # (T, K + 1, S)
-        aucs = curve_auc(curves[:, :-1].transpose(0, 1), pis)  # (T, S)
+    for family, curves, aucs in sample_values(per_step, pis):
         out.update({f"soft_{family}": curves[:, -1].mean(0).tolist(), f"pi_soft_{family}_auc": aucs.mean(0).tolist()})
     return out
 
