@@ -20,6 +20,8 @@ TARGET_MODES = ("label", "generated", "gold")  # what is explained: llmattr.targ
 SCOPES = ("span", "prompt", "all")  # what is attributed: llmattr.targets
 REPORT_FORMATS = ("md", "latex", "csv", "html")  # what llmattr report writes
 DATA_TASK = "sentiment"  # the task that prompts the rows of a user's own file in llmattr evaluate --data
+CHECKPOINTING = ("auto", "on", "off")  # activation checkpointing of the backward pass: llmattr.models.memory
+DTYPES = ("float32", "fp32", "float16", "fp16", "bfloat16", "bf16")  # --dtype's names (and auto): models.loading
 
 
 def positive_int(value: object, name: str) -> int:
@@ -95,6 +97,19 @@ def writable_file(path: str | Path, option: str, suffixes: tuple[str, ...] | Non
     except OSError as err:
         raise LlmattrError(f"{option} {path} cannot be written: {err.strerror or err}") from err
     return path
+
+
+def check_checkpointing(value: object) -> None:
+    """Refuse a ``checkpointing`` that is not one of :data:`CHECKPOINTING`."""
+    if value not in CHECKPOINTING:
+        raise LlmattrError(f"checkpointing must be one of {', '.join(CHECKPOINTING)}; got {value!r}")
+
+
+def dtype_name(name: object) -> object:
+    """``--dtype`` ``name`` if it is one of :data:`DTYPES`, ``auto`` or None (the default), else one line."""
+    if name not in (None, "auto", *DTYPES):
+        raise LlmattrError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)} or auto")
+    return name
 
 
 def examples_wanted(value: object) -> int | str | None:

@@ -37,11 +37,12 @@ import torch
 import transformers
 from transformers.trainer_utils import get_last_checkpoint
 
-from .checks import mask_rate, one_of, positive_int
+from .checks import positive_int
 from .declarations import held_out_summary
 from .errors import LlmattrError
 from .evaluation.accuracy import label_predictions
 from .faithfulness.ffidelity import augment_mask
+from .model_free import check_training, task_facts, training_loss
 from .models.card import CARD_NAME, card_path, content_hash, read_card
 from .models.loading import LoadedModel, load_model
 from .prompting import build_prompt
@@ -88,10 +89,7 @@ class FinetuneConfig:
 
     def __post_init__(self, objective: str | None) -> None:
         """``objective=`` (the old name) gives ``loss``; another ``loss`` beside it is refused."""
-        if objective is not None:
-            if self.loss not in (LOSSES[0], objective):
-                raise LlmattrError("finetune takes --loss (or its old name --objective), not both")
-            self.loss = objective
+        self.loss = training_loss(self.loss, objective, LOSSES[0])
 
     @property
     def rank(self) -> int:
@@ -113,22 +111,9 @@ class FinetuneConfig:
     def validate(self) -> Task:
         """Refuse bad values before any data or model is read; returns the task."""
         task = get_task(self.task)
-        one_of(self.loss, LOSSES, "--loss")
+        check_training(task_facts(task), self.loss, self.head, self.permute_labels, self.mask_augment, LOSSES, HEADS)
         if self.head is not None:
-            task = head_task(task, self.head, self.loss)
-        elif task.head != "lm":
-            raise LlmattrError(f"task {task.name} is read by a sequence-{task.head} head: give --head {task.head}")
-        elif self.loss == "label" and not task.classifies:
-            regression = (" (paper 003's regression head: --task stsb-regression --head regression)"
-                          if task.numeric else "")
-            raise LlmattrError(f"finetune --loss label needs a classification task with label words; {task.name} "
-                               f"is a {task.kind} task{regression}; use --loss lm to fine-tune on its text")
-        if self.permute_labels and not (self.head or self.loss == "label"):
-            raise LlmattrError("--permute-labels permutes the labels a model learns: give --loss label or --head")
-        mask_rate(self.mask_augment, "--mask-augment")
-        if self.mask_augment and (self.head or self.loss != "label"):
-            raise LlmattrError("--mask-augment deletes text tokens of the task's prompt: it trains with --loss label, "
-                               "without --head")
+            task = head_task(task)
         for name in ("held_out", "epochs", "batch_size", "max_tokens", "save_steps", "logging_steps"):
             positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
         if not (isinstance(self.learning_rate, float | int) and 0 < self.learning_rate < 1):
@@ -144,18 +129,9 @@ class FinetuneConfig:
         return task
 
 
-def head_task(task: Task, head: str, loss: str) -> Task:
-    """The task a ``--head`` trains: a head task as is, a prompted one's head version (``sst2`` -> ``sst2-head``,
-    ``stsb`` -> ``stsb-regression``); a head that does not fit the task is refused before any data is read."""
-    one_of(head, HEADS, "--head")
-    if loss != LOSSES[0]:
-        raise LlmattrError(f"--head {head} trains the head on the labels; --loss {loss} is for the LM head")
-    wanted = "regression" if task.numeric else "classification" if task.classifies else None
-    if wanted is None:
-        raise LlmattrError(f"--head {head} needs a classification or regression task; {task.name} is a "
-                           f"{task.kind} task")
-    if head != wanted:
-        raise LlmattrError(f"task {task.name} is a {task.kind} task: give --head {wanted}, not --head {head}")
+def head_task(task: Task) -> Task:
+    """The task a ``--head`` trains (checked by :func:`llmattr.model_free.check_training`): a head task as is, a
+    prompted one's head version (``sst2`` -> ``sst2-head``, ``stsb`` -> ``stsb-regression``)."""
     if task.head != "lm":
         return task
     if task.numeric:

@@ -7,22 +7,20 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..checks import one_of
+from ..model_free import training_loss
 from ..readers import read_numbered_rows, shaped_rows
 from .app import app
-from .view import check_task, view
+from .view import check_finetune, check_task, view
 
 
-def model_free_checks(task: str, loss: str, objective: str | None, head: str | None, data: Path | None,
-                      text_field: str | None, label_field: str | None) -> None:
+def model_free_checks(task: str, loss: str, objective: str | None, head: str | None, permute_labels: bool,
+                      mask_augment: float, data: Path | None, text_field: str | None, label_field: str | None) -> None:
     """What needs no model, checked from the registries' view before torch is imported (``FinetuneConfig``
-    checks it again): the task, ``--loss`` (or its old name ``--objective``) and ``--head`` names and the
-    ``--data`` file (with a head, the file alone: the head's task reads its columns)."""
+    checks it again): the task, ``--loss`` (or its old name ``--objective``), ``--head``, ``--permute-labels`` and
+    ``--mask-augment`` against the task (:func:`llmattr.model_free.check_training`) and the ``--data`` file (with a
+    head, the file alone: the head's task reads its columns)."""
     shape = check_task(task)
-    known = view()
-    one_of(loss if objective is None else objective, known["losses"], "--loss")
-    if head is not None:
-        one_of(head, known["heads"], "--head")
+    check_finetune(task, training_loss(loss, objective, view()["losses"][0]), head, permute_labels, mask_augment)
     if data is not None and head is None:
         shaped_rows(shape, data, text_field, label_field)
     elif data is not None:
@@ -67,7 +65,7 @@ def finetune(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Fine-tune a model on a task; the folder loads with --model DIR everywhere, its card names what it saw."""
-    model_free_checks(task, loss, objective, head, data, text_field, label_field)
+    model_free_checks(task, loss, objective, head, permute_labels, mask_augment, data, text_field, label_field)
     from ..declarations import held_out_summary
     from ..finetuning import FinetuneConfig
     from ..finetuning import finetune as run_finetune
