@@ -40,6 +40,22 @@ def mask_rate(value: object, name: str) -> float:
     return float(value)
 
 
+def option_value(value: object, flag: str, default: object, positive: bool = False, valid: Iterable = ()) -> object:
+    """``value`` of the option ``flag`` (a metric's declared option: its ``default``'s type, a whole number >= 1
+    where ``positive``, one of ``valid`` where given), a text of a number default converted; else one line."""
+    if isinstance(default, int | float) and not isinstance(default, bool) and isinstance(value, str):
+        try:
+            value = type(default)(value)
+        except ValueError:
+            raise LlmattrError(f"{flag} must be a number, got {value!r}") from None
+    if positive:
+        positive_int(value, flag)
+    valid = tuple(valid)
+    if valid and value not in valid:
+        raise LlmattrError(f"{flag} must be one of {', '.join(map(str, valid))}; got {value!r}")
+    return value
+
+
 def one_of(value: object, valid: Iterable[str], name: str) -> str:
     """``value`` if it is one of ``valid``, else one line listing them."""
     valid = tuple(valid)

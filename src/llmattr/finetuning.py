@@ -23,7 +23,6 @@ accuracy on a held-out split (balanced per class, seeded) that training never se
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import random
@@ -37,12 +36,11 @@ import torch
 import transformers
 from transformers.trainer_utils import get_last_checkpoint
 
-from .checks import positive_int
 from .declarations import held_out_summary
 from .errors import LlmattrError
 from .evaluation.accuracy import label_predictions
 from .faithfulness.ffidelity import augment_mask
-from .model_free import check_training, task_facts, training_loss
+from .model_free import check_schedule, check_training, lora_rank, task_facts, training_loss
 from .models.card import CARD_NAME, card_path, content_hash, read_card
 from .models.loading import LoadedModel, load_model
 from .prompting import build_prompt
@@ -55,7 +53,6 @@ from .version import __version__
 
 LOSSES = ("label", "lm")
 HEADS = ("classification", "regression")  # --head: a sequence head on the last token's state (paper 003)
-HEAD_LORA_R = 4  # paper 003 sec. 4.1: LLaMA-2 fine-tuned with LoRA of rank 4 (PEFT)
 CHECKPOINTS = "checkpoints"  # Trainer's checkpoints inside the output folder, removed once the model is written
 
 
@@ -95,9 +92,7 @@ class FinetuneConfig:
     def rank(self) -> int:
         """The LoRA rank trained: ``lora_r``, or by default 4 with a ``head`` (paper 003's recipe) and 0 (full
         fine-tuning) without."""
-        if self.lora_r is not None:
-            return self.lora_r
-        return HEAD_LORA_R if self.head else 0
+        return lora_rank(self.lora_r, self.head)
 
     def settings(self) -> dict:
         """The config as the model card records it: ``lora_r`` resolved, ``head`` only when given (a card written
@@ -114,18 +109,7 @@ class FinetuneConfig:
         check_training(task_facts(task), self.loss, self.head, self.permute_labels, self.mask_augment, LOSSES, HEADS)
         if self.head is not None:
             task = head_task(task)
-        for name in ("held_out", "epochs", "batch_size", "max_tokens", "save_steps", "logging_steps"):
-            positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
-        if not (isinstance(self.learning_rate, float | int) and 0 < self.learning_rate < 1):
-            raise LlmattrError(f"--learning-rate must be in (0, 1), got {self.learning_rate!r}")
-        if self.rank < 0:
-            raise LlmattrError(f"--lora-r must be 0 (full fine-tuning) or a rank >= 1, got {self.rank}")
-        if self.rank and importlib.util.find_spec("peft") is None:
-            raise LlmattrError("--lora-r needs peft: pip install 'llmattr[finetune]'")
-        if self.load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:
-            raise LlmattrError("--load-in-4bit needs bitsandbytes (a CUDA GPU): pip install 'llmattr[quant]'")
-        if self.load_in_4bit and not self.rank:
-            raise LlmattrError("--load-in-4bit trains LoRA adapters on the frozen 4-bit weights: give --lora-r")
+        check_schedule({**vars(self), "lora_r": self.rank})
         return task
 
 

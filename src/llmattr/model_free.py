@@ -8,11 +8,25 @@ at once. Nothing here imports torch.
 
 from __future__ import annotations
 
+import importlib.util
+import tomllib
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
-from .checks import mask_rate, member, one_of
+from .checks import (
+    SCOPES,
+    TARGET_MODES,
+    examples_wanted,
+    mask_rate,
+    member,
+    one_of,
+    one_source,
+    positive_int,
+    split_list,
+)
 from .declarations import current_params
 from .errors import LlmattrError
+from .readers import parse_labels
 from .sources.build import check_documents, check_spans
 from .sources.spans import GRANULARITIES
 
@@ -121,3 +135,83 @@ def check_training(task: Mapping, loss: str, head: str | None, permute_labels: b
     if mask_augment and (head or loss != "label"):
         raise LlmattrError("--mask-augment deletes text tokens of the task's prompt: it trains with --loss label, "
                            "without --head")
+
+
+HEAD_LORA_R = 4  # paper 003 sec. 4.1: LLaMA-2 fine-tuned with LoRA of rank 4 (PEFT)
+
+
+def lora_rank(lora_r: int | None, head: str | None) -> int:
+    """The LoRA rank a finetune trains: ``lora_r``, or by default 4 with a ``head`` (paper 003's recipe) and 0 (full
+    fine-tuning) without."""
+    if lora_r is not None:
+        return lora_r
+    return HEAD_LORA_R if head else 0
+
+
+def check_schedule(settings: Mapping) -> None:
+    """Refuse a finetune's counts (held-out rows, epochs, batch size, tokens, steps: those in ``settings``, each a
+    whole number >= 1), learning rate, LoRA rank (``lora_r``, resolved: :func:`lora_rank`) and 4-bit loading where
+    they cannot train, or need a package that is not installed."""
+    for name in ("held_out", "epochs", "batch_size", "max_tokens", "save_steps", "logging_steps"):
+        if name in settings:
+            positive_int(settings[name], f"--{name.replace('_', '-')}")
+    learning_rate, rank = settings["learning_rate"], settings["lora_r"]
+    if not (isinstance(learning_rate, float | int) and 0 < learning_rate < 1):
+        raise LlmattrError(f"--learning-rate must be in (0, 1), got {learning_rate!r}")
+    if rank < 0:
+        raise LlmattrError(f"--lora-r must be 0 (full fine-tuning) or a rank >= 1, got {rank}")
+    if rank and importlib.util.find_spec("peft") is None:
+        raise LlmattrError("--lora-r needs peft: pip install 'llmattr[finetune]'")
+    if settings.get("load_in_4bit") and importlib.util.find_spec("bitsandbytes") is None:
+        raise LlmattrError("--load-in-4bit needs bitsandbytes (a CUDA GPU): pip install 'llmattr[quant]'")
+    if settings.get("load_in_4bit") and not rank:
+        raise LlmattrError("--load-in-4bit trains LoRA adapters on the frozen 4-bit weights: give --lora-r")
+
+
+def file_labels(task: Mapping, labels: str) -> tuple[tuple[str, ...], dict]:
+    """``--labels`` of a file's rows for ``task`` (:func:`task_facts`; a classification task only) as
+    :func:`llmattr.readers.parse_labels` reads them."""
+    if not task["classifies"]:
+        raise LlmattrError(f"--labels applies to classification tasks; {task['name']} is a {task['kind']} task")
+    return parse_labels(labels)
+
+
+def read_toml(path: str | Path) -> dict:
+    """The keys of ``llmattr evaluate --config``'s TOML file, refused in one line when it is missing or not TOML."""
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError as err:
+        raise LlmattrError(f"config file not found: {path}") from err
+    except tomllib.TOMLDecodeError as err:
+        raise LlmattrError(f"{path} is not valid TOML: {err}") from err
+
+
+def config_values(data: Mapping, keys: Iterable[str]) -> dict:
+    """``llmattr evaluate``'s settings from a TOML file or the command line: names with ``_`` (``max-new-tokens``
+    is ``max_new_tokens``), unset (None) values left out, lists given as ``a,b`` split; a name that is none of
+    ``keys`` refused, listing them."""
+    keys = sorted(keys)
+    data = {key.replace("-", "_"): value for key, value in data.items() if value is not None}
+    unknown = sorted(set(data) - set(keys))
+    if unknown:
+        raise LlmattrError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(keys)}")
+    for key in ("datasets", "methods", "metrics", "layers"):
+        if isinstance(data.get(key), str | int):
+            data[key] = split_list(str(data[key]))
+    return data
+
+
+def check_evaluation(values: Mapping) -> None:
+    """``llmattr evaluate``'s settings that need no registry (a key left out is unset): ``n``, ``data`` beside
+    ``datasets``, ``max_new_tokens``, ``seed``, ``target`` and ``scope``."""
+    examples_wanted(values.get("n"))
+    one_source(values.get("data"), values.get("datasets"))
+    if values.get("max_new_tokens") is not None:
+        positive_int(values["max_new_tokens"], "--max-new-tokens")
+    seed = values.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise LlmattrError(f"--seed must be a whole number, got {seed!r}")
+    for key, valid in (("target", TARGET_MODES), ("scope", SCOPES)):
+        if key in values:
+            member(values[key], valid, key)

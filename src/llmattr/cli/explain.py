@@ -31,7 +31,7 @@ from ..model_free import check_sources, request_params
 from ..readers import read_rows, row_texts
 from ..sources.build import check_spans
 from .app import DERIVED, app, plugin_command
-from .view import check_methods, check_params, check_task, view
+from .view import check_methods, check_objectives, check_params, check_task, view
 
 FORMATS = ("text", "json")
 METHOD_PANEL = "Method parameters"
@@ -229,23 +229,25 @@ def explain(
     shape = check_task(task)
     member(target, TARGET_MODES, "target")
     member(scope, SCOPES, "scope")
-    check_checkpointing(checkpointing)
-    spans = parse_spans(span)
-    check_sources(task, shape["documents"], sources, documents, spans)
-    check_params(names, request_params(params, objective, foil))
+    check_objectives(names, objective if objective is not None else params.get("objective"))
     if data is not None:
         content = file_texts(row_texts(shape, data, text_field, documents_field), n, field, target)
-    else:
-        gold_field = ("label",) if view()["task_facts"][task]["has_gold_word"] else ()  # --target gold's word
-        content = parse_fields(text, field, tuple(shape["fields"]) + gold_field)
-        if not field:
-            check_text(text)
+    elif not field:
+        check_text(text)
     outputs = {"--html": html, "--json": json, "--eval-json": eval_json, "--plot": plot, "--figure": figure}
     many = len(names) > 1 or data is not None  # an Explanations collection: lists in the JSON, a grid page
     model_free_checks(evaluate, routing, samples, shots_from, data, many, outputs)
-    if spans is not None:  # the spans fit the text (Request.check_text checks it again)
-        check_spans(spans, len(text))
-    dtype_name(dtype)  # a bad --dtype is refused before torch is imported
+    # then what Request checks again, in its order, and the text's fields and spans and --dtype: still no torch
+    spans = parse_spans(span)
+    check_checkpointing(checkpointing)
+    check_sources(task, shape["documents"], sources, documents, spans)
+    check_params(names, request_params(params, objective, foil))
+    if data is None:
+        gold_field = ("label",) if view()["task_facts"][task]["has_gold_word"] else ()  # --target gold's word
+        content = parse_fields(text, field, (*shape["fields"], *gold_field))
+        if spans is not None:  # the spans fit the text (Request.check_text checks it again)
+            check_spans(spans, len(text))
+    dtype_name(dtype)
     from ..api import explain as run_explain
     from ..models.loading import load_model
     from ..render import print_explanation, progress_console

@@ -31,11 +31,13 @@ def registered() -> dict:
     """The view read from the registries (importing them, and torch): ``methods`` (the registered names),
     ``not_defined`` ({name: why}: methods refused for decoder-only models), ``method_params`` ({parameter: [``"method
     default"``, ...]}), ``tasks``, ``datasets``, ``groups`` ({group: datasets}), ``metrics`` and ``metric_options``
-    ({name: {flag, type, default, valid, help}}), ``scoring`` ({method: its default objective}), ``objectives``,
-    ``task_shapes`` ({task: :func:`llmattr.tasks.files.shape_of`}), ``outputs`` (the metrics' output names),
-    ``losses`` and ``heads`` (``finetune``'s), ``takes`` ({method: its parameters}), ``contrastive`` (the objectives
-    that need a foil) and ``task_facts`` ({task: :func:`llmattr.model_free.task_facts`})."""
+    ({name: {flag, type, default, valid, help, positive}}), ``scoring`` ({method: its default objective}),
+    ``objectives``, ``task_shapes`` ({task: :func:`llmattr.tasks.files.shape_of`}), ``outputs`` (the metrics'
+    output names), ``losses`` and ``heads`` (``finetune``'s), ``takes`` ({method: its parameters}), ``contrastive``
+    (the objectives that need a foil), ``task_facts`` ({task: :func:`llmattr.model_free.task_facts`}) and
+    ``config_keys`` (the keys of ``llmattr evaluate --config`` besides the metric options)."""
     from .. import methods
+    from ..evaluation.config import FIELDS
     from ..evaluation.run_datasets import dataset_groups, dataset_names
     from ..faithfulness import METRICS, OUTPUTS, declared_options
     from ..finetuning import HEADS, LOSSES
@@ -58,7 +60,8 @@ def registered() -> dict:
         "metric_options": {name: {
             "flag": option.flag,
             "type": type(option.default).__name__ if isinstance(option.default, int | float | str) else "str",
-            "default": str(option.default), "valid": [str(v) for v in option.valid or ()], "help": option.help}
+            "default": str(option.default), "valid": [str(v) for v in option.valid or ()], "help": option.help,
+            "positive": option.positive}
             for name, option in sorted(declared_options().items())},
         "scoring": {name: methods.REGISTRY[name].objective for name in methods.available()
                     if methods.REGISTRY[name].objective},
@@ -70,6 +73,7 @@ def registered() -> dict:
         "takes": {name: sorted(methods.REGISTRY[name].defaults) for name in methods.available()},
         "contrastive": contrastive(),
         "task_facts": {name: task_facts(TASKS[name]) for name in sorted(TASKS)},
+        "config_keys": sorted(FIELDS - {"options"}),
     }
 
 
@@ -95,6 +99,15 @@ def check_task(name: str) -> dict:
     return known["task_shapes"][one_of(name, known["tasks"], "task")]
 
 
+def check_objectives(names: list[str], objective: str | None) -> None:
+    """Refuse an unknown ``objective`` (else each method's default) of the methods ``names`` that score a model
+    output, with the line the method's construction raises (:func:`llmattr.objectives.get`'s)."""
+    known = view()
+    for name in names:
+        if name in known["scoring"]:
+            one_of(objective or known["scoring"][name], known["objectives"], f"{name} objective")
+
+
 def check_params(names: list[str], params: dict) -> None:
     """Refuse a parameter one of the methods ``names`` does not take, or an objective and foil that do not fit
     it, with the line the method's construction raises (:func:`llmattr.model_free.check_method_params`)."""
@@ -105,10 +118,9 @@ def check_params(names: list[str], params: dict) -> None:
 
 
 def check_finetune(task: str, loss: str, head: str | None, permute_labels: bool, mask_augment: float) -> None:
-    """Refuse what :meth:`llmattr.finetuning.FinetuneConfig.validate` refuses of the task, loss, head, label
-    permutation and mask augmentation (:func:`llmattr.model_free.check_training`), from the view."""
+    """Refuse what :meth:`llmattr.finetuning.FinetuneConfig.validate` refuses of the (registered) task's loss, head,
+    label permutation and mask augmentation (:func:`llmattr.model_free.check_training`), from the view."""
     known = view()
-    check_task(task)
     check_training(known["task_facts"][task], loss, head, permute_labels, mask_augment, known["losses"],
                    known["heads"])
 
