@@ -215,3 +215,19 @@ def check_evaluation(values: Mapping) -> None:
     for key, valid in (("target", TARGET_MODES), ("scope", SCOPES)):
         if key in values:
             member(values[key], valid, key)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``--shard i/n`` as (rank, world size), refused in one line when it is not two whole numbers."""
+    try:
+        rank, world = (int(part) for part in text.split("/"))
+    except ValueError as err:
+        raise LlmattrError(f"--shard expects i/n (e.g. 0/2), got {text!r}") from err
+    return rank, world
+
+
+def check_shard(rank: int, world: int) -> tuple[int, int]:
+    """(rank, world size) if ``0 <= rank < world``, else one line."""
+    if world < 1 or not 0 <= rank < world:
+        raise LlmattrError(f"shard {rank}/{world} is out of range: use i/n with 0 <= i < n")
+    return rank, world

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from ..checks import (
     split_spec,
     writable_file,
 )
-from ..model_free import check_evaluation, config_values, file_labels, read_toml
+from ..errors import LlmattrError
+from ..model_free import check_evaluation, check_shard, config_values, file_labels, parse_shard, read_toml
 from ..readers import shaped_rows, shaped_texts
 from .app import DERIVED, app, plugin_command
 from .view import check_datasets, check_methods, check_metrics, check_params, check_task, view
@@ -123,15 +125,18 @@ def evaluate(
     values = {**(config_values(read_toml(config), keys) if config is not None else {}), **given}
     if config is not None:
         model_free_checks(values)
+    launch = {"shards": shards, "partition": partition, "gpus": gpus, "time": time, "mem": mem, "account": account,
+              "wait": wait, "submitit_folder": submitit_folder}
+    launched = launcher != "none" or any(value is not None for value in launch.values())
+    if launched:
+        launch_checks(launcher, **launch)
     settings_checks(values)
     from ..evaluation import EvalConfig, run
 
     base = EvalConfig.from_toml(config) if config is not None else None
     cfg = EvalConfig.from_mapping(cli, base)
     console = Console(stderr=True)
-    launch = {"shards": shards, "partition": partition, "gpus": gpus, "time": time, "mem": mem, "account": account,
-              "wait": wait, "submitit_folder": submitit_folder}
-    if launcher != "none" or any(value is not None for value in launch.values()):
+    if launched:
         launch_shards(cfg, launcher, console, **launch)
         return
     try:
@@ -191,21 +196,17 @@ def settings_checks(values: dict) -> None:
     dtype_name(values.get("dtype"))
     if "out" in values:
         writable_file(values["out"], "--out")
+    if values.get("shard"):
+        check_shard(*parse_shard(values["shard"]))
     for name, params in map(split_spec, values.get("methods") or ()):
         check_params([name], params)
     if values.get("data") is not None and values.get("labels") is not None:
         file_labels(known["task_facts"][values.get("task", DATA_TASK)], values["labels"])
 
 
-def launch_shards(cfg, launcher: str, console: Console, *, shards: int | None, partition: str | None,
-                  gpus: int | None, time: int | None, mem: int | None, account: str | None, wait: bool | None,
-                  submitit_folder: Path | None) -> None:
-    """``--launcher local|slurm``: every option checked, then the shards submitted as one job array; waits (and
-    exits 1 when a shard failed) or prints the job ids; either way prints the status and report commands."""
-    import importlib.util
-
-    from ..errors import LlmattrError
-
+def launch_checks(launcher: str, *, shards: int | None, partition: str | None, gpus: int | None, time: int | None,
+                  mem: int | None, account: str | None, wait: bool | None, submitit_folder: Path | None) -> None:
+    """The options of ``--launcher local|slurm`` (those of :func:`launch_shards`), checked before torch loads."""
     if launcher == "none":
         raise LlmattrError("--shards, --partition, --gpus, --time, --mem, --account, --wait and --submitit-folder "
                            "need --launcher local or slurm")
@@ -224,6 +225,14 @@ def launch_shards(cfg, launcher: str, console: Console, *, shards: int | None, p
         raise LlmattrError(f"--time must be at least 1 minute, got {time}")
     if importlib.util.find_spec("submitit") is None:
         raise LlmattrError(f"--launcher {launcher} submits through submitit: pip install 'llmattr[slurm]'")
+
+
+def launch_shards(cfg, launcher: str, console: Console, *, shards: int | None, partition: str | None,
+                  gpus: int | None, time: int | None, mem: int | None, account: str | None, wait: bool | None,
+                  submitit_folder: Path | None) -> None:
+    """``--launcher local|slurm``: the shards submitted as one job array (every option checked before, by
+    :func:`launch_checks`); waits (and exits 1 when a shard failed) or prints the job ids; either way prints the
+    status and report commands."""
     from ..evaluation.launch import Resources, shard_configs, store_pattern, submit
 
     shard_configs(cfg, shards)  # refuses --shard and --shards < 1 before anything is written
