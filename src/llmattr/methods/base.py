@@ -78,7 +78,8 @@ class AttributionMethod:
     granularity: ClassVar[str] = "token"  # "source": scores whole sources and needs a prompt with them
 
     def __init__(self, **params):
-        params = check_method_params(self.name, params, self.defaults, self.objective, objectives.OBJECTIVES,
+        scored = self.defaults.get("objective", self.objective) if self.objective else None  # the default's
+        params = check_method_params(self.name, params, self.defaults, scored, objectives.OBJECTIVES,
                                      objectives.contrastive())
         self.params = MethodParams({**self.defaults, **params})
 
