@@ -1,10 +1,11 @@
 """Issue 35 item 7: ``--help`` of every command and every model-free refusal answer without importing torch,
 transformers, scipy or matplotlib (checked in a fresh interpreter through ``sys.modules``: a test of imports, not of
 time), and every help text and refusal line is what it was before the fast path (golden files in
-``tests/data/cli_help/``, captured from main at 2d915e0, and ``tests/data/cli_refusals.json``, from main at
-4837f74). The help of ``explain`` and ``evaluate`` lists the registries through a written view of them
-(``llmattr.cli._registered``); a test fails when it disagrees with the registries. Regenerate both deliberately with
-``python tests/test_cli_fast.py --regen`` when a method, metric, task or option is added."""
+``tests/data/cli_help/``, captured from main at 2d915e0, and ``tests/data/cli_refusals.json``, from main at 335e1b9,
+where 76 of them were torch-free already and the others were refused after importing torch). The help of ``explain``
+and ``evaluate`` lists the registries through a written view of them (``llmattr.cli._registered``); a test fails
+when it disagrees with the registries. Regenerate both deliberately with ``python tests/test_cli_fast.py --regen``
+when a method, metric, task or option is added."""
 
 from __future__ import annotations
 
@@ -117,6 +118,23 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
        for name, path in BAD_FILES.items()},
     "explain-data-no-text-column": ["explain", "--data", f"{FILES}/reviews.csv"],
     "explain-data-blank-text": ["explain", "--data", f"{FILES}/blank.csv"],
+    "explain-unknown-param": ["explain", "--method", "saliency", "--param", "foo=1", "hi"],
+    "explain-param-of-another-method": ["explain", "--method", "saliency", "--layers", "4", "hi"],
+    "explain-objective-of-attention": ["explain", "--method", "attention", "--objective", "logit", "hi"],
+    "explain-contrast-without-foil": ["explain", "--method", "saliency", "--objective", "contrast", "hi"],
+    "explain-foil-without-contrast": ["explain", "--foil", "Negative", "hi"],
+    "explain-bad-dtype": ["explain", "--dtype", "float8", "hi"],
+    "explain-bad-checkpointing": ["explain", "--checkpointing", "sometimes", "hi"],
+    "explain-bad-sources": ["explain", "--document", "a", "--sources", "paragraph", "q?"],
+    "explain-empty-document": ["explain", "--document", " ", "q?"],
+    "explain-document-for-sentiment": ["explain", "--document", "a", "--task", "sentiment", "q?"],
+    "explain-span-and-document": ["explain", "--span", "0:2", "--document", "a", "--task", "context", "hello"],
+    "explain-bad-span": ["explain", "--span", "2", "hello"],
+    "explain-empty-span": ["explain", "--span", "3:1", "hello"],
+    "explain-span-outside": ["explain", "--span", "0:99", "hello"],
+    "explain-spans-overlap": ["explain", "--span", "0:3", "--span", "2:4", "hello"],
+    "explain-unknown-field": ["explain", "--field", "question=x", "hello"],
+    "explain-field-without-value": ["explain", "--field", "question", "hello"],
     "evaluate-bad-n": ["evaluate", "--n", "0"],
     "evaluate-bad-dataset": ["evaluate", "--datasets", "sst2,nope"],
     "evaluate-bad-metric": ["evaluate", "--metrics", "pi-soft,nope"],
@@ -126,6 +144,26 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
     "evaluate-bad-routing": ["evaluate", "--routing", "sideways"],
     "evaluate-data-and-datasets": ["evaluate", "--data", f"{FILES}/reviews.csv", "--datasets", "sst2"],
     "evaluate-data-bad-task": ["evaluate", "--data", f"{FILES}/reviews.csv", "--task", "nope"],
+    **{f"evaluate-bad-{option}": ["evaluate", f"--{option}", value] for option, value in (
+        ("dtype", "float8"), ("target", "nope"), ("scope", "nope"), ("max-new-tokens", "0"), ("samples", "0"),
+        ("coupling", "nope"))},
+    "evaluate-out-no-folder": ["evaluate", "--out", "/nonexistent/x.sqlite"],
+    "evaluate-bad-shard": ["evaluate", "--shard", "x"],
+    "evaluate-shard-out-of-range": ["evaluate", "--shard", "3/2"],
+    "evaluate-shards-without-launcher": ["evaluate", "--shards", "2"],
+    "evaluate-unknown-launcher": ["evaluate", "--launcher", "cloud", "--shards", "2"],
+    "evaluate-launcher-without-shards": ["evaluate", "--launcher", "local"],
+    "evaluate-slurm-option-on-local": ["evaluate", "--launcher", "local", "--shards", "2", "--partition", "gpu"],
+    "evaluate-bad-time": ["evaluate", "--launcher", "slurm", "--shards", "2", "--time", "0"],
+    "evaluate-unknown-method-param": ["evaluate", "--methods", "grad-ellm:foo=1"],
+    "evaluate-contrast-without-foil": ["evaluate", "--methods", "saliency:objective=contrast"],
+    "evaluate-data-one-label": ["evaluate", "--data", f"{FILES}/reviews.csv", "--text-field", "review",
+                                "--label-field", "sentiment", "--labels", "Positive"],
+    "evaluate-data-labels-of-generate": ["evaluate", "--data", f"{FILES}/reviews.csv", "--text-field", "review",
+                                         "--task", "generate", "--labels", "a,b"],
+    "evaluate-config-missing": ["evaluate", "--config", f"{FILES}/none.toml"],
+    **{f"evaluate-config-{name}": ["evaluate", "--config", f"{FILES}/config-{name}.toml"]
+       for name in ("broken", "unknown", "dtype", "target", "method", "method-param", "n", "samples", "data")},
     **{f"evaluate-data-{name}": ["evaluate", "--data", path] for name, path in BAD_FILES.items()},
     **{f"evaluate-data-{name}": ["evaluate", "--data", *args] for name, args in ROWS.items()},
     **{f"evaluate-scores-{name}": ["evaluate-scores", path] for name, path in BAD_FILES.items()},
@@ -135,11 +173,27 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
     "finetune-unknown-task": ["finetune", *OUT, "--task", "nope"],
     "finetune-bad-loss": ["finetune", *OUT, "--loss", "nope"],
     "finetune-bad-head": ["finetune", *OUT, "--head", "nope"],
+    "finetune-generate": ["finetune", *OUT, "--task", "generate"],
+    "finetune-regression-task": ["finetune", *OUT, "--task", "stsb"],
+    "finetune-head-task-without-head": ["finetune", *OUT, "--task", "sst2-head"],
+    "finetune-head-of-generate": ["finetune", *OUT, "--task", "generate", "--head", "classification"],
+    "finetune-wrong-head": ["finetune", *OUT, "--task", "sst2", "--head", "regression"],
+    "finetune-head-with-lm-loss": ["finetune", *OUT, "--head", "classification", "--loss", "lm"],
+    "finetune-permute-lm-loss": ["finetune", *OUT, "--loss", "lm", "--permute-labels"],
+    "finetune-bad-mask-augment": ["finetune", *OUT, "--mask-augment", "2"],
+    "finetune-mask-augment-lm-loss": ["finetune", *OUT, "--mask-augment", "0.1", "--loss", "lm"],
+    "finetune-loss-and-objective": ["finetune", *OUT, "--loss", "lm", "--objective", "label"],
+    "finetune-bad-epochs": ["finetune", *OUT, "--epochs", "0"],
+    "finetune-bad-learning-rate": ["finetune", *OUT, "--learning-rate", "2"],
+    "finetune-bad-lora-r": ["finetune", *OUT, "--lora-r", "-1"],
+    "finetune-data-one-label": ["finetune", *OUT, "--task", "sentiment", "--data", f"{FILES}/reviews.csv",
+                                "--text-field", "review", "--label-field", "sentiment", "--labels", "Positive"],
     **{f"finetune-data-{name}": ["finetune", *OUT, "--data", path] for name, path in BAD_FILES.items()},
     **{f"finetune-data-{name}": ["finetune", *OUT, "--data", *args] for name, args in ROWS.items()
        if name != "blank-text"},
 }
-REFUSED = ROOT / "tests" / "data" / "cli_refusals.json"  # each refusal's stderr as main printed it at 4837f74
+REFUSED = ROOT / "tests" / "data" / "cli_refusals.json"  # each refusal's stderr as main printed it at 335e1b9 (the
+# first 76, those that were torch-free then, unchanged since 4837f74)
 
 
 def refusal_line(args: list[str], src: Path = ROOT / "src") -> tuple[int, str]:

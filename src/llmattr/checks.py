@@ -20,6 +20,8 @@ TARGET_MODES = ("label", "generated", "gold")  # what is explained: llmattr.targ
 SCOPES = ("span", "prompt", "all")  # what is attributed: llmattr.targets
 REPORT_FORMATS = ("md", "latex", "csv", "html")  # what llmattr report writes
 DATA_TASK = "sentiment"  # the task that prompts the rows of a user's own file in llmattr evaluate --data
+CHECKPOINTING = ("auto", "on", "off")  # activation checkpointing of the backward pass: llmattr.models.memory
+DTYPES = ("float32", "fp32", "float16", "fp16", "bfloat16", "bf16")  # --dtype's names (and auto): models.loading
 
 
 def positive_int(value: object, name: str) -> int:
@@ -36,6 +38,22 @@ def mask_rate(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
         raise LlmattrError(f"{name} must be a fraction in [0, 1) (F-Fidelity's beta, e.g. 0.1), got {value!r}")
     return float(value)
+
+
+def option_value(value: object, flag: str, default: object, positive: bool = False, valid: Iterable = ()) -> object:
+    """``value`` of the option ``flag`` (a metric's declared option: its ``default``'s type, a whole number >= 1
+    where ``positive``, one of ``valid`` where given), a text of a number default converted; else one line."""
+    if isinstance(default, int | float) and not isinstance(default, bool) and isinstance(value, str):
+        try:
+            value = type(default)(value)
+        except ValueError:
+            raise LlmattrError(f"{flag} must be a number, got {value!r}") from None
+    if positive:
+        positive_int(value, flag)
+    valid = tuple(valid)
+    if valid and value not in valid:
+        raise LlmattrError(f"{flag} must be one of {', '.join(map(str, valid))}; got {value!r}")
+    return value
 
 
 def one_of(value: object, valid: Iterable[str], name: str) -> str:
@@ -95,6 +113,19 @@ def writable_file(path: str | Path, option: str, suffixes: tuple[str, ...] | Non
     except OSError as err:
         raise LlmattrError(f"{option} {path} cannot be written: {err.strerror or err}") from err
     return path
+
+
+def check_checkpointing(value: object) -> None:
+    """Refuse a ``checkpointing`` that is not one of :data:`CHECKPOINTING`."""
+    if value not in CHECKPOINTING:
+        raise LlmattrError(f"checkpointing must be one of {', '.join(CHECKPOINTING)}; got {value!r}")
+
+
+def dtype_name(name: object) -> object:
+    """``--dtype`` ``name`` if it is one of :data:`DTYPES`, ``auto`` or None (the default), else one line."""
+    if name not in (None, "auto", *DTYPES):
+        raise LlmattrError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)} or auto")
+    return name
 
 
 def examples_wanted(value: object) -> int | str | None:

@@ -23,7 +23,6 @@ accuracy on a held-out split (balanced per class, seeded) that training never se
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import random
@@ -37,11 +36,11 @@ import torch
 import transformers
 from transformers.trainer_utils import get_last_checkpoint
 
-from .checks import mask_rate, one_of, positive_int
 from .declarations import held_out_summary
 from .errors import LlmattrError
 from .evaluation.accuracy import label_predictions
 from .faithfulness.ffidelity import augment_mask
+from .model_free import check_schedule, check_training, lora_rank, task_facts, training_loss
 from .models.card import CARD_NAME, card_path, content_hash, read_card
 from .models.loading import LoadedModel, load_model
 from .prompting import build_prompt
@@ -54,7 +53,6 @@ from .version import __version__
 
 LOSSES = ("label", "lm")
 HEADS = ("classification", "regression")  # --head: a sequence head on the last token's state (paper 003)
-HEAD_LORA_R = 4  # paper 003 sec. 4.1: LLaMA-2 fine-tuned with LoRA of rank 4 (PEFT)
 CHECKPOINTS = "checkpoints"  # Trainer's checkpoints inside the output folder, removed once the model is written
 
 
@@ -88,18 +86,13 @@ class FinetuneConfig:
 
     def __post_init__(self, objective: str | None) -> None:
         """``objective=`` (the old name) gives ``loss``; another ``loss`` beside it is refused."""
-        if objective is not None:
-            if self.loss not in (LOSSES[0], objective):
-                raise LlmattrError("finetune takes --loss (or its old name --objective), not both")
-            self.loss = objective
+        self.loss = training_loss(self.loss, objective, LOSSES[0])
 
     @property
     def rank(self) -> int:
         """The LoRA rank trained: ``lora_r``, or by default 4 with a ``head`` (paper 003's recipe) and 0 (full
         fine-tuning) without."""
-        if self.lora_r is not None:
-            return self.lora_r
-        return HEAD_LORA_R if self.head else 0
+        return lora_rank(self.lora_r, self.head)
 
     def settings(self) -> dict:
         """The config as the model card records it: ``lora_r`` resolved, ``head`` only when given (a card written
@@ -113,49 +106,16 @@ class FinetuneConfig:
     def validate(self) -> Task:
         """Refuse bad values before any data or model is read; returns the task."""
         task = get_task(self.task)
-        one_of(self.loss, LOSSES, "--loss")
+        check_training(task_facts(task), self.loss, self.head, self.permute_labels, self.mask_augment, LOSSES, HEADS)
         if self.head is not None:
-            task = head_task(task, self.head, self.loss)
-        elif task.head != "lm":
-            raise LlmattrError(f"task {task.name} is read by a sequence-{task.head} head: give --head {task.head}")
-        elif self.loss == "label" and not task.classifies:
-            regression = (" (paper 003's regression head: --task stsb-regression --head regression)"
-                          if task.numeric else "")
-            raise LlmattrError(f"finetune --loss label needs a classification task with label words; {task.name} "
-                               f"is a {task.kind} task{regression}; use --loss lm to fine-tune on its text")
-        if self.permute_labels and not (self.head or self.loss == "label"):
-            raise LlmattrError("--permute-labels permutes the labels a model learns: give --loss label or --head")
-        mask_rate(self.mask_augment, "--mask-augment")
-        if self.mask_augment and (self.head or self.loss != "label"):
-            raise LlmattrError("--mask-augment deletes text tokens of the task's prompt: it trains with --loss label, "
-                               "without --head")
-        for name in ("held_out", "epochs", "batch_size", "max_tokens", "save_steps", "logging_steps"):
-            positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
-        if not (isinstance(self.learning_rate, float | int) and 0 < self.learning_rate < 1):
-            raise LlmattrError(f"--learning-rate must be in (0, 1), got {self.learning_rate!r}")
-        if self.rank < 0:
-            raise LlmattrError(f"--lora-r must be 0 (full fine-tuning) or a rank >= 1, got {self.rank}")
-        if self.rank and importlib.util.find_spec("peft") is None:
-            raise LlmattrError("--lora-r needs peft: pip install 'llmattr[finetune]'")
-        if self.load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:
-            raise LlmattrError("--load-in-4bit needs bitsandbytes (a CUDA GPU): pip install 'llmattr[quant]'")
-        if self.load_in_4bit and not self.rank:
-            raise LlmattrError("--load-in-4bit trains LoRA adapters on the frozen 4-bit weights: give --lora-r")
+            task = head_task(task)
+        check_schedule({**vars(self), "lora_r": self.rank})
         return task
 
 
-def head_task(task: Task, head: str, loss: str) -> Task:
-    """The task a ``--head`` trains: a head task as is, a prompted one's head version (``sst2`` -> ``sst2-head``,
-    ``stsb`` -> ``stsb-regression``); a head that does not fit the task is refused before any data is read."""
-    one_of(head, HEADS, "--head")
-    if loss != LOSSES[0]:
-        raise LlmattrError(f"--head {head} trains the head on the labels; --loss {loss} is for the LM head")
-    wanted = "regression" if task.numeric else "classification" if task.classifies else None
-    if wanted is None:
-        raise LlmattrError(f"--head {head} needs a classification or regression task; {task.name} is a "
-                           f"{task.kind} task")
-    if head != wanted:
-        raise LlmattrError(f"task {task.name} is a {task.kind} task: give --head {wanted}, not --head {head}")
+def head_task(task: Task) -> Task:
+    """The task a ``--head`` trains (checked by :func:`llmattr.model_free.check_training`): a head task as is, a
+    prompted one's head version (``sst2`` -> ``sst2-head``, ``stsb`` -> ``stsb-regression``)."""
     if task.head != "lm":
         return task
     if task.numeric:

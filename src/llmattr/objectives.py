@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import one_of, register_once
-from .errors import LlmattrError
+from .checks import register_once
+from .model_free import check_objective
 
 ObjectiveFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
@@ -94,10 +94,9 @@ def contrast_prob(logits: torch.Tensor, target_ids: torch.Tensor, foil_ids: torc
 def get(name: str, foil: object = None, option: str = "objective") -> Objective:
     """The objective ``name``; one line if it is unknown, if a contrastive one lacks its ``foil``, or if a
     foil is given to one that is not contrastive (it would be silently ignored)."""
-    found = OBJECTIVES[one_of(name, OBJECTIVES, option)]
-    if found.contrastive and foil is None:
-        raise LlmattrError(f"objective {name} compares the target with a foil token: give --foil WORD (foil=...)")
-    if foil is not None and not found.contrastive:
-        contrastive = ", ".join(n for n, o in OBJECTIVES.items() if o.contrastive)
-        raise LlmattrError(f"--foil needs a contrastive objective ({contrastive}); the objective is {name}")
-    return found
+    return OBJECTIVES[check_objective(name, foil, OBJECTIVES, contrastive(), option)]
+
+
+def contrastive() -> list[str]:
+    """The names of the objectives that compare the target with a foil."""
+    return [name for name, found in OBJECTIVES.items() if found.contrastive]

@@ -208,3 +208,15 @@ def shaped_texts(shape: Mapping, examples: list[dict]) -> list[str | dict]:
         return [example[fields[0]] for example in examples]
     keep = fields + (("documents",) if shape["documents"] else ())
     return [{name: example[name] for name in keep} for example in examples]
+
+
+def parse_labels(text: str) -> tuple[tuple[str, ...], dict]:
+    """``--labels``: ``Positive,Negative`` (the file holds the words) or ``0=Negative,1=Positive`` (file value =
+    label word), as (label words in the given order, map from file value to word)."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    pairs = [item.split("=", 1) if "=" in item else (item, item) for item in items]
+    words = tuple(dict.fromkeys(word.strip() for _, word in pairs))
+    if len(words) < 2 or any(not word for word in words):
+        raise LlmattrError(f"--labels needs at least two label words, e.g. Positive,Negative or "
+                           f"0=Negative,1=Positive; got {text!r}")
+    return words, {value.strip(): word.strip() for value, word in pairs}

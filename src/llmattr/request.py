@@ -11,14 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checks import SCOPES, TARGET_MODES, check_text, member
+from .checks import SCOPES, TARGET_MODES, check_checkpointing, check_text, member
 from .errors import LlmattrError
 from .methods import AttributionMethod
 from .methods import get as get_method
-from .models.memory import check_checkpointing
+from .model_free import check_sources, request_params
 from .prompting import build_prompt, source_ranges
 from .sources.build import check_documents, check_spans
-from .sources.spans import GRANULARITIES
 from .targets import check_gold_word, check_length
 from .tasks import Task, few_shot, get_task
 
@@ -84,24 +83,15 @@ class Request:
         if isinstance(method, AttributionMethod) and (objective, foil) != (None, None):
             raise LlmattrError("objective= and foil= go with a method name; give them to the method instance's "
                                "constructor (objective=, foil=)")
-        params = {**(params or {}), **{key: value for key, value in (("objective", objective), ("foil", foil))
-                                       if value is not None}}
-        return cls(task, method, params, **options)
+        return cls(task, method, request_params(params, objective, foil), **options)
 
     def check_sources(self) -> None:
         """The sources asked for, refused in one line: documents that are not a non-empty list of non-empty
         texts, documents beside spans or for a task that takes none, spans that are not disjoint ranges."""
-        if self.sources is not None:
-            member(self.sources, GRANULARITIES, "sources")
-        if self.documents is not None:
-            if not self.task.documents:
-                raise LlmattrError(f"task {self.task.name} takes no documents; use --task context (or a task "
-                                   "that shows documents)")
-            if self.spans is not None:
-                raise LlmattrError("give documents or spans, not both")
-            object.__setattr__(self, "documents", check_documents(self.documents))
-        if self.spans is not None:
-            object.__setattr__(self, "spans", check_spans(self.spans))
+        documents, spans = check_sources(self.task.name, self.task.documents, self.sources, self.documents,
+                                         self.spans)
+        object.__setattr__(self, "documents", documents)
+        object.__setattr__(self, "spans", spans)
 
     def example(self, text: str | dict) -> dict:
         """The example of ``text`` (:meth:`Task.example_from_text`) with the request's documents or spans."""

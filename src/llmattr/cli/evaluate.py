@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from pathlib import Path
 
@@ -9,10 +10,23 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..checks import DATA_TASK, ROUTINGS, check_texts, examples_wanted, one_of, one_source, split_list, split_spec
+from ..checks import (
+    DATA_TASK,
+    ROUTINGS,
+    check_texts,
+    dtype_name,
+    examples_wanted,
+    one_of,
+    one_source,
+    option_value,
+    split_spec,
+    writable_file,
+)
+from ..errors import LlmattrError
+from ..model_free import check_evaluation, check_shard, config_values, file_labels, parse_shard, read_toml
 from ..readers import shaped_rows, shaped_texts
 from .app import DERIVED, app, plugin_command
-from .view import check_datasets, check_methods, check_metrics, check_task, view
+from .view import check_datasets, check_methods, check_metrics, check_params, check_task, view
 
 TYPES = {"bool": bool, "int": int, "float": float, "str": str}  # a metric option's type, by its name in the view
 
@@ -99,22 +113,30 @@ def evaluate(
     """Evaluate attribution methods on datasets; every finished example is stored at once, reruns resume. Exits 1
     when a unit failed (every good one is stored; the same command again retries the failed ones)."""
     examples_wanted(n)  # a bad --n is refused before the evaluation (and torch) loads; EvalConfig checks it again
-    model_free_checks(datasets, methods, metrics, routing, None if config is not None else data, task, text_field,
-                      label_field)
-    from ..evaluation import EvalConfig, run
-
     cli = {"model": model, "datasets": datasets, "methods": methods, "metrics": metrics, "routing": routing,
            "n": n, "seed": seed, "layers": layers, "max_new_tokens": max_new_tokens, "target": target,
            "scope": scope, "out": None if out is None else str(out), "shard": shard,
            "device": device, "dtype": dtype, "device_map": device_map, "max_memory": max_memory,
            "load_in_4bit": load_in_4bit, "data": None if data is None else str(data), "task": task,
            "text_field": text_field, "label_field": label_field, "labels": labels, **ctx.meta.get(DERIVED, {})}
+    keys = [*view()["config_keys"], *view()["metric_options"]]
+    given = config_values(cli, keys)
+    model_free_checks(given, rows=config is None)  # a --config file may set --data's task: its rows are read below
+    values = {**(config_values(read_toml(config), keys) if config is not None else {}), **given}
+    if config is not None:
+        model_free_checks(values)
+    launch = {"shards": shards, "partition": partition, "gpus": gpus, "time": time, "mem": mem, "account": account,
+              "wait": wait, "submitit_folder": submitit_folder}
+    launched = launcher != "none" or any(value is not None for value in launch.values())
+    if launched:
+        launch_checks(launcher, **launch)
+    settings_checks(values)
+    from ..evaluation import EvalConfig, run
+
     base = EvalConfig.from_toml(config) if config is not None else None
     cfg = EvalConfig.from_mapping(cli, base)
     console = Console(stderr=True)
-    launch = {"shards": shards, "partition": partition, "gpus": gpus, "time": time, "mem": mem, "account": account,
-              "wait": wait, "submitit_folder": submitit_folder}
-    if launcher != "none" or any(value is not None for value in launch.values()):
+    if launched:
         launch_shards(cfg, launcher, console, **launch)
         return
     try:
@@ -137,38 +159,54 @@ def evaluate(
         raise typer.Exit(1)
 
 
-def model_free_checks(datasets: str | None, methods: str | None, metrics: str | None, routing: str | None,
-                      data: Path | None, task: str | None, text_field: str | None, label_field: str | None) -> None:
-    """The options given on the command line that need no model, checked from the registries' view before torch
-    is imported (``EvalConfig`` and the evaluation check them again): the names of datasets, methods, metrics,
-    routing and task, and the ``--data`` file (``data``: None when a ``--config`` file may set its task), every
-    row holding the task's columns and a text."""
+def model_free_checks(values: dict, rows: bool = True) -> None:
+    """The names given (``values``: :func:`llmattr.model_free.config_values`) checked from the registries' view
+    before torch is imported (``EvalConfig`` and the evaluation check them again): datasets, methods, metrics,
+    routing and, where ``rows``, the ``--data`` file's task and rows, each holding the task's columns and a text."""
+    datasets, methods, data = values.get("datasets"), values.get("methods"), values.get("data")
     if datasets is not None:
-        one_source(data, split_list(datasets))
-        check_datasets(split_list(datasets))
+        one_source(data, datasets)
+        check_datasets(datasets)
     if methods is not None:
-        check_methods([split_spec(text)[0] for text in split_list(methods)])
-    if metrics is not None:
-        check_metrics(split_list(metrics))
-    if routing is not None:
-        one_of(routing, (*ROUTINGS, "both"), "routing")
-    if data is not None:
-        shape = check_task(task or DATA_TASK)
-        rows, _, columns = shaped_rows(shape, data, text_field, label_field)
+        check_methods([split_spec(text)[0] for text in methods])
+    if values.get("metrics") is not None:
+        check_metrics(values["metrics"])
+    if values.get("routing") is not None:
+        one_of(values["routing"], (*ROUTINGS, "both"), "routing")
+    if data is not None and rows:
+        shape = check_task(values.get("task", DATA_TASK))
+        found, _, columns = shaped_rows(shape, data, values.get("text_field"), values.get("label_field"))
         if not shape["documents"]:
             check_texts(shaped_texts(shape, [{name: row[column] for name, column in columns.items()}
-                                             for row in rows]), first=1, noun="row")
+                                             for row in found]), first=1, noun="row")
 
 
-def launch_shards(cfg, launcher: str, console: Console, *, shards: int | None, partition: str | None,
-                  gpus: int | None, time: int | None, mem: int | None, account: str | None, wait: bool | None,
-                  submitit_folder: Path | None) -> None:
-    """``--launcher local|slurm``: every option checked, then the shards submitted as one job array; waits (and
-    exits 1 when a shard failed) or prints the job ids; either way prints the status and report commands."""
-    import importlib.util
+def settings_checks(values: dict) -> None:
+    """The other settings given (``values``, the ``--config`` file's included) that need no model, in the order
+    :meth:`llmattr.evaluation.EvalConfig.validate` and the evaluation check them: ``--n``, ``--max-new-tokens``,
+    ``--seed``, ``--target``, ``--scope`` (:func:`llmattr.model_free.check_evaluation`), the metrics' options
+    (:func:`llmattr.checks.option_value`; a metric's own check hook runs later), ``--dtype``, ``--out``, each
+    method's parameters and ``--labels``."""
+    known = view()
+    check_evaluation(values)
+    for name, option in known["metric_options"].items():
+        if name in values:
+            option_value(values[name], option["flag"], TYPES[option["type"]](option["default"]), option["positive"],
+                         option["valid"])
+    dtype_name(values.get("dtype"))
+    if "out" in values:
+        writable_file(values["out"], "--out")
+    if values.get("shard"):
+        check_shard(*parse_shard(values["shard"]))
+    for name, params in map(split_spec, values.get("methods") or ()):
+        check_params([name], params)
+    if values.get("data") is not None and values.get("labels") is not None:
+        file_labels(known["task_facts"][values.get("task", DATA_TASK)], values["labels"])
 
-    from ..errors import LlmattrError
 
+def launch_checks(launcher: str, *, shards: int | None, partition: str | None, gpus: int | None, time: int | None,
+                  mem: int | None, account: str | None, wait: bool | None, submitit_folder: Path | None) -> None:
+    """The options of ``--launcher local|slurm`` (those of :func:`launch_shards`), checked before torch loads."""
     if launcher == "none":
         raise LlmattrError("--shards, --partition, --gpus, --time, --mem, --account, --wait and --submitit-folder "
                            "need --launcher local or slurm")
@@ -187,6 +225,14 @@ def launch_shards(cfg, launcher: str, console: Console, *, shards: int | None, p
         raise LlmattrError(f"--time must be at least 1 minute, got {time}")
     if importlib.util.find_spec("submitit") is None:
         raise LlmattrError(f"--launcher {launcher} submits through submitit: pip install 'llmattr[slurm]'")
+
+
+def launch_shards(cfg, launcher: str, console: Console, *, shards: int | None, partition: str | None,
+                  gpus: int | None, time: int | None, mem: int | None, account: str | None, wait: bool | None,
+                  submitit_folder: Path | None) -> None:
+    """``--launcher local|slurm``: the shards submitted as one job array (every option checked before, by
+    :func:`launch_checks`); waits (and exits 1 when a shard failed) or prints the job ids; either way prints the
+    status and report commands."""
     from ..evaluation.launch import Resources, shard_configs, store_pattern, submit
 
     shard_configs(cfg, shards)  # refuses --shard and --shards < 1 before anything is written

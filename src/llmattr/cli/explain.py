@@ -16,8 +16,10 @@ from ..checks import (
     ROUTINGS,
     SCOPES,
     TARGET_MODES,
+    check_checkpointing,
     check_text,
     check_texts,
+    dtype_name,
     member,
     one_of,
     parse_params,
@@ -25,9 +27,11 @@ from ..checks import (
     writable_file,
 )
 from ..errors import LlmattrError, NotExplainedWarning
+from ..model_free import check_sources, request_params
 from ..readers import read_rows, row_texts
+from ..sources.build import check_spans
 from .app import DERIVED, app, plugin_command
-from .view import check_methods, check_objectives, check_task, view
+from .view import check_methods, check_objectives, check_params, check_task, view
 
 FORMATS = ("text", "json")
 METHOD_PANEL = "Method parameters"
@@ -233,29 +237,36 @@ def explain(
     outputs = {"--html": html, "--json": json, "--eval-json": eval_json, "--plot": plot, "--figure": figure}
     many = len(names) > 1 or data is not None  # an Explanations collection: lists in the JSON, a grid page
     model_free_checks(evaluate, routing, samples, shots_from, data, many, outputs)
+    # then what Request checks again, in its order, and the text's fields and spans and --dtype: still no torch
+    spans = parse_spans(span)
+    check_checkpointing(checkpointing)
+    check_sources(task, shape["documents"], sources, documents, spans)
+    check_params(names, request_params(params, objective, foil))
+    if data is None:
+        gold_field = ("label",) if view()["task_facts"][task]["has_gold_word"] else ()  # --target gold's word
+        content = parse_fields(text, field, (*shape["fields"], *gold_field))
+        if spans is not None:  # the spans fit the text (Request.check_text checks it again)
+            check_spans(spans, len(text))
+    dtype_name(dtype)
     from ..api import explain as run_explain
-    from ..models.loading import load_model, resolve_dtype
+    from ..models.loading import load_model
     from ..render import print_explanation, progress_console
     from ..request import Request
 
     request = Request.of(names, task, params, objective, foil, max_new_tokens=max_new_tokens, answer=answer,
                          shots=shots, shots_from=shots_from, target=target, scope=scope, checkpointing=checkpointing,
-                         documents=documents, spans=parse_spans(span), sources=sources)
+                         documents=documents, spans=spans, sources=sources)
     task_obj = request.task
-    gold_field = ("label",) if task_obj.has_gold_word else ()  # --target gold's word
     if data is not None:
         for row, text_item in enumerate(content, 1):  # documents and spans of every row, before the model loads
             try:
                 request.check_text(text_item)
             except LlmattrError as err:
                 raise LlmattrError(f"{data}: row {row}: {err}") from None
-    else:
-        content = parse_fields(text, field, task_obj.fields + gold_field)
     if isinstance(content, dict):
         content = {task_obj.fields[0]: content.pop("__text__"), **content}
     if data is None:
         request.check_text(content)
-    resolve_dtype(dtype, "cpu")  # a bad --dtype is refused before the model loads
     if request.has_sources:  # a source that tokenises to nothing, a context too long: the tokenizer says so
         check_prompts(request, model, content if data is not None else [content], data)
     spinner = progress_console()  # stderr; drawn only where stderr is a terminal

@@ -8,18 +8,21 @@ import typer
 from rich.console import Console
 
 from ..checks import one_of
+from ..model_free import check_schedule, file_labels, lora_rank, training_loss
 from ..readers import read_numbered_rows, shaped_rows
 from .app import app
-from .view import check_task, view
+from .view import check_finetune, check_task, view
 
 
-def model_free_checks(task: str, loss: str, objective: str | None, head: str | None, data: Path | None,
-                      text_field: str | None, label_field: str | None) -> None:
+def model_free_checks(task: str, loss: str, objective: str | None, settings: dict, data: Path | None,
+                      text_field: str | None, label_field: str | None, labels: str | None) -> None:
     """What needs no model, checked from the registries' view before torch is imported (``FinetuneConfig``
-    checks it again): the task, ``--loss`` (or its old name ``--objective``) and ``--head`` names and the
-    ``--data`` file (with a head, the file alone: the head's task reads its columns)."""
+    checks it again): the task, ``--loss`` (or its old name ``--objective``), ``--head``, ``--permute-labels`` and
+    ``--mask-augment`` against the task (:func:`llmattr.model_free.check_training`), the counts, learning rate and
+    LoRA rank (``settings``: :func:`llmattr.model_free.check_schedule`), ``--labels`` and the ``--data`` file (with
+    a head, the file alone: the head's task reads its columns)."""
     shape = check_task(task)
-    known = view()
+    known, head = view(), settings["head"]
     one_of(loss if objective is None else objective, known["losses"], "--loss")
     if head is not None:
         one_of(head, known["heads"], "--head")
@@ -27,6 +30,12 @@ def model_free_checks(task: str, loss: str, objective: str | None, head: str | N
         shaped_rows(shape, data, text_field, label_field)
     elif data is not None:
         read_numbered_rows(data)
+    # then what FinetuneConfig checks again, in its order, and --labels: still no torch
+    check_finetune(task, training_loss(loss, objective, known["losses"][0]), head, settings["permute_labels"],
+                   settings["mask_augment"])
+    check_schedule({**settings, "lora_r": lora_rank(settings["lora_r"], head)})
+    if data is not None and head is None and labels is not None:
+        file_labels(known["task_facts"][task], labels)
 
 
 @app.command()
@@ -67,16 +76,16 @@ def finetune(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Fine-tune a model on a task; the folder loads with --model DIR everywhere, its card names what it saw."""
-    model_free_checks(task, loss, objective, head, data, text_field, label_field)
+    settings = {"held_out": held_out, "epochs": epochs, "learning_rate": learning_rate, "batch_size": batch_size,
+                "max_tokens": max_tokens, "lora_r": lora_r, "save_steps": save_steps, "load_in_4bit": load_in_4bit,
+                "head": head, "permute_labels": permute_labels, "mask_augment": mask_augment}
+    model_free_checks(task, loss, objective, settings, data, text_field, label_field, labels)
     from ..declarations import held_out_summary
     from ..finetuning import FinetuneConfig
     from ..finetuning import finetune as run_finetune
 
     cfg = FinetuneConfig(task=task, data=None if data is None else str(data), text_field=text_field,
-                         label_field=label_field, labels=labels, loss=loss, objective=objective, held_out=held_out,
-                         epochs=epochs, learning_rate=learning_rate, batch_size=batch_size, max_tokens=max_tokens,
-                         lora_r=lora_r, seed=seed, save_steps=save_steps, load_in_4bit=load_in_4bit, head=head,
-                         permute_labels=permute_labels, mask_augment=mask_augment)
+                         label_field=label_field, labels=labels, loss=loss, objective=objective, seed=seed, **settings)
     console = Console(stderr=True)
     try:
         card = run_finetune(model, out, cfg, device=device, progress=not quiet)

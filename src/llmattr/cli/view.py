@@ -20,6 +20,7 @@ from pprint import pformat
 
 from ..checks import one_of
 from ..errors import LlmattrError, method_refusal, metric_refusal, unknown_name
+from ..model_free import check_method_params, check_training, task_facts
 from ._registered import VIEW
 
 REGISTRIES = ("llmattr.methods", "llmattr.faithfulness", "llmattr.tasks")  # the packages that hold them
@@ -30,14 +31,17 @@ def registered() -> dict:
     """The view read from the registries (importing them, and torch): ``methods`` (the registered names),
     ``not_defined`` ({name: why}: methods refused for decoder-only models), ``method_params`` ({parameter: [``"method
     default"``, ...]}), ``tasks``, ``datasets``, ``groups`` ({group: datasets}), ``metrics`` and ``metric_options``
-    ({name: {flag, type, default, valid, help}}), ``scoring`` ({method: its default objective}), ``objectives``,
-    ``task_shapes`` ({task: :func:`llmattr.tasks.files.shape_of`}), ``outputs`` (the metrics' output names),
-    ``losses`` and ``heads`` (``finetune``'s)."""
+    ({name: {flag, type, default, valid, help, positive}}), ``scoring`` ({method: its default objective}),
+    ``objectives``, ``task_shapes`` ({task: :func:`llmattr.tasks.files.shape_of`}), ``outputs`` (the metrics'
+    output names), ``losses`` and ``heads`` (``finetune``'s), ``takes`` ({method: its parameters}), ``contrastive``
+    (the objectives that need a foil), ``task_facts`` ({task: :func:`llmattr.model_free.task_facts`}) and
+    ``config_keys`` (the keys of ``llmattr evaluate --config`` besides the metric options)."""
     from .. import methods
+    from ..evaluation.config import FIELDS
     from ..evaluation.run_datasets import dataset_groups, dataset_names
     from ..faithfulness import METRICS, OUTPUTS, declared_options
     from ..finetuning import HEADS, LOSSES
-    from ..objectives import OBJECTIVES
+    from ..objectives import OBJECTIVES, contrastive
     from ..tasks import TASKS
     from ..tasks.files import shape_of
 
@@ -56,7 +60,8 @@ def registered() -> dict:
         "metric_options": {name: {
             "flag": option.flag,
             "type": type(option.default).__name__ if isinstance(option.default, int | float | str) else "str",
-            "default": str(option.default), "valid": [str(v) for v in option.valid or ()], "help": option.help}
+            "default": str(option.default), "valid": [str(v) for v in option.valid or ()], "help": option.help,
+            "positive": option.positive}
             for name, option in sorted(declared_options().items())},
         "scoring": {name: methods.REGISTRY[name].objective for name in methods.available()
                     if methods.REGISTRY[name].objective},
@@ -65,6 +70,10 @@ def registered() -> dict:
         "outputs": sorted(OUTPUTS),
         "losses": list(LOSSES),
         "heads": list(HEADS),
+        "takes": {name: sorted(methods.REGISTRY[name].defaults) for name in methods.available()},
+        "contrastive": contrastive(),
+        "task_facts": {name: task_facts(TASKS[name]) for name in sorted(TASKS)},
+        "config_keys": sorted(FIELDS - {"options"}),
     }
 
 
@@ -97,6 +106,23 @@ def check_objectives(names: list[str], objective: str | None) -> None:
     for name in names:
         if name in known["scoring"]:
             one_of(objective or known["scoring"][name], known["objectives"], f"{name} objective")
+
+
+def check_params(names: list[str], params: dict) -> None:
+    """Refuse a parameter one of the methods ``names`` does not take, or an objective and foil that do not fit
+    it, with the line the method's construction raises (:func:`llmattr.model_free.check_method_params`)."""
+    known = view()
+    for name in names:
+        check_method_params(name, params, known["takes"][name], known["scoring"].get(name), known["objectives"],
+                            known["contrastive"])
+
+
+def check_finetune(task: str, loss: str, head: str | None, permute_labels: bool, mask_augment: float) -> None:
+    """Refuse what :meth:`llmattr.finetuning.FinetuneConfig.validate` refuses of the (registered) task's loss, head,
+    label permutation and mask augmentation (:func:`llmattr.model_free.check_training`), from the view."""
+    known = view()
+    check_training(known["task_facts"][task], loss, head, permute_labels, mask_augment, known["losses"],
+                   known["heads"])
 
 
 def check_datasets(names: list[str]) -> None:

@@ -1,6 +1,7 @@
 """``llmattr evaluate``: config, method specs, sharding, datasets and the loop (docs/evaluate.md)."""
 
-from .config import EvalConfig, split_list
+from ..checks import split_list
+from .config import EvalConfig
 from .loop import Summary, run, run_settings
 from .method_specs import MethodSpec, expand_methods, parse_method
 from .run_datasets import Dataset, DatasetLoader, dataset_names, load_dataset

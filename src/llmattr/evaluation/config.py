@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 from ..checks import (
     DATA_TASK,
     ROUTINGS,
-    SCOPES,
-    TARGET_MODES,
     examples_wanted,
-    member,
     one_of,
-    one_source,
-    positive_int,
-    split_list,
     writable_file,
 )
-from ..errors import LlmattrError
 from ..faithfulness.registry import MetricOptions, declared_options
+from ..model_free import check_evaluation, config_values, read_toml
 from ..models.loading import parse_max_memory, resolve_dtype
 
 
@@ -71,38 +64,17 @@ class EvalConfig:
     @classmethod
     def from_mapping(cls, data: dict, base: EvalConfig | None = None) -> EvalConfig:
         """A config from a dict (TOML file or CLI values); ``None`` values keep ``base``'s."""
-        names = FIELDS - {"options"}
-        declared = declared_options()
-        data = {k.replace("-", "_"): v for k, v in data.items() if v is not None}
-        unknown = sorted(set(data) - names - set(declared))
-        if unknown:
-            valid = ", ".join(sorted([*names, *declared]))
-            raise LlmattrError(f"unknown config key(s) {', '.join(unknown)}; valid: {valid}")
-        for key in ("datasets", "methods", "metrics", "layers"):
-            if isinstance(data.get(key), str | int):
-                data[key] = split_list(str(data[key]))
+        data = config_values(data, [*(FIELDS - {"options"}), *declared_options()])
         return replace(base or cls(), **data)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> EvalConfig:
-        try:
-            with open(path, "rb") as handle:
-                return cls.from_mapping(tomllib.load(handle))
-        except FileNotFoundError as err:
-            raise LlmattrError(f"config file not found: {path}") from err
-        except tomllib.TOMLDecodeError as err:
-            raise LlmattrError(f"{path} is not valid TOML: {err}") from err
+        return cls.from_mapping(read_toml(path))
 
     def validate(self) -> None:
         """Refuse bad values before the model loads and before anything is stored."""
+        check_evaluation(vars(self))
         self.n = examples_wanted(self.n)
-        one_source(self.data, self.datasets)
-        if self.max_new_tokens is not None:
-            positive_int(self.max_new_tokens, "--max-new-tokens")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise LlmattrError(f"--seed must be a whole number, got {self.seed!r}")
-        for key, valid in (("target", TARGET_MODES), ("scope", SCOPES)):
-            member(getattr(self, key), valid, key)
         declared = declared_options()
         self.options = {name: declared[name].check(value) for name, value in self.options.items()}
         parse_max_memory(self.max_memory)

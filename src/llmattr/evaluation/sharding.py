@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import LlmattrError
+from ..model_free import check_shard, parse_shard
 from ..tasks import Task
 from .config import EvalConfig
 from .run_datasets import Dataset
@@ -24,17 +25,12 @@ def shard_of(cfg: EvalConfig) -> tuple[int, int]:
     """(rank, world size): ``--shard i/n`` first, then torchrun/accelerate's RANK and WORLD_SIZE, then Slurm's
     environment (:func:`slurm_shard`), else (0, 1)."""
     if cfg.shard:
-        try:
-            rank, world = (int(part) for part in cfg.shard.split("/"))
-        except ValueError as err:
-            raise LlmattrError(f"--shard expects i/n (e.g. 0/2), got {cfg.shard!r}") from err
+        rank, world = parse_shard(cfg.shard)
     elif "WORLD_SIZE" in os.environ:
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ["WORLD_SIZE"])
     else:
         rank, world = slurm_shard(os.environ)
-    if world < 1 or not 0 <= rank < world:
-        raise LlmattrError(f"shard {rank}/{world} is out of range: use i/n with 0 <= i < n")
-    return rank, world
+    return check_shard(rank, world)
 
 
 def slurm_shard(env: Mapping[str, str]) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..checks import positive_int, register_once
+from ..checks import option_value, register_once
 from ..declarations import FigureSpec, TableSpec
 from ..errors import LlmattrError, metric_refusal
 from ..store import Row
@@ -57,15 +57,7 @@ class Option:
 
     def check(self, value: object) -> object:
         """``value`` if valid (a text of a number default converted), else one line naming the option."""
-        if isinstance(self.default, int | float) and not isinstance(self.default, bool) and isinstance(value, str):
-            try:
-                value = type(self.default)(value)
-            except ValueError:
-                raise LlmattrError(f"{self.flag} must be a number, got {value!r}") from None
-        if self.positive:
-            positive_int(value, self.flag)
-        if self.valid and value not in self.valid:
-            raise LlmattrError(f"{self.flag} must be one of {', '.join(map(str, self.valid))}; got {value!r}")
+        value = option_value(value, self.flag, self.default, self.positive, self.valid)
         if self.validate is not None:
             self.validate(value)
         return value

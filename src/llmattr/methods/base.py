@@ -9,8 +9,9 @@ import torch
 
 from .. import objectives
 from ..checks import register_once
-from ..declarations import RENAMED_PARAMS, current_params
+from ..declarations import RENAMED_PARAMS
 from ..errors import LlmattrError
+from ..model_free import check_method_params
 from ..models import memory
 from ..models.loading import LoadedModel
 from ..targets import Target, foil_id
@@ -77,18 +78,10 @@ class AttributionMethod:
     granularity: ClassVar[str] = "token"  # "source": scores whole sources and needs a prompt with them
 
     def __init__(self, **params):
-        params = current_params(params, f"method {self.name}")  # target=: the objective's earlier name
-        scoring = {"objective", "foil"} if self.objective else set()
-        unknown = sorted(set(params) - set(self.defaults) - scoring)
-        if unknown and self.objective is None and {"objective", "foil"} & set(unknown):
-            raise LlmattrError(f"method {self.name} scores no model output, so it takes no objective or foil")
-        if unknown:
-            valid = ", ".join(sorted(set(self.defaults) | scoring)) or "none"
-            raise LlmattrError(f"method {self.name} has no parameter {', '.join(unknown)}; valid: {valid}")
+        scored = self.defaults.get("objective", self.objective) if self.objective else None  # the default's
+        params = check_method_params(self.name, params, self.defaults, scored, objectives.OBJECTIVES,
+                                     objectives.contrastive())
         self.params = MethodParams({**self.defaults, **params})
-        if self.objective:
-            objectives.get(self.params.get("objective", self.objective), self.params.get("foil"),
-                           f"{self.name} objective")
 
     def explained(self, lm: LoadedModel) -> tuple[objectives.Objective, torch.Tensor | None]:
         """The objective this method scores and its foil token id (a 0-d tensor; ``None`` without a foil)."""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..checks import DTYPES, dtype_name
 from ..errors import LlmattrError
 from .anatomy import output_head
 from .kept import Kept
@@ -254,11 +255,8 @@ def resolve_dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
         return name
     if name in (None, "auto"):
         return torch.float32 if device == "cpu" else torch.bfloat16
-    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-             "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-    if name not in table:
-        raise LlmattrError(f"unknown dtype {name!r}; use one of {', '.join(table)} or auto")
-    return table[name]
+    types = (torch.float32, torch.float32, torch.float16, torch.float16, torch.bfloat16, torch.bfloat16)
+    return dict(zip(DTYPES, types, strict=True))[dtype_name(name)]
 
 
 def parse_max_memory(text: str | dict | None) -> dict | None:

@@ -41,7 +41,7 @@ import psutil
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..checks import register_once
+from ..checks import check_checkpointing, register_once
 from ..errors import LlmattrError
 from .anatomy import output_head
 from .intercept import patched_blocks
@@ -49,7 +49,6 @@ from .loading import LoadedModel, head_block_rows
 from .sizes import parse_size
 
 LIMIT_ENV = "LLMATTR_MEMORY_LIMIT"
-CHECKPOINTING = ("auto", "on", "off")
 TOKEN_BUDGET = 8192  # tokens per forward pass of perturbed rows when no batch size is given
 PATH_BUDGET = 2 * 2**30  # bytes of activations one path-method chunk may hold (at most half the limit)
 
@@ -197,11 +196,6 @@ def path_batch(lm: LoadedModel, tokens: int, points: int, checkpointing: bool = 
     budget = min(PATH_BUDGET, memory_limit(lm.device)[0] // 2)
     per_row = activation_bytes(Shapes.of(lm), "backward", tokens, 1, checkpointing)
     return int(max(1, min(points, budget // max(per_row, 1))))
-
-
-def check_checkpointing(value: str) -> None:
-    if value not in CHECKPOINTING:
-        raise LlmattrError(f"checkpointing must be one of {', '.join(CHECKPOINTING)}; got {value!r}")
 
 
 def is_oom(err: BaseException) -> bool:

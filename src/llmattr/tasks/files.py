@@ -15,22 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import LlmattrError
-from ..readers import row_texts, shaped_rows, shaped_texts
+from ..model_free import file_labels, task_facts
+from ..readers import parse_labels, row_texts, shaped_rows, shaped_texts  # noqa: F401 - parse_labels: its old home
 from .base import Task
 from .catalog import get_task
 from .datasets import to_example
-
-
-def parse_labels(text: str) -> tuple[tuple[str, ...], dict]:
-    """``--labels``: ``Positive,Negative`` (the file holds the words) or ``0=Negative,1=Positive`` (file value =
-    label word), as (label words in the given order, map from file value to word)."""
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    pairs = [item.split("=", 1) if "=" in item else (item, item) for item in items]
-    words = tuple(dict.fromkeys(word.strip() for _, word in pairs))
-    if len(words) < 2 or any(not word for word in words):
-        raise LlmattrError(f"--labels needs at least two label words, e.g. Positive,Negative or "
-                           f"0=Negative,1=Positive; got {text!r}")
-    return words, {value.strip(): word.strip() for value, word in pairs}
 
 
 def file_task(task: str | Task, labels: str | None = None) -> Task:
@@ -38,9 +27,7 @@ def file_task(task: str | Task, labels: str | None = None) -> Task:
     task = get_task(task)
     if labels is None:
         return task
-    if not task.classifies:
-        raise LlmattrError(f"--labels applies to classification tasks; {task.name} is a {task.kind} task")
-    words, mapping = parse_labels(labels)
+    words, mapping = file_labels(task_facts(task), labels)
     return replace(task, label_words=words, label_map=mapping)
 
 

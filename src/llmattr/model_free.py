@@ -1,0 +1,233 @@
+"""The checks of what a user asks that need no model, written once for the library and the CLI.
+
+The library runs them where the values are built (a method with its parameters, a :class:`~llmattr.request.Request`
+with its sources, a finetune's config), reading its registries; ``llmattr`` runs the same functions before torch is
+imported, reading the registries' view (:mod:`llmattr.cli.view`), so that each refusal is the same line and comes
+at once. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from .checks import (
+    SCOPES,
+    TARGET_MODES,
+    examples_wanted,
+    mask_rate,
+    member,
+    one_of,
+    one_source,
+    positive_int,
+    split_list,
+)
+from .declarations import current_params
+from .errors import LlmattrError
+from .readers import parse_labels
+from .sources.build import check_documents, check_spans
+from .sources.spans import GRANULARITIES
+
+
+def check_objective(name: object, foil: object, objectives: Iterable[str], contrastive: Iterable[str],
+                    option: str = "objective") -> str:
+    """``name`` if it is one of ``objectives`` and ``foil`` fits it: a ``contrastive`` objective needs a foil, any
+    other takes none (it would be silently ignored)."""
+    contrastive = tuple(contrastive)
+    one_of(name, objectives, option)
+    if name in contrastive and foil is None:
+        raise LlmattrError(f"objective {name} compares the target with a foil token: give --foil WORD (foil=...)")
+    if foil is not None and name not in contrastive:
+        raise LlmattrError(f"--foil needs a contrastive objective ({', '.join(contrastive)}); the objective is {name}")
+    return name
+
+
+def request_params(params: Mapping | None, objective: object, foil: object) -> dict:
+    """The method parameters of a request: ``params`` with ``objective`` and ``foil`` (``llmattr.explain``'s
+    keywords, ``explain --objective/--foil``) where given."""
+    return {**(params or {}), **{key: value for key, value in (("objective", objective), ("foil", foil))
+                                 if value is not None}}
+
+
+def check_method_params(name: str, params: Mapping, takes: Iterable[str], objective: str | None,
+                        objectives: Iterable[str], contrastive: Iterable[str]) -> dict:
+    """The parameters ``params`` of method ``name`` under their current names, refused in one line when the
+    method does not take one (``takes``: its parameters, with ``objective`` and ``foil`` where it scores a model
+    output, its default ``objective``; None: it scores none) or its objective and foil do not fit
+    (:func:`check_objective`)."""
+    params = current_params(params, f"method {name}")  # target=: the objective's earlier name
+    scoring = {"objective", "foil"} if objective else set()
+    unknown = sorted(set(params) - set(takes) - scoring)
+    if unknown and objective is None and {"objective", "foil"} & set(unknown):
+        raise LlmattrError(f"method {name} scores no model output, so it takes no objective or foil")
+    if unknown:
+        valid = ", ".join(sorted(set(takes) | scoring)) or "none"
+        raise LlmattrError(f"method {name} has no parameter {', '.join(unknown)}; valid: {valid}")
+    if objective:
+        check_objective(params.get("objective", objective), params.get("foil"), objectives, contrastive,
+                        f"{name} objective")
+    return params
+
+
+def check_sources(task: str, takes_documents: bool, sources: str | None, documents: object,
+                  spans: object) -> tuple[tuple[str, ...] | None, tuple[tuple[int, int], ...] | None]:
+    """The sources a request asks for (``documents``, ``spans``: None when not given) checked: ``sources`` one of
+    the granularities, documents a non-empty list of non-empty texts for a task that ``takes_documents`` and not
+    beside spans, spans disjoint ranges; returns them as tuples."""
+    if sources is not None:
+        member(sources, GRANULARITIES, "sources")
+    if documents is not None:
+        if not takes_documents:
+            raise LlmattrError(f"task {task} takes no documents; use --task context (or a task that shows documents)")
+        if spans is not None:
+            raise LlmattrError("give documents or spans, not both")
+        documents = check_documents(documents)
+    return documents, None if spans is None else check_spans(spans)
+
+
+def task_facts(task) -> dict:
+    """What the checks here read of a :class:`~llmattr.tasks.Task` (and the registries' view holds): its name,
+    kind, head and whether it classifies, is a regression or has a gold word."""
+    return {"name": task.name, "kind": task.kind, "head": task.head, "classifies": task.classifies,
+            "numeric": task.numeric, "has_gold_word": task.has_gold_word}
+
+
+def training_loss(loss: str, objective: str | None, label_loss: str) -> str:
+    """A finetune's loss: ``loss``, or ``objective`` (its name before issue 39) where given, refused beside a
+    ``loss`` other than the default ``label_loss``."""
+    if objective is None:
+        return loss
+    if loss not in (label_loss, objective):
+        raise LlmattrError("finetune takes --loss (or its old name --objective), not both")
+    return objective
+
+
+def check_training(task: Mapping, loss: str, head: str | None, permute_labels: bool, mask_augment: float,
+                   losses: Sequence[str], heads: Sequence[str]) -> None:
+    """Refuse a finetune whose ``loss`` (one of ``losses``, the first the label loss), ``head`` (one of ``heads``, or
+    None: the LM head), label permutation or mask augmentation does not fit the task (``task``:
+    :func:`task_facts`)."""
+    one_of(loss, losses, "--loss")
+    if head is not None:
+        one_of(head, heads, "--head")
+        if loss != losses[0]:
+            raise LlmattrError(f"--head {head} trains the head on the labels; --loss {loss} is for the LM head")
+        wanted = "regression" if task["numeric"] else "classification" if task["classifies"] else None
+        if wanted is None:
+            raise LlmattrError(f"--head {head} needs a classification or regression task; {task['name']} is a "
+                               f"{task['kind']} task")
+        if head != wanted:
+            raise LlmattrError(f"task {task['name']} is a {task['kind']} task: give --head {wanted}, not --head "
+                               f"{head}")
+    elif task["head"] != "lm":
+        raise LlmattrError(f"task {task['name']} is read by a sequence-{task['head']} head: give --head "
+                           f"{task['head']}")
+    elif loss == "label" and not task["classifies"]:
+        regression = (" (paper 003's regression head: --task stsb-regression --head regression)"
+                      if task["numeric"] else "")
+        raise LlmattrError(f"finetune --loss label needs a classification task with label words; {task['name']} "
+                           f"is a {task['kind']} task{regression}; use --loss lm to fine-tune on its text")
+    if permute_labels and not (head or loss == "label"):
+        raise LlmattrError("--permute-labels permutes the labels a model learns: give --loss label or --head")
+    mask_rate(mask_augment, "--mask-augment")
+    if mask_augment and (head or loss != "label"):
+        raise LlmattrError("--mask-augment deletes text tokens of the task's prompt: it trains with --loss label, "
+                           "without --head")
+
+
+HEAD_LORA_R = 4  # paper 003 sec. 4.1: LLaMA-2 fine-tuned with LoRA of rank 4 (PEFT)
+
+
+def lora_rank(lora_r: int | None, head: str | None) -> int:
+    """The LoRA rank a finetune trains: ``lora_r``, or by default 4 with a ``head`` (paper 003's recipe) and 0 (full
+    fine-tuning) without."""
+    if lora_r is not None:
+        return lora_r
+    return HEAD_LORA_R if head else 0
+
+
+def check_schedule(settings: Mapping) -> None:
+    """Refuse a finetune's counts (held-out rows, epochs, batch size, tokens, steps: those in ``settings``, each a
+    whole number >= 1), learning rate, LoRA rank (``lora_r``, resolved: :func:`lora_rank`) and 4-bit loading where
+    they cannot train, or need a package that is not installed."""
+    for name in ("held_out", "epochs", "batch_size", "max_tokens", "save_steps", "logging_steps"):
+        if name in settings:
+            positive_int(settings[name], f"--{name.replace('_', '-')}")
+    learning_rate, rank = settings["learning_rate"], settings["lora_r"]
+    if not (isinstance(learning_rate, float | int) and 0 < learning_rate < 1):
+        raise LlmattrError(f"--learning-rate must be in (0, 1), got {learning_rate!r}")
+    if rank < 0:
+        raise LlmattrError(f"--lora-r must be 0 (full fine-tuning) or a rank >= 1, got {rank}")
+    if rank and importlib.util.find_spec("peft") is None:
+        raise LlmattrError("--lora-r needs peft: pip install 'llmattr[finetune]'")
+    if settings.get("load_in_4bit") and importlib.util.find_spec("bitsandbytes") is None:
+        raise LlmattrError("--load-in-4bit needs bitsandbytes (a CUDA GPU): pip install 'llmattr[quant]'")
+    if settings.get("load_in_4bit") and not rank:
+        raise LlmattrError("--load-in-4bit trains LoRA adapters on the frozen 4-bit weights: give --lora-r")
+
+
+def file_labels(task: Mapping, labels: str) -> tuple[tuple[str, ...], dict]:
+    """``--labels`` of a file's rows for ``task`` (:func:`task_facts`; a classification task only) as
+    :func:`llmattr.readers.parse_labels` reads them."""
+    if not task["classifies"]:
+        raise LlmattrError(f"--labels applies to classification tasks; {task['name']} is a {task['kind']} task")
+    return parse_labels(labels)
+
+
+def read_toml(path: str | Path) -> dict:
+    """The keys of ``llmattr evaluate --config``'s TOML file, refused in one line when it is missing or not TOML."""
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError as err:
+        raise LlmattrError(f"config file not found: {path}") from err
+    except tomllib.TOMLDecodeError as err:
+        raise LlmattrError(f"{path} is not valid TOML: {err}") from err
+
+
+def config_values(data: Mapping, keys: Iterable[str]) -> dict:
+    """``llmattr evaluate``'s settings from a TOML file or the command line: names with ``_`` (``max-new-tokens``
+    is ``max_new_tokens``), unset (None) values left out, lists given as ``a,b`` split; a name that is none of
+    ``keys`` refused, listing them."""
+    keys = sorted(keys)
+    data = {key.replace("-", "_"): value for key, value in data.items() if value is not None}
+    unknown = sorted(set(data) - set(keys))
+    if unknown:
+        raise LlmattrError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(keys)}")
+    for key in ("datasets", "methods", "metrics", "layers"):
+        if isinstance(data.get(key), str | int):
+            data[key] = split_list(str(data[key]))
+    return data
+
+
+def check_evaluation(values: Mapping) -> None:
+    """``llmattr evaluate``'s settings that need no registry (a key left out is unset): ``n``, ``data`` beside
+    ``datasets``, ``max_new_tokens``, ``seed``, ``target`` and ``scope``."""
+    examples_wanted(values.get("n"))
+    one_source(values.get("data"), values.get("datasets"))
+    if values.get("max_new_tokens") is not None:
+        positive_int(values["max_new_tokens"], "--max-new-tokens")
+    seed = values.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise LlmattrError(f"--seed must be a whole number, got {seed!r}")
+    for key, valid in (("target", TARGET_MODES), ("scope", SCOPES)):
+        if key in values:
+            member(values[key], valid, key)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``--shard i/n`` as (rank, world size), refused in one line when it is not two whole numbers."""
+    try:
+        rank, world = (int(part) for part in text.split("/"))
+    except ValueError as err:
+        raise LlmattrError(f"--shard expects i/n (e.g. 0/2), got {text!r}") from err
+    return rank, world
+
+
+def check_shard(rank: int, world: int) -> tuple[int, int]:
+    """(rank, world size) if ``0 <= rank < world``, else one line."""
+    if world < 1 or not 0 <= rank < world:
+        raise LlmattrError(f"shard {rank}/{world} is out of range: use i/n with 0 <= i < n")
+    return rank, world
