@@ -81,8 +81,8 @@ def evaluate(
                                              "override it."),
     shard: str = typer.Option(None, help="Take shard i of n of every dataset, as i/n (default: "
                                          "RANK/WORLD_SIZE of torchrun/accelerate, else the Slurm task's, else 0/1)."),
-    device: str = typer.Option(None, help="cpu, cuda, cuda:N or auto (default auto; LOCAL_RANK's GPU when "
-                                          "sharded)."),
+    device: str = typer.Option(None, help="cpu, cuda, cuda:N or auto (default auto; when sharded, the GPU of "
+                                          "LOCAL_RANK, else of SLURM_LOCALID)."),
     dtype: str = typer.Option(None, help="float32, bfloat16, float16 or auto."),
     device_map: str = typer.Option(None, help="'auto' spreads a big model over the GPUs (accelerate)."),
     max_memory: str = typer.Option(None, help="Memory per device for --device-map, e.g. cpu=2GB,0=20GB (the rest "
