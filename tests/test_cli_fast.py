@@ -191,6 +191,37 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
     **{f"finetune-data-{name}": ["finetune", *OUT, "--data", path] for name, path in BAD_FILES.items()},
     **{f"finetune-data-{name}": ["finetune", *OUT, "--data", *args] for name, args in ROWS.items()
        if name != "blank-text"},
+    "explain-ig-n-steps": ["explain", "--method", "integrated-gradients", "--n-steps", "0", "hi"],
+    "explain-ig-batch": ["explain", "--method", "integrated-gradients", "--internal-batch-size", "x", "hi"],
+    "explain-ig-path-method": ["explain", "--method", "integrated-gradients", "--param", "method=nope", "hi"],
+    "explain-bad-reduction": ["explain", "--method", "saliency", "--reduction", "nope", "hi"],
+    "explain-bad-baseline": ["explain", "--method", "integrated-gradients", "--baseline", "nope", "hi"],
+    "explain-igcg-threshold": ["explain", "--method", "igcg", "--threshold", "0", "hi"],
+    "explain-shap-n-samples": ["explain", "--method", "gradient-shap", "--n-samples", "0", "hi"],
+    "explain-grad-ellm-layers": ["explain", "--method", "grad-ellm", "--layers", "x", "hi"],
+    "explain-grad-ellm-attention": ["explain", "--method", "grad-ellm", "--attention", "nope", "hi"],
+    "explain-grad-ellm-similarity": ["explain", "--method", "grad-ellm", "--similarity", "nope", "hi"],
+    "explain-grad-ellm-relu": ["explain", "--method", "grad-ellm", "--relu", "nope", "hi"],
+    "explain-attention-layers": ["explain", "--method", "attention", "--layers", "3", "hi"],
+    "explain-lime-n-samples": ["explain", "--method", "lime", "--n-samples", "0", "hi"],
+    "explain-lime-batch-size": ["explain", "--method", "lime", "--batch-size", "0", "hi"],
+    "explain-lime-alpha": ["explain", "--method", "lime", "--alpha", "-1", "hi"],
+    "explain-value-zeroing-layers": ["explain", "--method", "value-zeroing", "--layers", "x", "hi"],
+    "explain-value-zeroing-batch-size": ["explain", "--method", "value-zeroing", "--batch-size", "0", "hi"],
+    "explain-reagent-probes": ["explain", "--method", "reagent", "--num-probes", "0", "hi"],
+    "explain-reagent-ratio": ["explain", "--method", "reagent", "--replacing-ratio", "1", "hi"],
+    "explain-reagent-sampler": ["explain", "--method", "reagent", "--sampler", "nope", "hi"],
+    "explain-contextcite-ablations":
+        ["explain", "--method", "contextcite", "--num-ablations", "0", "--document", "a", "q?"],
+    "explain-contextcite-batch-size":
+        ["explain", "--method", "contextcite", "--batch-size", "x", "--document", "a", "q?"],
+    "explain-contextcite-keep-prob":
+        ["explain", "--method", "contextcite", "--ablation-keep-prob", "1", "--document", "a", "q?"],
+    "explain-contextcite-lasso": ["explain", "--method", "contextcite", "--lasso-alpha", "0", "--document", "a", "q?"],
+    "explain-contextcite-prefix": ["explain", "--method", "contextcite", "--prefix", "nope", "--document", "a", "q?"],
+    "evaluate-grad-ellm-layers": ["evaluate", "--methods", "grad-ellm:layers=x"],
+    "evaluate-ig-n-steps": ["evaluate", "--methods", "integrated-gradients:n_steps=0"],
+    "evaluate-lime-batch-size": ["evaluate", "--methods", "lime:batch_size=0"],
 }
 REFUSED = ROOT / "tests" / "data" / "cli_refusals.json"  # each refusal's stderr as main printed it at 335e1b9 (the
 # first 76, those that were torch-free then, unchanged since 4837f74)

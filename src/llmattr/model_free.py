@@ -231,3 +231,52 @@ def check_shard(rank: int, world: int) -> tuple[int, int]:
     if world < 1 or not 0 <= rank < world:
         raise LlmattrError(f"shard {rank}/{world} is out of range: use i/n with 0 <= i < n")
     return rank, world
+
+
+def choice(valid: Sequence, line: str = "{name} {key} must be one of {valid}; got {value!r}") -> tuple:
+    """A method parameter's rule (:func:`check_param_values`): one of ``valid``."""
+    return ("choice", tuple(valid), line.replace("{valid}", ", ".join(map(repr, valid))))
+
+
+COUNT = ("count", None, "{name} {key} must be a positive integer")  # a whole number >= 1
+COUNT_OR_AUTO = ("count", "auto", "{name} {key} must be a positive integer or 'auto'")
+WHOLE = ("whole", None, None)  # checks.positive_int's lines
+WHOLE_OR_AUTO = ("whole", "auto", None)
+
+
+def _accepts(kind: str, arg: object, value: object) -> bool:
+    """Whether ``value`` keeps a rule of ``kind`` (with ``arg``) other than ``whole``."""
+    if kind == "choice":
+        return value in arg
+    if kind == "count":
+        return (arg is not None and value == arg) or (isinstance(value, int) and not isinstance(value, bool)
+                                                      and value >= 1)
+    if kind == "last-layers":  # 'all' or a number of last layers >= 1 (given as text or a number)
+        return value == arg or (str(value).isdigit() and int(value) >= 1)
+    if kind == "layer-or":  # one of arg or a layer index
+        return value in arg or (isinstance(value, int) and not isinstance(value, bool))
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    low, high = arg
+    if kind == "at-least":
+        return number >= low
+    return low < number and (kind == "above" or number < high)  # above, between
+
+
+def check_param_values(name: str, params: Mapping, rules: Mapping) -> None:
+    """Refuse a value of method ``name``'s ``params`` outside its rule in ``rules`` ({parameter: (kind, arg,
+    line)}: ``choice`` one of arg, ``count`` a whole number >= 1 or arg, ``whole`` as :func:`checks.positive_int`
+    (or arg), ``last-layers`` arg or a number >= 1, ``layer-or`` one of arg or an int, ``above``/``at-least``/
+    ``between`` a number > arg[0], >= arg[0], in (arg[0], arg[1])), in one line (``{name}``, ``{key}``,
+    ``{value}`` filled in); a parameter not given is not checked."""
+    for key, (kind, arg, line) in rules.items():
+        if key not in params:
+            continue
+        value = params[key]
+        if kind == "whole":
+            if arg is None or value != arg:
+                positive_int(value, f"{name} {key}")
+        elif not _accepts(kind, arg, value):
+            raise LlmattrError(line.format(name=name, key=key, value=value))

@@ -20,7 +20,7 @@ from pprint import pformat
 
 from ..checks import one_of
 from ..errors import LlmattrError, method_refusal, metric_refusal, unknown_name
-from ..model_free import check_method_params, check_training, task_facts
+from ..model_free import check_method_params, check_param_values, check_training, task_facts
 from ._registered import VIEW
 
 REGISTRIES = ("llmattr.methods", "llmattr.faithfulness", "llmattr.tasks")  # the packages that hold them
@@ -33,7 +33,8 @@ def registered() -> dict:
     default"``, ...]}), ``tasks``, ``datasets``, ``groups`` ({group: datasets}), ``metrics`` and ``metric_options``
     ({name: {flag, type, default, valid, help, positive}}), ``scoring`` ({method: its default objective}),
     ``objectives``, ``task_shapes`` ({task: :func:`llmattr.tasks.files.shape_of`}), ``outputs`` (the metrics'
-    output names), ``losses`` and ``heads`` (``finetune``'s), ``takes`` ({method: its parameters}), ``contrastive``
+    output names), ``losses`` and ``heads`` (``finetune``'s), ``takes`` ({method: its parameters}), ``rules``
+    ({method: {parameter: its values' rule}}: :func:`llmattr.model_free.check_param_values`), ``contrastive``
     (the objectives that need a foil), ``task_facts`` ({task: :func:`llmattr.model_free.task_facts`}) and
     ``config_keys`` (the keys of ``llmattr evaluate --config`` besides the metric options)."""
     from .. import methods
@@ -71,6 +72,8 @@ def registered() -> dict:
         "losses": list(LOSSES),
         "heads": list(HEADS),
         "takes": {name: sorted(methods.REGISTRY[name].defaults) for name in methods.available()},
+        "rules": {name: {key: rule for key, rule in methods.REGISTRY[name].rules.items()
+                         if key in methods.REGISTRY[name].defaults} for name in methods.available()},
         "contrastive": contrastive(),
         "task_facts": {name: task_facts(TASKS[name]) for name in sorted(TASKS)},
         "config_keys": sorted(FIELDS - {"options"}),
@@ -109,12 +112,14 @@ def check_objectives(names: list[str], objective: str | None) -> None:
 
 
 def check_params(names: list[str], params: dict) -> None:
-    """Refuse a parameter one of the methods ``names`` does not take, or an objective and foil that do not fit
-    it, with the line the method's construction raises (:func:`llmattr.model_free.check_method_params`)."""
+    """Refuse a parameter one of the methods ``names`` does not take, an objective and foil that do not fit it, or
+    a value outside its rule, with the line the method's construction raises
+    (:func:`llmattr.model_free.check_method_params`, :func:`llmattr.model_free.check_param_values`)."""
     known = view()
     for name in names:
-        check_method_params(name, params, known["takes"][name], known["scoring"].get(name), known["objectives"],
-                            known["contrastive"])
+        taken = check_method_params(name, params, known["takes"][name], known["scoring"].get(name),
+                                    known["objectives"], known["contrastive"])
+        check_param_values(name, taken, known["rules"][name])
 
 
 def check_finetune(task: str, loss: str, head: str | None, permute_labels: bool, mask_augment: float) -> None:
