@@ -222,6 +222,10 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
     "evaluate-grad-ellm-layers": ["evaluate", "--methods", "grad-ellm:layers=x"],
     "evaluate-ig-n-steps": ["evaluate", "--methods", "integrated-gradients:n_steps=0"],
     "evaluate-lime-batch-size": ["evaluate", "--methods", "lime:batch_size=0"],
+    "evaluate-bad-ffid-beta": ["evaluate", "--ffid-beta", "2"],
+    "evaluate-permuted-model-missing": ["evaluate", "--permuted-model", "/nonexistent/model"],
+    "evaluate-permuted-model-not-model": ["evaluate", "--permuted-model", FILES],
+    "evaluate-config-ffid-beta": ["evaluate", "--config", f"{FILES}/config-ffid-beta.toml"],
 }
 REFUSED = ROOT / "tests" / "data" / "cli_refusals.json"  # each refusal's stderr as main printed it at 335e1b9 (the
 # first 76, those that were torch-free then, unchanged since 4837f74)

@@ -16,6 +16,7 @@ from pathlib import Path
 from .checks import (
     SCOPES,
     TARGET_MODES,
+    check_model_path,
     examples_wanted,
     mask_rate,
     member,
@@ -280,3 +281,18 @@ def check_param_values(name: str, params: Mapping, rules: Mapping) -> None:
                 positive_int(value, f"{name} {key}")
         elif not _accepts(kind, arg, value):
             raise LlmattrError(line.format(name=name, key=key, value=value))
+
+
+def ffid_beta(value: float) -> float:
+    """``--ffid-beta``'s check hook (f-fidelity's option): a fraction in [0, 1) (:func:`checks.mask_rate`)."""
+    return mask_rate(value, "--ffid-beta")
+
+
+def check_permuted_model(path: object) -> None:
+    """``--permuted-model``'s check hook (data randomisation's option): a folder with ``config.json``, a .gguf or a
+    hub id (empty: not given; data-randomization then asks for it), refused before any model loads."""
+    if path:
+        try:
+            check_model_path(str(path))
+        except LlmattrError as err:
+            raise LlmattrError(f"--permuted-model: {err}") from None

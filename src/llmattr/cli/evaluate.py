@@ -18,7 +18,6 @@ from ..checks import (
     examples_wanted,
     one_of,
     one_source,
-    option_value,
     split_spec,
     writable_file,
 )
@@ -26,9 +25,7 @@ from ..errors import LlmattrError
 from ..model_free import check_evaluation, check_shard, config_values, file_labels, parse_shard, read_toml
 from ..readers import shaped_rows, shaped_texts
 from .app import DERIVED, app, plugin_command
-from .view import check_datasets, check_methods, check_metrics, check_params, check_task, view
-
-TYPES = {"bool": bool, "int": int, "float": float, "str": str}  # a metric option's type, by its name in the view
+from .view import TYPES, check_datasets, check_methods, check_metrics, check_option, check_params, check_task, view
 
 
 def registered_help() -> dict[str, str]:
@@ -185,14 +182,13 @@ def settings_checks(values: dict) -> None:
     """The other settings given (``values``, the ``--config`` file's included) that need no model, in the order
     :meth:`llmattr.evaluation.EvalConfig.validate` and the evaluation check them: ``--n``, ``--max-new-tokens``,
     ``--seed``, ``--target``, ``--scope`` (:func:`llmattr.model_free.check_evaluation`), the metrics' options
-    (:func:`llmattr.checks.option_value`; a metric's own check hook runs later), ``--dtype``, ``--out``, each
-    method's parameters and ``--labels``."""
+    (:func:`llmattr.cli.view.check_option`: a metric's own check hook too where it needs no model), ``--dtype``,
+    ``--out``, each method's parameters and ``--labels``."""
     known = view()
     check_evaluation(values)
-    for name, option in known["metric_options"].items():
+    for name in known["metric_options"]:
         if name in values:
-            option_value(values[name], option["flag"], TYPES[option["type"]](option["default"]), option["positive"],
-                         option["valid"])
+            check_option(name, values[name])
     dtype_name(values.get("dtype"))
     if "out" in values:
         writable_file(values["out"], "--out")

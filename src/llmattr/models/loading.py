@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..checks import DTYPES, dtype_name
+from ..checks import DTYPES, check_model_path, dtype_name
 from ..errors import LlmattrError
 from .anatomy import output_head
 from .kept import Kept
@@ -194,18 +194,6 @@ def _resolve(name_or_path: str, verbose: bool) -> tuple[str, str]:
     if path.exists():
         return str(path), path.name
     return name_or_path, name_or_path
-
-
-def check_model_path(name_or_path: str) -> None:
-    """Refuse, without loading anything, a folder without ``config.json`` or a path that does not exist (a name
-    that reads as a hub id passes)."""
-    path = Path(name_or_path).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise LlmattrError(f"{name_or_path} is not a model folder (no config.json); pass a folder, a .gguf or a "
-                               "hub id")
-    elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
-        raise LlmattrError(f"model path not found: {name_or_path}")
 
 
 def model_class(source: str):
