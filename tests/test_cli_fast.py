@@ -226,6 +226,11 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
     "evaluate-permuted-model-missing": ["evaluate", "--permuted-model", "/nonexistent/model"],
     "evaluate-permuted-model-not-model": ["evaluate", "--permuted-model", FILES],
     "evaluate-config-ffid-beta": ["evaluate", "--config", f"{FILES}/config-ffid-beta.toml"],
+    "evaluate-bad-max-memory": ["evaluate", "--max-memory", "gpu=2GB"],
+    "evaluate-empty-max-memory": ["evaluate", "--max-memory", ","],
+    "evaluate-zero-shards": ["evaluate", "--launcher", "local", "--shards", "0"],
+    "evaluate-shard-and-shards": ["evaluate", "--launcher", "local", "--shards", "2", "--shard", "0/2"],
+    "finetune-out-is-a-file": ["finetune", "--out", f"{FILES}/reviews.csv"],
 }
 REFUSED = ROOT / "tests" / "data" / "cli_refusals.json"  # each refusal's stderr as main printed it at 335e1b9 (the
 # first 76, those that were torch-free then, unchanged since 4837f74)

@@ -296,3 +296,18 @@ def check_permuted_model(path: object) -> None:
             check_model_path(str(path))
         except LlmattrError as err:
             raise LlmattrError(f"--permuted-model: {err}") from None
+
+
+def check_shards(shards: int, shard: str | None) -> None:
+    """Refuse ``--shards`` (a launcher's shard count) below 1, or beside ``--shard`` (one shard run by hand)."""
+    if shards < 1:
+        raise LlmattrError(f"--shards must be at least 1, got {shards}")
+    if shard:
+        raise LlmattrError(f"--shard {shard} runs one shard yourself; the launcher runs them all: give --shards "
+                           "n instead")
+
+
+def out_folder(out: Path) -> None:
+    """Refuse finetune's ``--out`` where it is a file (its folder's contents are checked against the run later)."""
+    if out.exists() and not out.is_dir():
+        raise LlmattrError(f"--out {out} is a file; give a folder")

@@ -22,8 +22,17 @@ from ..checks import (
     writable_file,
 )
 from ..errors import LlmattrError
-from ..model_free import check_evaluation, check_shard, config_values, file_labels, parse_shard, read_toml
+from ..model_free import (
+    check_evaluation,
+    check_shard,
+    check_shards,
+    config_values,
+    file_labels,
+    parse_shard,
+    read_toml,
+)
 from ..readers import shaped_rows, shaped_texts
+from ..sizes import parse_max_memory
 from .app import DERIVED, app, plugin_command
 from .view import TYPES, check_datasets, check_methods, check_metrics, check_option, check_params, check_task, view
 
@@ -128,6 +137,8 @@ def evaluate(
     if launched:
         launch_checks(launcher, **launch)
     settings_checks(values)
+    if launched:  # what launch_shards refuses before it submits
+        check_shards(shards, values.get("shard"))
     from ..evaluation import EvalConfig, run
 
     base = EvalConfig.from_toml(config) if config is not None else None
@@ -182,13 +193,14 @@ def settings_checks(values: dict) -> None:
     """The other settings given (``values``, the ``--config`` file's included) that need no model, in the order
     :meth:`llmattr.evaluation.EvalConfig.validate` and the evaluation check them: ``--n``, ``--max-new-tokens``,
     ``--seed``, ``--target``, ``--scope`` (:func:`llmattr.model_free.check_evaluation`), the metrics' options
-    (:func:`llmattr.cli.view.check_option`: a metric's own check hook too where it needs no model), ``--dtype``,
-    ``--out``, each method's parameters and ``--labels``."""
+    (:func:`llmattr.cli.view.check_option`: a metric's own check hook too where it needs no model),
+    ``--max-memory``, ``--dtype``, ``--out``, each method's parameters and ``--labels``."""
     known = view()
     check_evaluation(values)
     for name in known["metric_options"]:
         if name in values:
             check_option(name, values[name])
+    parse_max_memory(values.get("max_memory"))
     dtype_name(values.get("dtype"))
     if "out" in values:
         writable_file(values["out"], "--out")
