@@ -231,6 +231,8 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
     "evaluate-zero-shards": ["evaluate", "--launcher", "local", "--shards", "0"],
     "evaluate-shard-and-shards": ["evaluate", "--launcher", "local", "--shards", "2", "--shard", "0/2"],
     "finetune-out-is-a-file": ["finetune", "--out", f"{FILES}/reviews.csv"],
+    "explain-zero-new-tokens": ["explain", "--task", "generate", "--max-new-tokens", "0", "hi"],
+    "explain-empty-answer": ["explain", "--task", "generate", "--answer", "", "hi"],
 }
 REFUSED = ROOT / "tests" / "data" / "cli_refusals.json"  # each refusal's stderr as main printed it at 335e1b9 (the
 # first 76, those that were torch-free then, unchanged since 4837f74)

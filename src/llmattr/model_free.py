@@ -90,9 +90,9 @@ def check_sources(task: str, takes_documents: bool, sources: str | None, documen
 
 def task_facts(task) -> dict:
     """What the checks here read of a :class:`~llmattr.tasks.Task` (and the registries' view holds): its name,
-    kind, head and whether it classifies, is a regression or has a gold word."""
+    kind, head and whether it classifies, is a regression, has a gold word or is a next-word task."""
     return {"name": task.name, "kind": task.kind, "head": task.head, "classifies": task.classifies,
-            "numeric": task.numeric, "has_gold_word": task.has_gold_word}
+            "numeric": task.numeric, "has_gold_word": task.has_gold_word, "next_word": task.next_word}
 
 
 def training_loss(loss: str, objective: str | None, label_loss: str) -> str:
@@ -311,3 +311,27 @@ def out_folder(out: Path) -> None:
     """Refuse finetune's ``--out`` where it is a file (its folder's contents are checked against the run later)."""
     if out.exists() and not out.is_dir():
         raise LlmattrError(f"--out {out} is a file; give a folder")
+
+
+def new_tokens(max_new_tokens: int) -> int:
+    """``max_new_tokens`` of a generated target, refused below 1."""
+    if max_new_tokens < 1:
+        raise LlmattrError("max_new_tokens must be at least 1")
+    return max_new_tokens
+
+
+def forced_answer(answer: str | Sequence[int]) -> str | Sequence[int]:
+    """A forced answer (its text, or its token ids), refused when empty."""
+    if not answer:
+        raise LlmattrError("the forced answer is empty")
+    return answer
+
+
+def check_target(task: Mapping, target: str, max_new_tokens: int | None, answer: str | None) -> None:
+    """``explain``'s ``--answer`` and ``--max-new-tokens`` for ``task`` (:func:`task_facts`) as the target's
+    construction (:mod:`llmattr.targets`) refuses them: an empty forced answer; without one, fewer than one new token
+    where the target generates (every target but a next-word task's gold word)."""
+    if answer is not None:
+        forced_answer(answer)
+    elif max_new_tokens is not None and not (task["next_word"] and target == "gold"):
+        new_tokens(max_new_tokens)
