@@ -233,6 +233,8 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
     "finetune-out-is-a-file": ["finetune", "--out", f"{FILES}/reviews.csv"],
     "explain-zero-new-tokens": ["explain", "--task", "generate", "--max-new-tokens", "0", "hi"],
     "explain-empty-answer": ["explain", "--task", "generate", "--answer", "", "hi"],
+    "evaluate-bad-layers": ["evaluate", "--methods", "grad-ellm", "--layers", "x"],
+    "evaluate-bad-layers-of-default-method": ["evaluate", "--layers", "0"],
 }
 REFUSED = ROOT / "tests" / "data" / "cli_refusals.json"  # each refusal's stderr as main printed it at 335e1b9 (the
 # first 76, those that were torch-free then, unchanged since 4837f74)

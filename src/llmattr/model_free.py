@@ -24,6 +24,7 @@ from .checks import (
     one_source,
     positive_int,
     split_list,
+    split_spec,
 )
 from .declarations import current_params
 from .errors import LlmattrError
@@ -335,3 +336,12 @@ def check_target(task: Mapping, target: str, max_new_tokens: int | None, answer:
         forced_answer(answer)
     elif max_new_tokens is not None and not (task["next_word"] and target == "gold"):
         new_tokens(max_new_tokens)
+
+
+def swept_texts(text: str, layers: Sequence | None, swept: str | None) -> list[str]:
+    """``evaluate --methods``' item ``text`` as the items it runs: one per value of ``layers`` (``--layers``) with
+    the parameter ``swept`` (the method's ``layer_sweep``) set, where the method has one and the text does not set
+    it; else the item itself."""
+    if layers and swept and swept not in split_spec(text)[1]:
+        return [f"{text}:{swept}={k}" for k in layers]
+    return [text]

@@ -30,6 +30,7 @@ from ..model_free import (
     file_labels,
     parse_shard,
     read_toml,
+    swept_texts,
 )
 from ..readers import shaped_rows, shaped_texts
 from ..sizes import parse_max_memory
@@ -206,8 +207,10 @@ def settings_checks(values: dict) -> None:
         writable_file(values["out"], "--out")
     if values.get("shard"):
         check_shard(*parse_shard(values["shard"]))
-    for name, params in map(split_spec, values.get("methods") or ()):
-        check_params([name], params)
+    for text in values.get("methods") or known["default_methods"]:  # each item as it runs, with --layers' values
+        name = split_spec(text)[0]
+        for item in swept_texts(text, values.get("layers"), known["layer_sweeps"].get(name)):
+            check_params([name], split_spec(item)[1])
     if values.get("data") is not None and values.get("labels") is not None:
         file_labels(known["task_facts"][values.get("task", DATA_TASK)], values["labels"])
 

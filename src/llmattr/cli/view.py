@@ -36,12 +36,14 @@ def registered() -> dict:
     ({name: {flag, type, default, valid, help, positive, check}}: check names the option's check hook where it is
     one of :mod:`llmattr.model_free`'s functions, else None), ``scoring`` ({method: its default objective}),
     ``objectives``, ``task_shapes`` ({task: :func:`llmattr.tasks.files.shape_of`}), ``outputs`` (the metrics'
-    output names), ``losses`` and ``heads`` (``finetune``'s), ``takes`` ({method: its parameters}), ``rules``
+    output names), ``losses`` and ``heads`` (``finetune``'s), ``takes`` ({method: its parameters}),
+    ``layer_sweeps`` ({method: the parameter ``evaluate --layers`` sweeps}), ``default_methods`` (``evaluate``'s
+    without ``--methods``), ``rules``
     ({method: {parameter: its values' rule}}: :func:`llmattr.model_free.check_param_values`), ``contrastive``
     (the objectives that need a foil), ``task_facts`` ({task: :func:`llmattr.model_free.task_facts`}) and
     ``config_keys`` (the keys of ``llmattr evaluate --config`` besides the metric options)."""
     from .. import methods
-    from ..evaluation.config import FIELDS
+    from ..evaluation.config import FIELDS, EvalConfig
     from ..evaluation.run_datasets import dataset_groups, dataset_names
     from ..faithfulness import METRICS, OUTPUTS, declared_options
     from ..finetuning import HEADS, LOSSES
@@ -75,6 +77,9 @@ def registered() -> dict:
         "losses": list(LOSSES),
         "heads": list(HEADS),
         "takes": {name: sorted(methods.REGISTRY[name].defaults) for name in methods.available()},
+        "layer_sweeps": {name: methods.REGISTRY[name].layer_sweep for name in methods.available()
+                         if methods.REGISTRY[name].layer_sweep},
+        "default_methods": EvalConfig().methods,
         "rules": {name: {key: rule for key, rule in methods.REGISTRY[name].rules.items()
                          if key in methods.REGISTRY[name].defaults} for name in methods.available()},
         "contrastive": contrastive(),
