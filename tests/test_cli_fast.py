@@ -235,6 +235,9 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
     "explain-empty-answer": ["explain", "--task", "generate", "--answer", "", "hi"],
     "evaluate-bad-layers": ["evaluate", "--methods", "grad-ellm", "--layers", "x"],
     "evaluate-bad-layers-of-default-method": ["evaluate", "--layers", "0"],
+    "explain-alti-layer": ["explain", "--method", "alti", "--layer", "x", "hi"],
+    "explain-logat-layer": ["explain", "--method", "logat", "--layer", "x", "hi"],
+    "explain-alti-logit-objective": ["explain", "--method", "alti-logit", "--objective", "probability", "hi"],
 }
 REFUSED = ROOT / "tests" / "data" / "cli_refusals.json"  # each refusal's stderr as main printed it at 335e1b9 (the
 # first 76, those that were torch-free then, unchanged since 4837f74)

@@ -80,8 +80,7 @@ def registered() -> dict:
         "layer_sweeps": {name: methods.REGISTRY[name].layer_sweep for name in methods.available()
                          if methods.REGISTRY[name].layer_sweep},
         "default_methods": EvalConfig().methods,
-        "rules": {name: {key: rule for key, rule in methods.REGISTRY[name].rules.items()
-                         if key in methods.REGISTRY[name].defaults} for name in methods.available()},
+        "rules": {name: methods.REGISTRY[name].rules for name in methods.available()},
         "contrastive": contrastive(),
         "task_facts": {name: task_facts(TASKS[name]) for name in sorted(TASKS)},
         "config_keys": sorted(FIELDS - {"options"}),
