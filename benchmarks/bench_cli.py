@@ -45,6 +45,9 @@ ROWS = {
     "refuse: finetune --head nope": ["-c", CLI, "finetune", "--out", "/nonexistent/f", "--head", "nope"],
     "refuse: finetune --data empty file": ["-c", CLI, "finetune", "--out", "/nonexistent/f", "--data",
                                            str(FILES / "empty.csv")],
+    "refuse: explain --n-steps 0": ["-c", CLI, "explain", "--method", "integrated-gradients", "--n-steps", "0", "hi"],
+    "refuse: evaluate --layers x": ["-c", CLI, "evaluate", "--layers", "x"],
+    "refuse: evaluate --ffid-beta 2": ["-c", CLI, "evaluate", "--ffid-beta", "2"],
 }
 
 

@@ -218,3 +218,15 @@ def check_resamples(resamples: int) -> None:
     """Refuse fewer than one bootstrap resample per confidence interval (one line)."""
     if resamples < 1:
         raise LlmattrError("--bootstrap must be at least 1 resample (default 2000)")
+
+
+def check_model_path(name_or_path: str) -> None:
+    """Refuse, without loading anything, a folder without ``config.json`` or a path that does not exist (a name
+    that reads as a hub id passes)."""
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise LlmattrError(f"{name_or_path} is not a model folder (no config.json); pass a folder, a .gguf or a "
+                               "hub id")
+    elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        raise LlmattrError(f"model path not found: {name_or_path}")

@@ -40,7 +40,7 @@ from .declarations import held_out_summary
 from .errors import LlmattrError
 from .evaluation.accuracy import label_predictions
 from .faithfulness.ffidelity import augment_mask
-from .model_free import check_schedule, check_training, lora_rank, task_facts, training_loss
+from .model_free import check_schedule, check_training, lora_rank, out_folder, task_facts, training_loss
 from .models.card import CARD_NAME, card_path, content_hash, read_card
 from .models.loading import LoadedModel, load_model
 from .prompting import build_prompt
@@ -343,8 +343,7 @@ def held_out_head(lm: LoadedModel, task: Task, held: list[dict], train: list[dic
 
 def check_out(out: Path, settings: dict) -> dict | None:
     """Refuse an output folder that is not this finetune's; returns its card when it is (a run to resume)."""
-    if out.exists() and not out.is_dir():
-        raise LlmattrError(f"--out {out} is a file; give a folder")
+    out_folder(out)
     if not out.exists():
         return None
     card = read_card(out)

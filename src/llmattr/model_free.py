@@ -16,6 +16,7 @@ from pathlib import Path
 from .checks import (
     SCOPES,
     TARGET_MODES,
+    check_model_path,
     examples_wanted,
     mask_rate,
     member,
@@ -23,6 +24,7 @@ from .checks import (
     one_source,
     positive_int,
     split_list,
+    split_spec,
 )
 from .declarations import current_params
 from .errors import LlmattrError
@@ -89,9 +91,9 @@ def check_sources(task: str, takes_documents: bool, sources: str | None, documen
 
 def task_facts(task) -> dict:
     """What the checks here read of a :class:`~llmattr.tasks.Task` (and the registries' view holds): its name,
-    kind, head and whether it classifies, is a regression or has a gold word."""
+    kind, head and whether it classifies, is a regression, has a gold word or is a next-word task."""
     return {"name": task.name, "kind": task.kind, "head": task.head, "classifies": task.classifies,
-            "numeric": task.numeric, "has_gold_word": task.has_gold_word}
+            "numeric": task.numeric, "has_gold_word": task.has_gold_word, "next_word": task.next_word}
 
 
 def training_loss(loss: str, objective: str | None, label_loss: str) -> str:
@@ -231,3 +233,115 @@ def check_shard(rank: int, world: int) -> tuple[int, int]:
     if world < 1 or not 0 <= rank < world:
         raise LlmattrError(f"shard {rank}/{world} is out of range: use i/n with 0 <= i < n")
     return rank, world
+
+
+def choice(valid: Sequence, line: str = "{name} {key} must be one of {valid}; got {value!r}") -> tuple:
+    """A method parameter's rule (:func:`check_param_values`): one of ``valid``."""
+    return ("choice", tuple(valid), line.replace("{valid}", ", ".join(map(repr, valid))))
+
+
+COUNT = ("count", None, "{name} {key} must be a positive integer")  # a whole number >= 1
+COUNT_OR_AUTO = ("count", "auto", "{name} {key} must be a positive integer or 'auto'")
+WHOLE = ("whole", None, None)  # checks.positive_int's lines
+WHOLE_OR_AUTO = ("whole", "auto", None)
+
+
+def _accepts(kind: str, arg: object, value: object) -> bool:
+    """Whether ``value`` keeps a rule of ``kind`` (with ``arg``) other than ``whole``."""
+    if kind == "choice":
+        return value in arg
+    if kind == "count":
+        return (arg is not None and value == arg) or (isinstance(value, int) and not isinstance(value, bool)
+                                                      and value >= 1)
+    if kind == "last-layers":  # 'all' or a number of last layers >= 1 (given as text or a number)
+        return value == arg or (str(value).isdigit() and int(value) >= 1)
+    if kind == "layer-or":  # one of arg or a layer index
+        return value in arg or (isinstance(value, int) and not isinstance(value, bool))
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    low, high = arg
+    if kind == "at-least":
+        return number >= low
+    return low < number and (kind == "above" or number < high)  # above, between
+
+
+def check_param_values(name: str, params: Mapping, rules: Mapping) -> None:
+    """Refuse a value of method ``name``'s ``params`` outside its rule in ``rules`` ({parameter: (kind, arg,
+    line)}: ``choice`` one of arg, ``count`` a whole number >= 1 or arg, ``whole`` as :func:`checks.positive_int`
+    (or arg), ``last-layers`` arg or a number >= 1, ``layer-or`` one of arg or an int, ``above``/``at-least``/
+    ``between`` a number > arg[0], >= arg[0], in (arg[0], arg[1])), in one line (``{name}``, ``{key}``,
+    ``{value}`` filled in); a parameter not given is not checked."""
+    for key, (kind, arg, line) in rules.items():
+        if key not in params:
+            continue
+        value = params[key]
+        if kind == "whole":
+            if arg is None or value != arg:
+                positive_int(value, f"{name} {key}")
+        elif not _accepts(kind, arg, value):
+            raise LlmattrError(line.format(name=name, key=key, value=value))
+
+
+def ffid_beta(value: float) -> float:
+    """``--ffid-beta``'s check hook (f-fidelity's option): a fraction in [0, 1) (:func:`checks.mask_rate`)."""
+    return mask_rate(value, "--ffid-beta")
+
+
+def check_permuted_model(path: object) -> None:
+    """``--permuted-model``'s check hook (data randomisation's option): a folder with ``config.json``, a .gguf or a
+    hub id (empty: not given; data-randomization then asks for it), refused before any model loads."""
+    if path:
+        try:
+            check_model_path(str(path))
+        except LlmattrError as err:
+            raise LlmattrError(f"--permuted-model: {err}") from None
+
+
+def check_shards(shards: int, shard: str | None) -> None:
+    """Refuse ``--shards`` (a launcher's shard count) below 1, or beside ``--shard`` (one shard run by hand)."""
+    if shards < 1:
+        raise LlmattrError(f"--shards must be at least 1, got {shards}")
+    if shard:
+        raise LlmattrError(f"--shard {shard} runs one shard yourself; the launcher runs them all: give --shards "
+                           "n instead")
+
+
+def out_folder(out: Path) -> None:
+    """Refuse finetune's ``--out`` where it is a file (its folder's contents are checked against the run later)."""
+    if out.exists() and not out.is_dir():
+        raise LlmattrError(f"--out {out} is a file; give a folder")
+
+
+def new_tokens(max_new_tokens: int) -> int:
+    """``max_new_tokens`` of a generated target, refused below 1."""
+    if max_new_tokens < 1:
+        raise LlmattrError("max_new_tokens must be at least 1")
+    return max_new_tokens
+
+
+def forced_answer(answer: str | Sequence[int]) -> str | Sequence[int]:
+    """A forced answer (its text, or its token ids), refused when empty."""
+    if not answer:
+        raise LlmattrError("the forced answer is empty")
+    return answer
+
+
+def check_target(task: Mapping, target: str, max_new_tokens: int | None, answer: str | None) -> None:
+    """``explain``'s ``--answer`` and ``--max-new-tokens`` for ``task`` (:func:`task_facts`) as the target's
+    construction (:mod:`llmattr.targets`) refuses them: an empty forced answer; without one, fewer than one new token
+    where the target generates (every target but a next-word task's gold word)."""
+    if answer is not None:
+        forced_answer(answer)
+    elif max_new_tokens is not None and not (task["next_word"] and target == "gold"):
+        new_tokens(max_new_tokens)
+
+
+def swept_texts(text: str, layers: Sequence | None, swept: str | None) -> list[str]:
+    """``evaluate --methods``' item ``text`` as the items it runs: one per value of ``layers`` (``--layers``) with
+    the parameter ``swept`` (the method's ``layer_sweep``) set, where the method has one and the text does not set
+    it; else the item itself."""
+    if layers and swept and swept not in split_spec(text)[1]:
+        return [f"{text}:{swept}={k}" for k in layers]
+    return [text]

@@ -17,6 +17,7 @@ import torch
 
 from .checks import SCOPES, TARGET_MODES, member
 from .errors import LlmattrError
+from .model_free import forced_answer, new_tokens
 from .models.loading import LoadedModel
 from .objectives import probability
 from .prompting import Prompt
@@ -125,12 +126,8 @@ def make_target(lm: LoadedModel, prompt: Prompt, max_new_tokens: int, answer: st
     check_context(lm, prompt, max_new_tokens)
     if answer is not None:
         ids = lm.tokenizer(answer, add_special_tokens=False)["input_ids"]
-        if not ids:
-            raise LlmattrError("the forced answer is empty")
-        return Target(prompt=prompt, target_ids=torch.tensor(ids), forced=True)
-    if max_new_tokens < 1:
-        raise LlmattrError("max_new_tokens must be at least 1")
-    ids, logits = generate_with_logits(lm, prompt, max_new_tokens)
+        return Target(prompt=prompt, target_ids=torch.tensor(forced_answer(ids)), forced=True)
+    ids, logits = generate_with_logits(lm, prompt, new_tokens(max_new_tokens))
     return Target(prompt=prompt, target_ids=ids, step_logits=logits)
 
 
@@ -201,9 +198,7 @@ def label_target(lm: LoadedModel, prompt: Prompt, task, max_new_tokens: int, mod
         raise LlmattrError(f"target='gold' needs the gold label, one of {list(task.label_words)}; got {gold!r}")
     label_ids = task.label_ids(lm.tokenizer, first_token=False)
     check_context(lm, prompt, max_new_tokens)
-    if max_new_tokens < 1:
-        raise LlmattrError("max_new_tokens must be at least 1")
-    free, logits = generate_with_logits(lm, prompt, max_new_tokens)
+    free, logits = generate_with_logits(lm, prompt, new_tokens(max_new_tokens))
     record = label_record(task, lm.tokenizer, label_ids, logits[0], free, gold, mode)
     word = {"label": record["predicted"], "gold": record["gold"]}.get(mode)
     ids = free if word is None else label_ids[task.label_words.index(word)][None]

@@ -18,17 +18,24 @@ from ..checks import (
     examples_wanted,
     one_of,
     one_source,
-    option_value,
     split_spec,
     writable_file,
 )
 from ..errors import LlmattrError
-from ..model_free import check_evaluation, check_shard, config_values, file_labels, parse_shard, read_toml
+from ..model_free import (
+    check_evaluation,
+    check_shard,
+    check_shards,
+    config_values,
+    file_labels,
+    parse_shard,
+    read_toml,
+    swept_texts,
+)
 from ..readers import shaped_rows, shaped_texts
+from ..sizes import parse_max_memory
 from .app import DERIVED, app, plugin_command
-from .view import check_datasets, check_methods, check_metrics, check_params, check_task, view
-
-TYPES = {"bool": bool, "int": int, "float": float, "str": str}  # a metric option's type, by its name in the view
+from .view import TYPES, check_datasets, check_methods, check_metrics, check_option, check_params, check_task, view
 
 
 def registered_help() -> dict[str, str]:
@@ -131,6 +138,8 @@ def evaluate(
     if launched:
         launch_checks(launcher, **launch)
     settings_checks(values)
+    if launched:  # what launch_shards refuses before it submits
+        check_shards(shards, values.get("shard"))
     from ..evaluation import EvalConfig, run
 
     base = EvalConfig.from_toml(config) if config is not None else None
@@ -185,21 +194,23 @@ def settings_checks(values: dict) -> None:
     """The other settings given (``values``, the ``--config`` file's included) that need no model, in the order
     :meth:`llmattr.evaluation.EvalConfig.validate` and the evaluation check them: ``--n``, ``--max-new-tokens``,
     ``--seed``, ``--target``, ``--scope`` (:func:`llmattr.model_free.check_evaluation`), the metrics' options
-    (:func:`llmattr.checks.option_value`; a metric's own check hook runs later), ``--dtype``, ``--out``, each
-    method's parameters and ``--labels``."""
+    (:func:`llmattr.cli.view.check_option`: a metric's own check hook too where it needs no model),
+    ``--max-memory``, ``--dtype``, ``--out``, each method's parameters and ``--labels``."""
     known = view()
     check_evaluation(values)
-    for name, option in known["metric_options"].items():
+    for name in known["metric_options"]:
         if name in values:
-            option_value(values[name], option["flag"], TYPES[option["type"]](option["default"]), option["positive"],
-                         option["valid"])
+            check_option(name, values[name])
+    parse_max_memory(values.get("max_memory"))
     dtype_name(values.get("dtype"))
     if "out" in values:
         writable_file(values["out"], "--out")
     if values.get("shard"):
         check_shard(*parse_shard(values["shard"]))
-    for name, params in map(split_spec, values.get("methods") or ()):
-        check_params([name], params)
+    for text in values.get("methods") or known["default_methods"]:  # each item as it runs, with --layers' values
+        name = split_spec(text)[0]
+        for item in swept_texts(text, values.get("layers"), known["layer_sweeps"].get(name)):
+            check_params([name], split_spec(item)[1])
     if values.get("data") is not None and values.get("labels") is not None:
         file_labels(known["task_facts"][values.get("task", DATA_TASK)], values["labels"])
 

@@ -27,7 +27,7 @@ from ..checks import (
     writable_file,
 )
 from ..errors import LlmattrError, NotExplainedWarning
-from ..model_free import check_sources, request_params
+from ..model_free import check_sources, check_target, request_params
 from ..readers import read_rows, row_texts
 from ..sources.build import check_spans
 from .app import DERIVED, app, plugin_command
@@ -248,6 +248,8 @@ def explain(
         if spans is not None:  # the spans fit the text (Request.check_text checks it again)
             check_spans(spans, len(text))
     dtype_name(dtype)
+    if not many:  # one method, one text: the target's own refusals (several are collected as not explained)
+        check_target(view()["task_facts"][task], target, max_new_tokens, answer)
     from ..api import explain as run_explain
     from ..models.loading import load_model
     from ..render import print_explanation, progress_console

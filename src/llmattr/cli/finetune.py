@@ -8,19 +8,19 @@ import typer
 from rich.console import Console
 
 from ..checks import one_of
-from ..model_free import check_schedule, file_labels, lora_rank, training_loss
+from ..model_free import check_schedule, file_labels, lora_rank, out_folder, training_loss
 from ..readers import read_numbered_rows, shaped_rows
 from .app import app
 from .view import check_finetune, check_task, view
 
 
 def model_free_checks(task: str, loss: str, objective: str | None, settings: dict, data: Path | None,
-                      text_field: str | None, label_field: str | None, labels: str | None) -> None:
+                      text_field: str | None, label_field: str | None, labels: str | None, out: Path) -> None:
     """What needs no model, checked from the registries' view before torch is imported (``FinetuneConfig``
     checks it again): the task, ``--loss`` (or its old name ``--objective``), ``--head``, ``--permute-labels`` and
     ``--mask-augment`` against the task (:func:`llmattr.model_free.check_training`), the counts, learning rate and
     LoRA rank (``settings``: :func:`llmattr.model_free.check_schedule`), ``--labels`` and the ``--data`` file (with
-    a head, the file alone: the head's task reads its columns)."""
+    a head, the file alone: the head's task reads its columns), and ``--out`` not a file."""
     shape = check_task(task)
     known, head = view(), settings["head"]
     one_of(loss if objective is None else objective, known["losses"], "--loss")
@@ -36,6 +36,7 @@ def model_free_checks(task: str, loss: str, objective: str | None, settings: dic
     check_schedule({**settings, "lora_r": lora_rank(settings["lora_r"], head)})
     if data is not None and head is None and labels is not None:
         file_labels(known["task_facts"][task], labels)
+    out_folder(out)
 
 
 @app.command()
@@ -79,7 +80,7 @@ def finetune(
     settings = {"held_out": held_out, "epochs": epochs, "learning_rate": learning_rate, "batch_size": batch_size,
                 "max_tokens": max_tokens, "lora_r": lora_r, "save_steps": save_steps, "load_in_4bit": load_in_4bit,
                 "head": head, "permute_labels": permute_labels, "mask_augment": mask_augment}
-    model_free_checks(task, loss, objective, settings, data, text_field, label_field, labels)
+    model_free_checks(task, loss, objective, settings, data, text_field, label_field, labels, out)
     from ..declarations import held_out_summary
     from ..finetuning import FinetuneConfig
     from ..finetuning import finetune as run_finetune

@@ -18,26 +18,32 @@ import sys
 from pathlib import Path
 from pprint import pformat
 
-from ..checks import one_of
+from .. import model_free
+from ..checks import one_of, option_value
 from ..errors import LlmattrError, method_refusal, metric_refusal, unknown_name
-from ..model_free import check_method_params, check_training, task_facts
+from ..model_free import check_method_params, check_param_values, check_training, task_facts
 from ._registered import VIEW
 
 REGISTRIES = ("llmattr.methods", "llmattr.faithfulness", "llmattr.tasks")  # the packages that hold them
 WRITTEN = Path(__file__).with_name("_registered.py")
+TYPES = {"bool": bool, "int": int, "float": float, "str": str}  # a metric option's type, by its name in the view
 
 
 def registered() -> dict:
     """The view read from the registries (importing them, and torch): ``methods`` (the registered names),
     ``not_defined`` ({name: why}: methods refused for decoder-only models), ``method_params`` ({parameter: [``"method
     default"``, ...]}), ``tasks``, ``datasets``, ``groups`` ({group: datasets}), ``metrics`` and ``metric_options``
-    ({name: {flag, type, default, valid, help, positive}}), ``scoring`` ({method: its default objective}),
+    ({name: {flag, type, default, valid, help, positive, check}}: check names the option's check hook where it is
+    one of :mod:`llmattr.model_free`'s functions, else None), ``scoring`` ({method: its default objective}),
     ``objectives``, ``task_shapes`` ({task: :func:`llmattr.tasks.files.shape_of`}), ``outputs`` (the metrics'
-    output names), ``losses`` and ``heads`` (``finetune``'s), ``takes`` ({method: its parameters}), ``contrastive``
+    output names), ``losses`` and ``heads`` (``finetune``'s), ``takes`` ({method: its parameters}),
+    ``layer_sweeps`` ({method: the parameter ``evaluate --layers`` sweeps}), ``default_methods`` (``evaluate``'s
+    without ``--methods``), ``rules``
+    ({method: {parameter: its values' rule}}: :func:`llmattr.model_free.check_param_values`), ``contrastive``
     (the objectives that need a foil), ``task_facts`` ({task: :func:`llmattr.model_free.task_facts`}) and
     ``config_keys`` (the keys of ``llmattr evaluate --config`` besides the metric options)."""
     from .. import methods
-    from ..evaluation.config import FIELDS
+    from ..evaluation.config import FIELDS, EvalConfig
     from ..evaluation.run_datasets import dataset_groups, dataset_names
     from ..faithfulness import METRICS, OUTPUTS, declared_options
     from ..finetuning import HEADS, LOSSES
@@ -61,7 +67,7 @@ def registered() -> dict:
             "flag": option.flag,
             "type": type(option.default).__name__ if isinstance(option.default, int | float | str) else "str",
             "default": str(option.default), "valid": [str(v) for v in option.valid or ()], "help": option.help,
-            "positive": option.positive}
+            "positive": option.positive, "check": hook_name(option.validate)}
             for name, option in sorted(declared_options().items())},
         "scoring": {name: methods.REGISTRY[name].objective for name in methods.available()
                     if methods.REGISTRY[name].objective},
@@ -71,10 +77,30 @@ def registered() -> dict:
         "losses": list(LOSSES),
         "heads": list(HEADS),
         "takes": {name: sorted(methods.REGISTRY[name].defaults) for name in methods.available()},
+        "layer_sweeps": {name: methods.REGISTRY[name].layer_sweep for name in methods.available()
+                         if methods.REGISTRY[name].layer_sweep},
+        "default_methods": EvalConfig().methods,
+        "rules": {name: methods.REGISTRY[name].rules for name in methods.available()},
         "contrastive": contrastive(),
         "task_facts": {name: task_facts(TASKS[name]) for name in sorted(TASKS)},
         "config_keys": sorted(FIELDS - {"options"}),
     }
+
+
+def hook_name(hook: object) -> str | None:
+    """The name of an option's check ``hook`` when it is a function of :mod:`llmattr.model_free` (the CLI then runs
+    it before torch loads: :func:`check_option`), else None (it runs with the evaluation)."""
+    return hook.__name__ if getattr(hook, "__module__", None) == model_free.__name__ else None
+
+
+def check_option(name: str, value: object) -> None:
+    """``value`` of the metric option ``name`` checked as :meth:`llmattr.faithfulness.Option.check` checks it
+    (:func:`llmattr.checks.option_value`, then its check hook where the view names one), from the view."""
+    option = view()["metric_options"][name]
+    value = option_value(value, option["flag"], TYPES[option["type"]](option["default"]), option["positive"],
+                         option["valid"])
+    if option["check"] is not None:
+        getattr(model_free, option["check"])(value)
 
 
 def view() -> dict:
@@ -109,12 +135,14 @@ def check_objectives(names: list[str], objective: str | None) -> None:
 
 
 def check_params(names: list[str], params: dict) -> None:
-    """Refuse a parameter one of the methods ``names`` does not take, or an objective and foil that do not fit
-    it, with the line the method's construction raises (:func:`llmattr.model_free.check_method_params`)."""
+    """Refuse a parameter one of the methods ``names`` does not take, an objective and foil that do not fit it, or
+    a value outside its rule, with the line the method's construction raises
+    (:func:`llmattr.model_free.check_method_params`, :func:`llmattr.model_free.check_param_values`)."""
     known = view()
     for name in names:
-        check_method_params(name, params, known["takes"][name], known["scoring"].get(name), known["objectives"],
-                            known["contrastive"])
+        taken = check_method_params(name, params, known["takes"][name], known["scoring"].get(name),
+                                    known["objectives"], known["contrastive"])
+        check_param_values(name, taken, known["rules"][name])
 
 
 def check_finetune(task: str, loss: str, head: str | None, permute_labels: bool, mask_augment: float) -> None:

@@ -14,7 +14,8 @@ from ..checks import (
 )
 from ..faithfulness.registry import MetricOptions, declared_options
 from ..model_free import check_evaluation, config_values, read_toml
-from ..models.loading import parse_max_memory, resolve_dtype
+from ..models.loading import resolve_dtype
+from ..sizes import parse_max_memory
 
 
 @dataclass

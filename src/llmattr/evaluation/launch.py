@@ -12,6 +12,7 @@ from pathlib import Path
 import submitit
 
 from ..errors import LlmattrError
+from ..model_free import check_shards
 from .config import EvalConfig
 from .loop import Summary, run
 from .sharding import shard_path
@@ -43,11 +44,7 @@ class ShardJob(submitit.helpers.Checkpointable):
 
 def shard_configs(cfg: EvalConfig, shards: int) -> list[EvalConfig]:
     """``cfg`` as shard i of ``shards`` for every i: the same run a user starts with ``--shard i/n``."""
-    if shards < 1:
-        raise LlmattrError(f"--shards must be at least 1, got {shards}")
-    if cfg.shard:
-        raise LlmattrError(f"--shard {cfg.shard} runs one shard yourself; the launcher runs them all: give --shards "
-                           "n instead")
+    check_shards(shards, cfg.shard)
     return [replace(cfg, shard=f"{i}/{shards}") for i in range(shards)]
 
 

@@ -9,6 +9,7 @@ from .. import methods as method_registry
 from ..checks import split_spec
 from ..declarations import method_label
 from ..errors import LlmattrError
+from ..model_free import swept_texts
 from ..store import canonical
 
 
@@ -47,10 +48,8 @@ def expand_methods(texts: list[str], layers: list[str] | None = None) -> list[Me
     specs: list[MethodSpec] = []
     for text in texts:
         spec = parse_method(text)
-        variants = [spec]
         swept = method_registry.REGISTRY[spec.name].layer_sweep
-        if layers and swept and swept not in method_registry.parse_params(text.split(":")[1:], f"in {text!r}"):
-            variants = [parse_method(f"{text}:{swept}={k}") for k in layers]
+        variants = [parse_method(item) for item in swept_texts(text, layers, swept)]
         specs.extend(v for v in variants if v not in specs)
     if not specs:
         raise LlmattrError(f"no method given; valid: {', '.join(method_registry.available())}")

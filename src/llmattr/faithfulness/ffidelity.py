@@ -26,6 +26,7 @@ import torch
 from ..checks import mask_rate
 from ..declarations import FigureSpec, MetricRow, TableSpec
 from ..errors import LlmattrError
+from ..model_free import ffid_beta
 from ..models.forward import SharedPrefix, padded_last_probs
 from ..stats import stable_seed
 from ..store import Row
@@ -36,7 +37,7 @@ from .ranks import K_GRID, counts, top_masks
 from .registry import Metric, MetricContext, Option, register
 
 FFID_BETA = Option("ffid_beta", 0.1, "f-fidelity: the most tokens removed, as a fraction of the text (F-Fidelity's "
-                   "beta: the fine-tuning's --mask-augment rate)", validate=lambda v: mask_rate(v, "--ffid-beta"))
+                   "beta: the fine-tuning's --mask-augment rate)", validate=ffid_beta)
 FFID_SAMPLES = Option("ffid_samples", 16, "f-fidelity: random removal sets drawn per ratio (F-Fidelity's N)",
                       positive=True)
 

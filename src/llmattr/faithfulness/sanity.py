@@ -42,8 +42,9 @@ from .. import methods
 from ..declarations import FAIL_RHO, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
+from ..model_free import check_permuted_model
 from ..models.anatomy import decoder_blocks
-from ..models.loading import LoadedModel, check_model_path, load_model
+from ..models.loading import LoadedModel, load_model
 from ..stats import stable_seed
 from ..store import Row
 from .inputs import check_tokenizer, evaluated_steps, example_key, target_from_explanation
@@ -52,16 +53,6 @@ from .soft import STEP_STRIDE
 
 SANITY_STRIDE = Option("sanity_stride", 1, "Model randomisation: randomise every k-th block (the top block and "
                        "block 0 always)", positive=True)
-
-
-def check_permuted_model(path: object) -> None:
-    """``--permuted-model``'s check hook: a folder with ``config.json``, a .gguf or a hub id (empty: not given;
-    data-randomization then asks for it), refused before any model loads."""
-    if path:
-        try:
-            check_model_path(str(path))
-        except LlmattrError as err:
-            raise LlmattrError(f"--permuted-model: {err}") from None
 
 
 PERMUTED_MODEL = Option("permuted_model", "", "Data randomisation: the model fine-tuned on permuted labels "

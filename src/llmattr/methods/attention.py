@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import LlmattrError
+from ..model_free import choice
 from ..models.forward import logits_at
 from ..models.loading import LoadedModel
 from ..models.probe import Probe
@@ -40,11 +40,7 @@ class Attention(AttributionMethod):
     signed = False
     cost = "1 forward (all steps share it)"
     defaults = {"layers": "last"}
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        if self.params["layers"] not in ("last", "all"):
-            raise LlmattrError("attention layers must be 'last' or 'all'")
+    rules = {"layers": choice(("last", "all"), "attention layers must be 'last' or 'all'")}
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         a, b = target.span

@@ -11,7 +11,7 @@ from .. import objectives
 from ..checks import register_once
 from ..declarations import RENAMED_PARAMS
 from ..errors import LlmattrError
-from ..model_free import check_method_params
+from ..model_free import check_method_params, check_param_values
 from ..models import memory
 from ..models.loading import LoadedModel
 from ..targets import Target, foil_id
@@ -69,6 +69,7 @@ class AttributionMethod:
     signed: ClassVar[bool]
     cost: ClassVar[str]  # forward/backward passes, in words
     defaults: ClassVar[dict] = {}
+    rules: ClassVar[dict] = {}  # {parameter: its values' rule}, checked torch-free (model_free.check_param_values)
     memory_kind: ClassVar[str] = "forward"  # a MemoryProfile's name (llmattr.models.memory.PROFILES): forward,
     # backward, or one the method's module registers beside it (DeepLIFT's)
     objective: ClassVar[str | None] = None
@@ -82,6 +83,7 @@ class AttributionMethod:
         params = check_method_params(self.name, params, self.defaults, scored, objectives.OBJECTIVES,
                                      objectives.contrastive())
         self.params = MethodParams({**self.defaults, **params})
+        check_param_values(self.name, self.params, self.rules)
 
     def explained(self, lm: LoadedModel) -> tuple[objectives.Objective, torch.Tensor | None]:
         """The objective this method scores and its foil token id (a 0-d tensor; ``None`` without a foil)."""

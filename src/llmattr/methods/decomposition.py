@@ -58,6 +58,7 @@ from functools import partial
 import torch
 
 from ..errors import LlmattrError
+from ..model_free import choice
 from ..models.anatomy import attention_parts, decoder_blocks, final_norm, output_head
 from ..models.intercept import Patched
 from ..models.loading import LoadedModel
@@ -517,11 +518,6 @@ def memory_bytes(lm: LoadedModel, tokens: int, kind: str, all_layers: bool, logi
 # --- the registered methods -----------------------------------------------------------------------------------------
 
 
-def _check_layer(name: str, layer) -> None:
-    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
-        raise LlmattrError(f"{name} layer must be an integer layer index (or absent for the rollout); got {layer!r}")
-
-
 def _layer_index(lm: LoadedModel, name: str, layer: int | None) -> int | None:
     if layer is None:
         return None
@@ -536,11 +532,9 @@ class _Decomposition(AttributionMethod):
     needs_gradients = False
     signed = False
     defaults = {"layer": None}
+    rules = {"layer": ("layer-or", (None,),
+                       "{name} layer must be an integer layer index (or absent for the rollout); got {value!r}")}
     kind: str
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        _check_layer(self.name, self.params.get("layer"))
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         a, b = target.span
@@ -595,11 +589,8 @@ class AltiLogit(AttributionMethod):
     cost = "1 forward; every (query, key) vector of every layer, L S^2 H d"
     objective = "logit"
     LINEAR = ("logit", "contrast")
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        if self.params.get("objective", self.objective) not in self.LINEAR:
-            raise LlmattrError(f"alti-logit explains a logit: objective must be one of {', '.join(self.LINEAR)}")
+    rules = {**_Decomposition.rules, "objective": choice(
+        LINEAR, f"alti-logit explains a logit: objective must be one of {', '.join(LINEAR)}")}
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         a, b = target.span

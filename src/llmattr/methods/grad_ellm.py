@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import LlmattrError
+from ..model_free import choice
 from ..models.forward import logits_at
 from ..models.loading import LoadedModel
 from ..models.probe import LayerRecord, Probe
@@ -68,18 +68,11 @@ class GradELLM(AttributionMethod):
     layer_sweep = "layers"  # `evaluate --layers` sweeps the number of last layers aggregated (paper 000 Fig. 5)
     defaults = {"layers": "all", "attention": "loosened", "similarity": "dot", "relu": "per-layer"}
     objective = "logit"
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        p = self.params
-        if p["attention"] not in ("loosened", "softmax"):
-            raise LlmattrError("grad-ellm attention must be 'loosened' or 'softmax'")
-        if p["similarity"] not in ("dot", "cosine", "cosine-full"):
-            raise LlmattrError("grad-ellm similarity must be 'dot', 'cosine' or 'cosine-full'")
-        if p["relu"] not in ("per-layer", "after-sum"):
-            raise LlmattrError("grad-ellm relu must be 'per-layer' or 'after-sum'")
-        if p["layers"] != "all" and (not str(p["layers"]).isdigit() or int(p["layers"]) < 1):
-            raise LlmattrError("grad-ellm layers must be 'all' or a positive number of last layers")
+    rules = {"attention": choice(("loosened", "softmax"), "grad-ellm attention must be 'loosened' or 'softmax'"),
+             "similarity": choice(("dot", "cosine", "cosine-full"),
+                                  "grad-ellm similarity must be 'dot', 'cosine' or 'cosine-full'"),
+             "relu": choice(("per-layer", "after-sum"), "grad-ellm relu must be 'per-layer' or 'after-sum'"),
+             "layers": ("last-layers", "all", "grad-ellm layers must be 'all' or a positive number of last layers")}
 
     def _layers(self, n_layers: int) -> list[int]:
         k = n_layers if self.params["layers"] == "all" else min(int(self.params["layers"]), n_layers)

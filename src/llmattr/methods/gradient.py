@@ -22,6 +22,7 @@ from transformers.cache_utils import Cache
 
 from .. import objectives
 from ..errors import LlmattrError
+from ..model_free import choice
 from ..models.forward import logits_at, prefix_cache, zero_input_logits
 from ..models.loading import LoadedModel
 from ..models.memory import prefix_cache_pays
@@ -33,12 +34,6 @@ REDUCTIONS = ("l2", "sum", "l1")
 BASELINES = ("all", "span", "unk")  # the path baseline x0: which input embeddings it zeroes, or unk (not a scope)
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # embeddings (B, S, D) -> F (B, T)
-
-
-def check_choice(method: str, key: str, value, valid: tuple) -> None:
-    """One-line error for a parameter outside its valid choices."""
-    if value not in valid:
-        raise LlmattrError(f"{method} {key} must be one of {', '.join(map(repr, valid))}; got {value!r}")
 
 
 def reduce_tokens(attr: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -183,13 +178,8 @@ class EmbeddingGradientMethod(AttributionMethod):
     needs_gradients = True
     objective = "probability"
     defaults = {"objective": "probability", "reduction": "sum"}
+    rules = {"reduction": choice(REDUCTIONS), "baseline": choice(BASELINES)}
     memory_kind = "backward"
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        for key, valid in (("reduction", REDUCTIONS), ("baseline", BASELINES)):
-            if key in self.params:
-                check_choice(self.name, key, self.params[key], valid)
 
     def score_fn(self, lm: LoadedModel, target: Target, prefix: int = 0) -> ScoreFn:
         """:func:`score_fn` of this method's ``objective`` and foil."""

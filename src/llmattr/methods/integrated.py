@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import LlmattrError
+from ..model_free import COUNT, COUNT_OR_AUTO, choice
 from ..models.forward import PathPrefix, content_key
 from ..models.loading import LoadedModel
 from ..models.memory import PATH_BUDGET, Shapes, is_oom, path_batch, prefix_cache_pays
@@ -26,7 +27,6 @@ from .gradient import (
     EmbeddingGradientMethod,
     ScoreFn,
     baseline_embeds,
-    check_choice,
     convergence,
     embedding_gradients,
     endpoint_delta,
@@ -150,15 +150,8 @@ class PathMethod(EmbeddingGradientMethod):
     defaults = {"n_steps": 16, "method": "gausslegendre", "internal_batch_size": "auto", "baseline": "all",
                 "objective": "probability", "reduction": "sum"}
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        p = self.params
-        for key in ("n_steps", "internal_batch_size"):
-            value = p.get(key, 1)
-            if not (key == "internal_batch_size" and value == "auto") and (not isinstance(value, int) or value < 1):
-                raise LlmattrError(f"{self.name} {key} must be a positive integer" + " or 'auto'" * (key != "n_steps"))
-        if "method" in p:
-            check_choice(self.name, "method", p["method"], PATH_METHODS)
+    rules = {**EmbeddingGradientMethod.rules, "n_steps": COUNT, "internal_batch_size": COUNT_OR_AUTO,
+             "method": choice(PATH_METHODS)}
 
     def inputs(self, lm: LoadedModel, target: Target, prefix: int = 0) -> tuple[ScoreFn, torch.Tensor, torch.Tensor]:
         x = lm.embed(target.input_ids).detach()
@@ -239,10 +232,7 @@ class IGCG(PathMethod):
     cost = "n_steps forwards + backwards as batch rows (all steps share them)"
     defaults = {**PathMethod.defaults, "threshold": 1e6}
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        if not float(self.params["threshold"]) > 0:
-            raise LlmattrError("igcg threshold must be positive")
+    rules = {**PathMethod.rules, "threshold": ("above", (0, None), "igcg threshold must be positive")}
 
     def clip(self) -> float | None:
         return float(self.params["threshold"])
@@ -294,10 +284,7 @@ class GradientShap(PathMethod):
     defaults = {"n_samples": 5, "seed": 0, "internal_batch_size": "auto", "baseline": "all",
                 "objective": "probability", "reduction": "sum"}
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        if not isinstance(self.params["n_samples"], int) or self.params["n_samples"] < 1:
-            raise LlmattrError("gradient-shap n_samples must be a positive integer")
+    rules = {**PathMethod.rules, "n_samples": COUNT}
 
     def path(self) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.params["n_samples"]

@@ -22,7 +22,7 @@ import torch
 from captum.attr import Lime
 
 from .. import objectives
-from ..errors import LlmattrError
+from ..model_free import COUNT
 from ..models.forward import SharedPrefix
 from ..models.loading import LoadedModel
 from ..targets import Target
@@ -135,19 +135,12 @@ class LimeMethod(AttributionMethod):
     signed = True
     cost = "n_samples rows after a cached template prefix (batch_size per pass; all steps share them)"
     defaults = {"n_samples": 50, "batch_size": 16, "alpha": 1.0, "seed": 0}
+    rules = {"n_samples": COUNT, "batch_size": COUNT, "alpha": ("at-least", (0, None), "lime alpha must be >= 0")}
     objective = "probability"
 
     def memory_rows(self, lm: LoadedModel, tokens: int) -> int:
         return self.params["batch_size"]
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        for key in ("n_samples", "batch_size"):
-            value = self.params[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise LlmattrError(f"lime {key} must be a positive integer")
-        if float(self.params["alpha"]) < 0:
-            raise LlmattrError("lime alpha must be >= 0")
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         a, b = target.span

@@ -72,14 +72,9 @@ class _LogitFamily(AttributionMethod):
     family = "head-on-top"
     needs_gradients = False
     defaults = {"layer": None}
+    rules = {"layer": ("layer-or", (None,), "{name} layer must be an integer layer index; got {value!r}")}
     use_norm = True
     use_logit = True
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        layer = self.params.get("layer")
-        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
-            raise LlmattrError(f"{self.name} layer must be an integer layer index; got {layer!r}")
 
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         return self.layer_scores(lm, target, [self.params.get("layer")])[0]

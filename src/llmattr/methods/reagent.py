@@ -33,6 +33,7 @@ import torch
 
 from .. import objectives
 from ..errors import LlmattrError
+from ..model_free import COUNT, choice
 from ..models.forward import SharedPrefix, logits_and_prefix
 from ..models.loading import LoadedModel
 from ..targets import Target
@@ -148,18 +149,14 @@ class ReAGent(AttributionMethod):
     cost = "up to max_probe_steps + 2 forwards of 2 x steps x num_probes rows"
     defaults = {"keep_top_n": 3, "stopping_condition_top_k": 3, "replacing_ratio": 0.25,
                 "max_probe_steps": 32, "num_probes": 2, "sampler": "auto", "mlm_model": None, "seed": 0}
+    rules = {"keep_top_n": COUNT, "stopping_condition_top_k": COUNT, "max_probe_steps": COUNT, "num_probes": COUNT,
+             "replacing_ratio": ("between", (0, 1), "reagent replacing_ratio must be in (0, 1)"),
+             "sampler": choice(SAMPLERS, f"reagent sampler must be one of {', '.join(SAMPLERS)}")}
     objective = "probability"
 
     def __init__(self, **params):
         super().__init__(**params)
         p = self.params
-        for key in ("keep_top_n", "stopping_condition_top_k", "max_probe_steps", "num_probes"):
-            if isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < 1:
-                raise LlmattrError(f"reagent {key} must be a positive integer")
-        if not 0 < float(p["replacing_ratio"]) < 1:
-            raise LlmattrError("reagent replacing_ratio must be in (0, 1)")
-        if p["sampler"] not in SAMPLERS:
-            raise LlmattrError(f"reagent sampler must be one of {', '.join(SAMPLERS)}")
         if p["sampler"] == "mlm" and p["mlm_model"] is None:
             raise LlmattrError("reagent sampler=mlm needs mlm_model (a local masked-LM folder)")
 

