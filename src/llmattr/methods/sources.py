@@ -82,7 +82,7 @@ class SourceMethod(AttributionMethod):
         return spread(rows, source_features(target))
 
 
-def leave_one_out(lm: LoadedModel, ablation: Ablation, batch_size: int, reuse_prefix: bool) -> torch.Tensor:
+def leave_one_out(lm: LoadedModel, ablation: Ablation, batch_size: int | str, reuse_prefix: bool) -> torch.Tensor:
     """``(T, n)`` ``F_t(x) - F_t(x without source i)``: one ablated row per source."""
     n = len(ablation.groups)
     clean = clean_pass(lm, ablation) if reuse_prefix else None
@@ -128,7 +128,7 @@ class HierarchicalLeaveOneOut(SourceMethod):
 
 
 def hierarchical(lm: LoadedModel, documents: Ablation, sentences: tuple[tuple[int, ...], ...],
-                 parents: tuple[int, ...], top: int, batch_size: int, reuse_prefix: bool) -> torch.Tensor:
+                 parents: tuple[int, ...], top: int, batch_size: int | str, reuse_prefix: bool) -> torch.Tensor:
     """``(T, n_sentences)``: LOO of the sentences of the ``top`` documents with the largest drop (summed over the
     steps), 0 elsewhere; the documents' LOO ``(T, n_documents)`` picks them."""
     chosen = leave_one_out(lm, documents, batch_size, reuse_prefix).sum(0).argsort(descending=True)[:top]
