@@ -91,9 +91,11 @@ def check_sources(task: str, takes_documents: bool, sources: str | None, documen
 
 def task_facts(task) -> dict:
     """What the checks here read of a :class:`~llmattr.tasks.Task` (and the registries' view holds): its name,
-    kind, head and whether it classifies, is a regression, has a gold word or is a next-word task."""
+    kind, head and whether it classifies, is a regression, has a gold word or is a next-word task, its sample data
+    (a name, or None), label words and label map (a file's label value -> its label word)."""
     return {"name": task.name, "kind": task.kind, "head": task.head, "classifies": task.classifies,
-            "numeric": task.numeric, "has_gold_word": task.has_gold_word, "next_word": task.next_word}
+            "numeric": task.numeric, "has_gold_word": task.has_gold_word, "next_word": task.next_word,
+            "sample_data": task.data, "label_words": list(task.label_words), "label_map": dict(task.label_map)}
 
 
 def training_loss(loss: str, objective: str | None, label_loss: str) -> str:
