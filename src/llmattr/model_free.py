@@ -89,11 +89,61 @@ def check_sources(task: str, takes_documents: bool, sources: str | None, documen
     return documents, None if spans is None else check_spans(spans)
 
 
+def example_fields(task: str, fields: Sequence[str], text: str | Mapping) -> dict:
+    """The example of ``text``: a plain string is the first of the task's ``fields``, a dict holds every field
+    (:meth:`llmattr.tasks.Task.example_from_text`); an empty or missing field refused in one line."""
+    example = dict(text) if isinstance(text, Mapping) else {fields[0]: text}
+    missing = [name for name in fields if not str(example.get(name, "")).strip()]
+    if missing:
+        raise LlmattrError(f"task {task} needs non-empty field(s) {', '.join(missing)}"
+                           + (" (CLI: --field NAME=VALUE)" if len(fields) > 1 else ""))
+    return example
+
+
+def check_gold_word(task: str, word: str | None) -> None:
+    """One line when ``target="gold"`` on a next-word task has no gold word to explain."""
+    if not word:
+        raise LlmattrError(f"target='gold' needs the example's gold next word (task {task}'s label: "
+                           "gold=WORD, or --field label=WORD)")
+
+
+def check_example(task: Mapping, example: Mapping, scoring: Sequence[str], sources: str | None,
+                  gold: str | None) -> None:
+    """Refuse what :meth:`llmattr.request.Request.check_text` refuses of one ``example`` of ``task``
+    (:func:`task_facts`): documents that are not a non-empty list of texts (a task that takes them), spans outside
+    its text, a prompt without sources for a method that scores them (``scoring``: their names) and, where the gold
+    word is explained (``gold`` not False: the word, or None), a next-word task without it."""
+    if task["documents"]:
+        check_documents(example.get("documents") if example.get("documents") is not None else ())
+    if example.get("spans") is not None:
+        check_spans(example["spans"], len(str(example[task["fields"][0]])))
+    if scoring and not (task["documents"] or example.get("spans") is not None or sources == "sentence"):
+        raise LlmattrError(f"method {scoring[0]} scores sources and needs sources: give documents "
+                           "(--document, --context; documents=[...]), spans (--span) or --sources sentence")
+    if gold is not False and task["next_word"]:
+        check_gold_word(task["name"], gold)
+
+
+def sample_data(task: str, data: str | None) -> str:
+    """The name of task ``task``'s sample data ``data``, refused in one line where it has none."""
+    if not data:
+        raise LlmattrError(f"task {task} has no sample data; pass a JSONL/CSV file")
+    return data
+
+
+def check_shots(task: Mapping, shots: int, shots_from: object) -> None:
+    """Refuse ``shots`` demonstrations drawn from the sample data of a task (:func:`task_facts`) that has none (no
+    ``shots_from`` file given)."""
+    if shots and shots_from is None:
+        sample_data(task["name"], task["sample_data"])
+
+
 def task_facts(task) -> dict:
     """What the checks here read of a :class:`~llmattr.tasks.Task` (and the registries' view holds): its name,
-    kind, head and whether it classifies, is a regression, has a gold word or is a next-word task, its sample data
-    (a name, or None), label words and label map (a file's label value -> its label word)."""
-    return {"name": task.name, "kind": task.kind, "head": task.head, "classifies": task.classifies,
+    kind, head, fields, whether it takes documents, classifies, is a regression, has a gold word or is a next-word
+    task, its sample data (a name, or None), label words and label map (a file's label value -> its label word)."""
+    return {"name": task.name, "kind": task.kind, "head": task.head, "fields": list(task.fields),
+            "documents": task.documents, "classifies": task.classifies,
             "numeric": task.numeric, "has_gold_word": task.has_gold_word, "next_word": task.next_word,
             "sample_data": task.data, "label_words": list(task.label_words), "label_map": dict(task.label_map)}
 
@@ -273,9 +323,14 @@ def check_param_values(name: str, params: Mapping, rules: Mapping) -> None:
     """Refuse a value of method ``name``'s ``params`` outside its rule in ``rules`` ({parameter: (kind, arg,
     line)}: ``choice`` one of arg, ``count`` a whole number >= 1 or arg, ``whole`` as :func:`checks.positive_int`
     (or arg), ``last-layers`` arg or a number >= 1, ``layer-or`` one of arg or an int, ``above``/``at-least``/
-    ``between`` a number > arg[0], >= arg[0], in (arg[0], arg[1])), in one line (``{name}``, ``{key}``,
-    ``{value}`` filled in); a parameter not given is not checked."""
+    ``between`` a number > arg[0], >= arg[0], in (arg[0], arg[1]), ``needed-when`` below), in one line
+    (``{name}``, ``{key}``, ``{value}`` filled in); a parameter not given is not checked, but for ``needed-when``:
+    arg (another parameter, a value of it) needs this one given (not None) when that parameter has that value."""
     for key, (kind, arg, line) in rules.items():
+        if kind == "needed-when":
+            if params.get(arg[0]) == arg[1] and params.get(key) is None:
+                raise LlmattrError(line.format(name=name, key=key, value=None))
+            continue
         if key not in params:
             continue
         value = params[key]
@@ -284,6 +339,17 @@ def check_param_values(name: str, params: Mapping, rules: Mapping) -> None:
                 positive_int(value, f"{name} {key}")
         elif not _accepts(kind, arg, value):
             raise LlmattrError(line.format(name=name, key=key, value=value))
+
+
+def metric_list(names: object, metrics: Sequence[str], flag: str) -> list[str]:
+    """An option's comma-separated metric ``names`` (``--reliability-of``), each one of ``metrics``; else one line
+    naming the option and listing them."""
+    wanted = [name.strip() for name in str(names).split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in metrics]
+    if unknown or not wanted:
+        raise LlmattrError(f"{flag}: unknown metric {', '.join(map(repr, unknown)) or repr(names)}; "
+                           f"valid: {', '.join(sorted(metrics))}")
+    return wanted
 
 
 def ffid_beta(value: float) -> float:

@@ -15,10 +15,9 @@ from .checks import SCOPES, TARGET_MODES, check_checkpointing, check_text, membe
 from .errors import LlmattrError
 from .methods import AttributionMethod
 from .methods import get as get_method
-from .model_free import check_sources, request_params
-from .prompting import build_prompt, source_ranges
-from .sources.build import check_documents, check_spans
-from .targets import check_gold_word, check_length
+from .model_free import check_example, check_sources, request_params, task_facts
+from .prompting import build_prompt
+from .targets import check_length
 from .tasks import Task, few_shot, get_task
 
 
@@ -132,13 +131,6 @@ class Request:
         on a next-word task) without its gold word."""
         check_text(text)
         example = self.example(text)
-        if self.task.documents:
-            check_documents(example.get("documents") if example.get("documents") is not None else ())
-        if example.get("spans") is not None:
-            check_spans(example["spans"], len(str(example[self.task.fields[0]])))
-        scoring_sources = [m.name for m in self.method_objs if m.granularity == "source"]
-        if scoring_sources and source_ranges(self.task, example, self.sources) is None:
-            raise LlmattrError(f"method {scoring_sources[0]} scores sources and needs sources: give documents "
-                               "(--document, --context; documents=[...]), spans (--span) or --sources sentence")
-        if self.target == "gold" and self.task.next_word and self.answer is None:
-            check_gold_word(self.task, self.gold_of(example))
+        scoring = [m.name for m in self.method_objs if m.granularity == "source"]
+        check_example(task_facts(self.task), example, scoring, self.sources,
+                      self.gold_of(example) if self.target == "gold" and self.answer is None else False)

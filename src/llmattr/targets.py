@@ -17,7 +17,7 @@ import torch
 
 from .checks import SCOPES, TARGET_MODES, member
 from .errors import LlmattrError
-from .model_free import forced_answer, new_tokens
+from .model_free import check_gold_word, forced_answer, new_tokens
 from .models.loading import LoadedModel
 from .objectives import probability
 from .prompting import Prompt
@@ -131,17 +131,10 @@ def make_target(lm: LoadedModel, prompt: Prompt, max_new_tokens: int, answer: st
     return Target(prompt=prompt, target_ids=ids, step_logits=logits)
 
 
-def check_gold_word(task, word: str | None) -> None:
-    """One line when ``target="gold"`` on a next-word task has no gold word to explain."""
-    if not word:
-        raise LlmattrError(f"target='gold' needs the example's gold next word (task {task.name}'s label: "
-                           "gold=WORD, or --field label=WORD)")
-
-
 def word_target(lm: LoadedModel, prompt: Prompt, task, word: str) -> Target:
     """A next-word task's gold ``word`` forced as the one explained token (its first token when the tokenizer
     splits it): BLiMP's target word, whose logit paper 003 sec. 5.1 explains (``target="gold"``)."""
-    check_gold_word(task, word)
+    check_gold_word(task.name, word)
     check_context(lm, prompt, 1)
     return Target(prompt=prompt, target_ids=task.word_ids(lm.tokenizer, [word], first_token=True), forced=True)
 

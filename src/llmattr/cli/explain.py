@@ -27,7 +27,14 @@ from ..checks import (
     writable_file,
 )
 from ..errors import LlmattrError, NotExplainedWarning
-from ..model_free import check_sources, check_target, request_params
+from ..model_free import (
+    check_example,
+    check_shots,
+    check_sources,
+    check_target,
+    example_fields,
+    request_params,
+)
 from ..readers import read_rows, row_texts
 from ..sources.build import check_spans
 from .app import DERIVED, app, plugin_command
@@ -248,8 +255,17 @@ def explain(
         if spans is not None:  # the spans fit the text (Request.check_text checks it again)
             check_spans(spans, len(text))
     dtype_name(dtype)
-    if not many:  # one method, one text: the target's own refusals (several are collected as not explained)
-        check_target(view()["task_facts"][task], target, max_new_tokens, answer)
+    facts = view()["task_facts"][task]
+    if isinstance(content, dict):
+        content = {facts["fields"][0]: content.pop("__text__"), **content}
+    example_checks(facts, content if data is not None else [content], names, documents, spans, sources,
+                   target == "gold" and answer is None, data)
+    try:  # what the explanation refuses of each text: one line for one method and one text
+        check_target(facts, target, max_new_tokens, answer)
+        check_shots(facts, shots, shots_from)
+    except LlmattrError as err:  # else each text is named as not explained, as llmattr.explain collects them
+        raise LlmattrError(str(err) if not many else not_explained(
+            dict.fromkeys(range(len(content) if data is not None else 1), str(err)), data)) from None
     from ..api import explain as run_explain
     from ..models.loading import load_model
     from ..render import print_explanation, progress_console
@@ -258,17 +274,6 @@ def explain(
     request = Request.of(names, task, params, objective, foil, max_new_tokens=max_new_tokens, answer=answer,
                          shots=shots, shots_from=shots_from, target=target, scope=scope, checkpointing=checkpointing,
                          documents=documents, spans=spans, sources=sources)
-    task_obj = request.task
-    if data is not None:
-        for row, text_item in enumerate(content, 1):  # documents and spans of every row, before the model loads
-            try:
-                request.check_text(text_item)
-            except LlmattrError as err:
-                raise LlmattrError(f"{data}: row {row}: {err}") from None
-    if isinstance(content, dict):
-        content = {task_obj.fields[0]: content.pop("__text__"), **content}
-    if data is None:
-        request.check_text(content)
     if request.has_sources:  # a source that tokenises to nothing, a context too long: the tokenizer says so
         check_prompts(request, model, content if data is not None else [content], data)
     spinner = progress_console()  # stderr; drawn only where stderr is a terminal
@@ -321,6 +326,22 @@ def model_free_checks(evaluate: bool, routing: str, samples: int, shots_from: Pa
                            "(--html shows several)")
     if data is not None and outputs["--plot"] is not None:
         raise LlmattrError("--plot draws one text's curves; with --data, --eval-json holds every row's")
+
+
+def example_checks(task: dict, texts: list, names: list[str], documents: list[str] | None,
+                   spans: list | None, sources: str | None, gold: bool, data: Path | None) -> None:
+    """Each text (``--data``'s rows, named by number) checked as :meth:`llmattr.request.Request.check_text` checks
+    it, from the view (``task``: its :func:`llmattr.model_free.task_facts`): its fields, documents and spans, sources
+    for a method that scores them, and where the gold word is explained (``gold``), the word."""
+    scoring = [name for name in names if name in view()["source_methods"]]
+    for row, text in enumerate(texts, 1):
+        try:
+            example = {**example_fields(task["name"], task["fields"], text),
+                       **{key: value for key, value in (("documents", documents), ("spans", spans))
+                          if value is not None}}
+            check_example(task, example, scoring, sources, example.get("label") if gold else False)
+        except LlmattrError as err:
+            raise LlmattrError(f"{data}: row {row}: {err}" if data is not None else str(err)) from None
 
 
 def not_explained(failed: dict[int, str], data: Path | None) -> str:

@@ -33,11 +33,13 @@ def registered() -> dict:
     """The view read from the registries (importing them, and torch): ``methods`` (the registered names),
     ``not_defined`` ({name: why}: methods refused for decoder-only models), ``method_params`` ({parameter: [``"method
     default"``, ...]}), ``tasks``, ``datasets``, ``groups`` ({group: datasets}), ``metrics`` and ``metric_options``
-    ({name: {flag, type, default, valid, help, positive, check}}: check names the option's check hook where it is
-    one of :mod:`llmattr.model_free`'s functions, else None), ``scoring`` ({method: its default objective}),
+    ({name: {flag, type, default, valid, help, positive, check, metrics}}: check names the option's check hook where
+    it is one of :mod:`llmattr.model_free`'s functions, else None; metrics, the metrics a ``lists_metrics`` option
+    may name, else None), ``scoring`` ({method: its default objective}),
     ``objectives``, ``task_shapes`` ({task: :func:`llmattr.tasks.files.shape_of`}), ``outputs`` (the metrics'
     output names), ``losses`` and ``heads`` (``finetune``'s), ``takes`` ({method: its parameters}),
-    ``layer_sweeps`` ({method: the parameter ``evaluate --layers`` sweeps}), ``default_methods`` (``evaluate``'s
+    ``layer_sweeps`` ({method: the parameter ``evaluate --layers`` sweeps}), ``source_methods`` (those that score
+    sources), ``default_methods`` (``evaluate``'s
     without ``--methods``), ``rules``
     ({method: {parameter: its values' rule}}: :func:`llmattr.model_free.check_param_values`), ``contrastive``
     (the objectives that need a foil), ``task_facts`` ({task: :func:`llmattr.model_free.task_facts`}) and
@@ -67,7 +69,8 @@ def registered() -> dict:
             "flag": option.flag,
             "type": type(option.default).__name__ if isinstance(option.default, int | float | str) else "str",
             "default": str(option.default), "valid": [str(v) for v in option.valid or ()], "help": option.help,
-            "positive": option.positive, "check": hook_name(option.validate)}
+            "positive": option.positive, "check": hook_name(option.validate),
+            "metrics": option.listable() if option.lists_metrics else None}
             for name, option in sorted(declared_options().items())},
         "scoring": {name: methods.REGISTRY[name].objective for name in methods.available()
                     if methods.REGISTRY[name].objective},
@@ -79,6 +82,7 @@ def registered() -> dict:
         "takes": {name: sorted(methods.REGISTRY[name].defaults) for name in methods.available()},
         "layer_sweeps": {name: methods.REGISTRY[name].layer_sweep for name in methods.available()
                          if methods.REGISTRY[name].layer_sweep},
+        "source_methods": [name for name in methods.available() if methods.REGISTRY[name].granularity == "source"],
         "default_methods": EvalConfig().methods,
         "rules": {name: methods.REGISTRY[name].rules for name in methods.available()},
         "contrastive": contrastive(),
@@ -95,10 +99,13 @@ def hook_name(hook: object) -> str | None:
 
 def check_option(name: str, value: object) -> None:
     """``value`` of the metric option ``name`` checked as :meth:`llmattr.faithfulness.Option.check` checks it
-    (:func:`llmattr.checks.option_value`, then its check hook where the view names one), from the view."""
+    (:func:`llmattr.checks.option_value`, the metrics it names, then its check hook where the view names one), from
+    the view."""
     option = view()["metric_options"][name]
     value = option_value(value, option["flag"], TYPES[option["type"]](option["default"]), option["positive"],
                          option["valid"])
+    if option["metrics"] is not None:
+        model_free.metric_list(value, option["metrics"], option["flag"])
     if option["check"] is not None:
         getattr(model_free, option["check"])(value)
 

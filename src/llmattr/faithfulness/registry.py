@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from ..checks import option_value, register_once
 from ..declarations import FigureSpec, TableSpec
 from ..errors import LlmattrError, metric_refusal
+from ..model_free import metric_list
 from ..store import Row
 
 if TYPE_CHECKING:  # annotations only: the registry itself loads no model code
@@ -39,9 +40,10 @@ class Option:
     ``removal`` too): ``llmattr evaluate --NAME`` (a "Metric options" option derived from this declaration), a key
     of the TOML config and of :class:`EvalConfig`, a keyword of ``llmattr.evaluate`` and a recorded setting of the
     store. ``valid`` lists the values it takes (empty: any value of the default's type); ``positive`` asks for a
-    whole number >= 1 (a count); ``validate`` (the check hook) raises :class:`LlmattrError` for a value the metric
-    cannot use, so that the CLI refuses it in one line before the model loads. Metrics that share an option declare
-    the one object. A metric reads it as ``ctx.options.get(name)``."""
+    whole number >= 1 (a count); ``lists_metrics``: the value names registered metrics (comma-separated), those
+    that do not declare this option (:meth:`listable`); ``validate`` (the check hook) raises :class:`LlmattrError`
+    for a value the metric cannot use, so that the CLI refuses it in one line before the model loads. Metrics that
+    share an option declare the one object. A metric reads it as ``ctx.options.get(name)``."""
 
     name: str
     default: object
@@ -49,6 +51,7 @@ class Option:
     valid: tuple = ()
     positive: bool = False
     validate: Callable[[object], object] | None = None
+    lists_metrics: bool = False
 
     @property
     def flag(self) -> str:
@@ -58,9 +61,15 @@ class Option:
     def check(self, value: object) -> object:
         """``value`` if valid (a text of a number default converted), else one line naming the option."""
         value = option_value(value, self.flag, self.default, self.positive, self.valid)
+        if self.lists_metrics:
+            metric_list(value, self.listable(), self.flag)
         if self.validate is not None:
             self.validate(value)
         return value
+
+    def listable(self) -> list[str]:
+        """The registered metrics a ``lists_metrics`` option may name: every one but those that declare it."""
+        return sorted(name for name, metric in METRICS.items() if self not in metric.declares)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import torch
 from ..declarations import DISRUPTIVE, MINOR, PERTURBED_SEP, UNPERTURBED
 from ..errors import LlmattrError
 from ..explanation import Explanation
+from ..model_free import metric_list
 from ..stats import mc_standard_error, stable_seed
 from ..store import Row
 from .inputs import example_key
@@ -69,19 +70,14 @@ def perturbed(expl: Explanation, kind: str, c: float = POWER.default, seed: int 
     return replace(expl, steps=steps)
 
 
-def measured(names: str) -> list[Metric]:
-    """The registered metrics named in ``names`` (comma-separated); unknown ones list the valid ones."""
-    wanted = [n.strip() for n in str(names).split(",") if n.strip()]
-    unknown = [n for n in wanted if n not in METRICS or n == "reliability"]
-    if unknown or not wanted:
-        raise LlmattrError(f"--reliability-of: unknown metric {', '.join(map(repr, unknown)) or repr(names)}; "
-                           f"valid: {', '.join(sorted(set(METRICS) - {'reliability'}))}")
-    return [METRICS[n] for n in wanted]
-
-
 RELIABILITY_OF = Option("reliability_of", "pi-soft,soft,comp-suff,log-odds,deletion-insertion",
                         "Reliability: the metrics (comma-separated) whose resilience and reactivity are measured",
-                        validate=measured)
+                        lists_metrics=True)
+
+
+def measured(names: str) -> list[Metric]:
+    """The registered metrics named in ``names`` (comma-separated); unknown ones list the valid ones."""
+    return [METRICS[n] for n in metric_list(names, RELIABILITY_OF.listable(), RELIABILITY_OF.flag)]
 
 
 def table_values(metric: Metric) -> tuple[str, ...]:

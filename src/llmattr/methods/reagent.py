@@ -151,14 +151,10 @@ class ReAGent(AttributionMethod):
                 "max_probe_steps": 32, "num_probes": 2, "sampler": "auto", "mlm_model": None, "seed": 0}
     rules = {"keep_top_n": COUNT, "stopping_condition_top_k": COUNT, "max_probe_steps": COUNT, "num_probes": COUNT,
              "replacing_ratio": ("between", (0, 1), "reagent replacing_ratio must be in (0, 1)"),
-             "sampler": choice(SAMPLERS, f"reagent sampler must be one of {', '.join(SAMPLERS)}")}
+             "sampler": choice(SAMPLERS, f"reagent sampler must be one of {', '.join(SAMPLERS)}"),
+             "mlm_model": ("needed-when", ("sampler", "mlm"),
+                           "reagent sampler=mlm needs mlm_model (a local masked-LM folder)")}
     objective = "probability"
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        p = self.params
-        if p["sampler"] == "mlm" and p["mlm_model"] is None:
-            raise LlmattrError("reagent sampler=mlm needs mlm_model (a local masked-LM folder)")
 
     def memory_extra(self, lm: LoadedModel, tokens: int) -> int:
         """The replacement distributions: ``SAMPLER_COPIES`` float32 ``(n, V)`` tensors (logits, softmax, the

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import LlmattrError
+from ..model_free import example_fields
 from ..models.anatomy import output_head, part
 from ..sources.build import check_documents, context_text
 
@@ -160,15 +161,9 @@ class Task:
         return {**fields, "evidence_words": evidence, "evidence": [words[i] for i in evidence]}
 
     def example_from_text(self, text: str | dict) -> dict:
-        """Accept a plain string for the first field, or a dict with every field."""
-        example = dict(text) if isinstance(text, dict) else {self.fields[0]: text}
-        missing = [name for name in self.fields if not str(example.get(name, "")).strip()]
-        if missing:
-            raise LlmattrError(
-                f"task {self.name} needs non-empty field(s) {', '.join(missing)}"
-                + (" (CLI: --field NAME=VALUE)" if len(self.fields) > 1 else "")
-            )
-        return example
+        """Accept a plain string for the first field, or a dict with every field
+        (:func:`llmattr.model_free.example_fields`)."""
+        return example_fields(self.name, self.fields, text)
 
     @property
     def slots(self) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ import random
 from pathlib import Path
 
 from ..errors import LlmattrError
+from ..model_free import sample_data
 from ..readers import SUFFIXES, list_cell, read_rows
 from .base import SOURCE_KEYS, Task
 from .catalog import get_task
@@ -62,9 +63,7 @@ def resolve_rows(task: Task, source: str | Path | None = None,
                  split: str | None = None) -> tuple[list[dict], str]:
     """Raw rows and a source tag: ``None`` = the task's sample file, a path, a sample name, or ``hf[:id]``."""
     if source is None:
-        if not task.data:
-            raise LlmattrError(f"task {task.name} has no sample data; pass a JSONL/CSV file")
-        source = task.data
+        source = sample_data(task.name, task.data)
     text = str(source)
     if text == "hf" or text.startswith("hf:"):
         return hf_rows(task, text[3:] or None, split), text
