@@ -48,6 +48,11 @@ ROWS = {
     "refuse: explain --n-steps 0": ["-c", CLI, "explain", "--method", "integrated-gradients", "--n-steps", "0", "hi"],
     "refuse: evaluate --layers x": ["-c", CLI, "evaluate", "--layers", "x"],
     "refuse: evaluate --ffid-beta 2": ["-c", CLI, "evaluate", "--ffid-beta", "2"],
+    "refuse: explain leave-one-out, no sources": ["-c", CLI, "explain", "--method", "leave-one-out", "hi"],
+    "refuse: explain --shots, no sample data": ["-c", CLI, "explain", "--task", "generate", "--shots", "2", "hi"],
+    "refuse: explain reagent sampler=mlm alone": ["-c", CLI, "explain", "--method", "reagent", "--sampler", "mlm",
+                                                  "hi"],
+    "refuse: evaluate --reliability-of nope": ["-c", CLI, "evaluate", "--reliability-of", "nope"],
 }
 
 
