@@ -205,7 +205,7 @@ def check_text(text: object) -> None:
 def parse_formats(text: str) -> list[str]:
     """``llmattr report --format``: ``md,html`` or ``all`` -> the list of formats; unknown ones list the valid
     ones."""
-    items = [f.strip() for f in text.split(",") if f.strip()]
+    items = split_list(text)
     items = list(REPORT_FORMATS) if items == ["all"] else items
     unknown = [f for f in items if f not in REPORT_FORMATS]
     if unknown or not items:

@@ -344,7 +344,7 @@ def check_param_values(name: str, params: Mapping, rules: Mapping) -> None:
 def metric_list(names: object, metrics: Sequence[str], flag: str) -> list[str]:
     """An option's comma-separated metric ``names`` (``--reliability-of``), each one of ``metrics``; else one line
     naming the option and listing them."""
-    wanted = [name.strip() for name in str(names).split(",") if name.strip()]
+    wanted = split_list(str(names))
     unknown = [name for name in wanted if name not in metrics]
     if unknown or not wanted:
         raise LlmattrError(f"{flag}: unknown metric {', '.join(map(repr, unknown)) or repr(names)}; "
