@@ -36,7 +36,6 @@ from ..model_free import (
     request_params,
 )
 from ..readers import read_rows, row_texts
-from ..sources.build import check_spans
 from .app import DERIVED, app, plugin_command
 from .view import check_methods, check_objectives, check_params, check_task, view
 
@@ -249,13 +248,11 @@ def explain(
     check_checkpointing(checkpointing)
     check_sources(task, shape["documents"], sources, documents, spans)
     check_params(names, request_params(params, objective, foil))
-    if data is None:
-        gold_field = ("label",) if view()["task_facts"][task]["has_gold_word"] else ()  # --target gold's word
-        content = parse_fields(text, field, (*shape["fields"], *gold_field))
-        if spans is not None:  # the spans fit the text (Request.check_text checks it again)
-            check_spans(spans, len(text))
-    dtype_name(dtype)
     facts = view()["task_facts"][task]
+    if data is None:
+        gold_field = ("label",) if facts["has_gold_word"] else ()  # --target gold's word
+        content = parse_fields(text, field, (*shape["fields"], *gold_field))
+    dtype_name(dtype)
     if isinstance(content, dict):
         content = {facts["fields"][0]: content.pop("__text__"), **content}
     example_checks(facts, content if data is not None else [content], names, documents, spans, sources,
