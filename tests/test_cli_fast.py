@@ -262,9 +262,35 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
     "explain-shots-without-sample-data": ["explain", "--task", "generate", "--shots", "2", "hi"],
     "explain-shots-without-sample-data-several":
         ["explain", "--task", "generate", "--shots", "1", "--method", "saliency,attention", "hi"],
+    "evaluate-data-label-not-a-label-word": ["evaluate", "--data", f"{FILES}/labels.csv", "--text-field", "review",
+                                             "--label-field", "sentiment"],
+    "evaluate-data-label-not-in-labels": ["evaluate", "--data", f"{FILES}/reviews.csv", "--text-field", "review",
+                                          "--label-field", "sentiment", "--labels", "Positive,Negative"],
+    "evaluate-data-json-label-of-row-id": ["evaluate", "--data", f"{FILES}/labels.jsonl", "--text-field", "review",
+                                           "--label-field", "sentiment", "--labels", "0=Negative,1=Positive"],
+    "finetune-data-label-not-a-label-word": ["finetune", *OUT, "--task", "sentiment", "--data", f"{FILES}/labels.csv",
+                                             "--text-field", "review", "--label-field", "sentiment"],
+    "finetune-data-json-label-of-row-id": ["finetune", *OUT, "--task", "sentiment", "--data",
+                                           f"{FILES}/labels.jsonl", "--text-field", "review", "--label-field",
+                                           "sentiment", "--labels", "0=Negative,1=Positive"],
+    "finetune-head-data-label": ["finetune", *OUT, "--head", "classification", "--data", f"{FILES}/labels.csv",
+                                 "--text-field", "review", "--label-field", "sentiment"],
+    "finetune-head-data-no-text-column": ["finetune", *OUT, "--head", "classification", "--data",
+                                          f"{FILES}/reviews.csv"],
+    "finetune-head-labels-of-regression": ["finetune", *OUT, "--task", "stsb", "--head", "regression", "--data",
+                                           f"{FILES}/scores.csv", "--labels", "a,b"],
+    "finetune-no-sample-data": ["finetune", *OUT, "--task", "sentiment"],
+    "finetune-head-no-sample-data": ["finetune", *OUT, "--task", "sentiment", "--head", "classification"],
+    "finetune-held-out-of-sample-data": ["finetune", *OUT, "--held-out", "5000"],
+    "finetune-held-out-of-head-task": ["finetune", *OUT, "--task", "sst2-head", "--head", "classification",
+                                       "--held-out", "656"],
+    "finetune-held-out-of-data": ["finetune", *OUT, "--task", "sentiment", "--data", f"{FILES}/reviews.csv",
+                                  "--text-field", "review", "--label-field", "sentiment", "--held-out", "1"],
+    "finetune-out-not-a-finetune": ["finetune", "--out", FILES],
+    "finetune-out-finished": ["finetune", "--out", f"{FILES}/finished"],
 }
 REFUSED = ROOT / "tests" / "data" / "cli_refusals.json"  # each refusal's stderr as main printed it at 335e1b9 (the
-# first 76, those that were torch-free then, unchanged since 4837f74); the last 16 as main printed them at 7773234
+# first 76, those that were torch-free then, unchanged since 4837f74); the last 31 as main printed them at 7773234
 
 
 def refusal_line(args: list[str], src: Path = ROOT / "src") -> tuple[int, str]:

@@ -40,8 +40,19 @@ from .declarations import held_out_summary
 from .errors import LlmattrError
 from .evaluation.accuracy import label_predictions
 from .faithfulness.ffidelity import augment_mask
-from .model_free import check_schedule, check_training, lora_rank, out_folder, task_facts, training_loss
-from .models.card import CARD_NAME, card_path, content_hash, read_card
+from .model_card import CARD_NAME, card_path, content_hash
+from .model_free import (
+    FINETUNE_DATA,
+    check_schedule,
+    check_training,
+    head_name,
+    held_out_rows,
+    lora_rank,
+    resumable_card,
+    sample_data,
+    task_facts,
+    training_loss,
+)
 from .models.loading import LoadedModel, load_model
 from .prompting import build_prompt
 from .stats import estimate, stable_seed
@@ -116,20 +127,20 @@ class FinetuneConfig:
 def head_task(task: Task) -> Task:
     """The task a ``--head`` trains (checked by :func:`llmattr.model_free.check_training`): a head task as is, a
     prompted one's head version (``sst2`` -> ``sst2-head``, ``stsb`` -> ``stsb-regression``)."""
-    if task.head != "lm":
+    name = head_name(task_facts(task))
+    if name == task.name:
         return task
     if task.numeric:
         extra = {"num_labels": 1, "lm_alternative": task.name}
-        return STSB_REGRESSION if task.name == "stsb" else replace(
-            task, name=f"{task.name}-regression", head="regression", extra=extra)
-    return HEAD_TASKS.get(f"{task.name}-head") or head_version(task)
+        return STSB_REGRESSION if name == STSB_REGRESSION.name else replace(task, name=name, head="regression",
+                                                                             extra=extra)
+    return HEAD_TASKS.get(name) or head_version(task)
 
 
 def read_examples(cfg: FinetuneConfig, task: Task) -> tuple[Task, list[dict], dict]:
     """The task (``--labels`` applied), all examples, and the data's description for the card."""
     if cfg.data is None:
-        if not task.data:
-            raise LlmattrError(f"task {task.name} has no sample data; pass --data FILE")
+        sample_data(task_facts(task), FINETUNE_DATA)
         examples = load_examples(task, seed=cfg.seed)
         return task, examples, {"source": task.data, "rows": len(examples)}
     task, examples = read_file_examples(task, cfg.data, cfg.text_field, cfg.label_field, cfg.labels)
@@ -142,8 +153,7 @@ def split(task: Task, examples: list[dict], held_out: int, seed: int,
     """(training rows, held-out rows): ``held_out`` rows balanced over ``classes`` (default: the label words; ``()``
     for a regression head's numbers: a plain seeded draw), drawn with ``seed``; a training row
     never shares an id or its user text with a held-out row (duplicates in the data stay on the held-out side)."""
-    if held_out >= len(examples):
-        raise LlmattrError(f"--held-out {held_out} leaves no training rows of {len(examples)}")
+    held_out_rows(held_out, len(examples))
     held = sample(examples, held_out, seed, True, task.label_words if classes is None else classes)
     ids = {ex["id"] for ex in held}
     texts = {content_hash(task.user_content(ex)[0]) for ex in held}
@@ -342,19 +352,12 @@ def held_out_head(lm: LoadedModel, task: Task, held: list[dict], train: list[dic
 
 
 def check_out(out: Path, settings: dict) -> dict | None:
-    """Refuse an output folder that is not this finetune's; returns its card when it is (a run to resume)."""
-    out_folder(out)
-    if not out.exists():
-        return None
-    card = read_card(out)
+    """Refuse an output folder that is not this finetune's (:func:`llmattr.model_free.resumable_card`, which the CLI
+    runs before torch loads; then an unfinished run's other settings, which need every example's prompt); returns
+    its card when it is (a run to resume)."""
+    card = resumable_card(out)
     if card is None:
-        if any(out.iterdir()):
-            raise LlmattrError(f"--out {out} exists and is not a llmattr finetune's folder (no {CARD_NAME}); "
-                               "give a new or empty folder")
         return None
-    if card.get("status") == "done":
-        raise LlmattrError(f"--out {out} holds a finished finetune ({card.get('task')}, held-out accuracy "
-                           f"{card.get('held_out', {}).get('accuracy')}); give another folder")
     if card.get("settings") != settings:
         stored = card.get("settings", {})
         diff = ", ".join(f"{k}: {stored.get(k)!r} -> {settings.get(k)!r}" for k in sorted(set(stored) | set(settings))

@@ -9,6 +9,7 @@ at once. Nothing here imports torch.
 from __future__ import annotations
 
 import importlib.util
+import json
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -28,7 +29,8 @@ from .checks import (
 )
 from .declarations import current_params
 from .errors import LlmattrError
-from .readers import parse_labels
+from .model_card import CARD_NAME, read_card
+from .readers import data_path, parse_labels, read_rows, shaped_rows
 from .sources.build import check_documents, check_spans
 from .sources.spans import GRANULARITIES
 
@@ -124,28 +126,32 @@ def check_example(task: Mapping, example: Mapping, scoring: Sequence[str], sourc
         check_gold_word(task["name"], gold)
 
 
-def sample_data(task: str, data: str | None) -> str:
-    """The name of task ``task``'s sample data ``data``, refused in one line where it has none."""
-    if not data:
-        raise LlmattrError(f"task {task} has no sample data; pass a JSONL/CSV file")
-    return data
+def sample_data(task: Mapping, fix: str = "a JSONL/CSV file") -> str:
+    """The name of ``task``'s sample data (:func:`task_facts`), refused in one line that says to pass ``fix``
+    (a finetune's: ``--data FILE``) where it has none."""
+    if not task["sample_data"]:
+        raise LlmattrError(f"task {task['name']} has no sample data; pass {fix}")
+    return task["sample_data"]
 
 
 def check_shots(task: Mapping, shots: int, shots_from: object) -> None:
     """Refuse ``shots`` demonstrations drawn from the sample data of a task (:func:`task_facts`) that has none (no
     ``shots_from`` file given)."""
     if shots and shots_from is None:
-        sample_data(task["name"], task["sample_data"])
+        sample_data(task)
 
 
 def task_facts(task) -> dict:
     """What the checks here read of a :class:`~llmattr.tasks.Task` (and the registries' view holds): its name,
     kind, head, fields, whether it takes documents, classifies, is a regression, has a gold word or is a next-word
-    task, its sample data (a name, or None), label words and label map (a file's label value -> its label word)."""
+    task, its sample data (a name, or None), label words and label map (a file's label value -> its label word), the
+    sample rows it selects, whether it composes them (code: their number is known once composed) and whether its
+    rows hold minimal pairs (code: the label is the pair's next word)."""
     return {"name": task.name, "kind": task.kind, "head": task.head, "fields": list(task.fields),
             "documents": task.documents, "classifies": task.classifies,
             "numeric": task.numeric, "has_gold_word": task.has_gold_word, "next_word": task.next_word,
-            "sample_data": task.data, "label_words": list(task.label_words), "label_map": dict(task.label_map)}
+            "sample_data": task.data, "label_words": list(task.label_words), "label_map": dict(task.label_map),
+            "select": dict(task.select), "composed": task.compose is not None, "paired": task.pairing is not None}
 
 
 def training_loss(loss: str, objective: str | None, label_loss: str) -> str:
@@ -413,3 +419,115 @@ def swept_texts(text: str, layers: Sequence | None, swept: str | None) -> list[s
     if layers and swept and swept not in split_spec(text)[1]:
         return [f"{text}:{swept}={k}" for k in layers]
     return [text]
+
+
+# A user's file's labels, and finetune's data, held-out rows and --out folder: refused before torch loads.
+
+
+def label_text(value) -> str | None:
+    """A label cell as text: CSV cells are text already; JSON ``1`` -> ``"1"``, ``true`` -> ``"true"``."""
+    return value if value is None or isinstance(value, str) else json.dumps(value)
+
+
+def gold_label(task: Mapping, value: object, row: str | None = None) -> object:
+    """A raw dataset label ``value`` as ``task`` (:func:`task_facts`) reads it: a classification task's label word
+    (its label map applied), a regression task's number, else the value (None stays None); refused in one line,
+    naming ``row`` (an example's id) where given, when a classification task's label is none of its words or a
+    regression task's is not a number."""
+    of_row = "" if row is None else f" of row {row}"
+    if task["numeric"]:
+        if value is None:
+            return None
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise LlmattrError(f"task {task['name']}: label {value!r}{of_row} is not a number; fix the file or map "
+                               "the label column") from None
+    label = None if value is None else task["label_map"].get(value, value)
+    if task["classifies"] and label not in task["label_words"]:
+        raise LlmattrError(f"task {task['name']}: label {value!r}{of_row} is not one of "
+                           f"{list(task['label_map']) or list(task['label_words'])}; fix the file or map the label "
+                           "column")
+    return label
+
+
+def file_rows(task: Mapping, path: Path, rows: Sequence[Mapping], where: Sequence[str],
+              label_column: str) -> list[dict]:
+    """The ``rows`` of a user's file ``path`` (:func:`llmattr.readers.shaped_rows`, each at ``where``) as ``task``
+    (:func:`task_facts`) reads them: each with its id (its own ``id`` column, else ``{file stem}-{i}``) and its
+    label cell as text (:func:`label_text`), each label checked (:func:`gold_label`; a task whose rows hold minimal
+    pairs takes its label from the pair, so there when the pair is read), refused naming the file and the line."""
+    rows = [{"id": f"{path.stem}-{i}", **row, label_column: label_text(row[label_column])}
+            for i, row in enumerate(rows)]
+    if not task["paired"]:
+        for row, at in zip(rows, where, strict=True):
+            try:
+                gold_label(task, row[label_column], str(row["id"]))
+            except LlmattrError as err:
+                raise LlmattrError(f"{path}: {at}: {err}") from None
+    return rows
+
+
+def check_file_examples(task: Mapping, shape: Mapping, path: str | Path, text_field: str | None = None,
+                        label_field: str | None = None, labels: str | None = None) -> tuple[Mapping, int]:
+    """What :func:`llmattr.tasks.files.read_file_examples` refuses of a user's file ``path`` for ``task``
+    (:func:`task_facts`; ``shape``: :func:`llmattr.tasks.files.shape_of`), in its order and with its lines:
+    ``--labels`` (:func:`file_labels`), the rows and their columns, each row's label (:func:`file_rows`). Returns
+    the task's facts with ``--labels`` applied and the number of rows (each one example)."""
+    if labels is not None:
+        words, mapping = file_labels(task, labels)
+        task = {**task, "label_words": list(words), "label_map": mapping}
+    rows, where, columns = shaped_rows(shape, path, text_field, label_field)
+    return task, len(file_rows(task, Path(path), rows, where, columns["label"]))
+
+
+def selected_rows(rows: Sequence[Mapping], select: Mapping) -> list:
+    """The ``rows`` whose columns hold every value of a task's ``select`` (BLiMP's paradigms share a file)."""
+    return [row for row in rows if all(row.get(key) == value for key, value in select.items())]
+
+
+def head_name(task: Mapping) -> str:
+    """The task ``finetune --head`` trains for ``task`` (:func:`task_facts`), by name: a head task itself, a
+    regression task's ``NAME-regression`` (``stsb-regression``), a classification task's ``NAME-head``."""
+    if task["head"] != "lm":
+        return task["name"]
+    return f"{task['name']}-{'regression' if task['numeric'] else 'head'}"
+
+
+FINETUNE_DATA = "--data FILE"  # what a finetune without sample data is given instead
+
+
+def sample_size(task: Mapping) -> int | None:
+    """How many examples ``task``'s sample data gives (:func:`llmattr.tasks.load_examples`: the rows of its file,
+    those it selects), read without torch; None where the number is known only once code has run (rows the task
+    composes, or a Hugging Face dataset); a task without sample data is refused as a finetune refuses it."""
+    source = sample_data(task, FINETUNE_DATA)
+    if task["composed"] or source == "hf" or source.startswith("hf:"):
+        return None
+    return len(selected_rows(read_rows(data_path(source)), task["select"]))
+
+
+def held_out_rows(held_out: int, rows: int) -> int:
+    """``--held-out``: the rows of ``rows`` kept out of training, refused when none would be left to train on."""
+    if held_out >= rows:
+        raise LlmattrError(f"--held-out {held_out} leaves no training rows of {rows}")
+    return held_out
+
+
+def resumable_card(out: Path) -> dict | None:
+    """The card of finetune's ``--out`` folder where it holds an unfinished finetune (a run to resume, if its
+    settings are this run's), None for a new or empty folder; refused in one line when ``out`` is a file
+    (:func:`out_folder`), holds something else, or holds a finished finetune."""
+    out_folder(out)
+    if not out.exists():
+        return None
+    card = read_card(out)
+    if card is None:
+        if any(out.iterdir()):
+            raise LlmattrError(f"--out {out} exists and is not a llmattr finetune's folder (no {CARD_NAME}); "
+                               "give a new or empty folder")
+        return None
+    if card.get("status") == "done":
+        raise LlmattrError(f"--out {out} holds a finished finetune ({card.get('task')}, held-out accuracy "
+                           f"{card.get('held_out', {}).get('accuracy')}); give another folder")
+    return card

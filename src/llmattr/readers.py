@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -108,6 +109,26 @@ def read_table(path: Path, what: str = "data file") -> tuple[list, list[int]]:
 
 
 READERS = {".jsonl": read_jsonl, ".json": read_json_rows, ".csv": read_table, ".tsv": read_table}
+
+
+def data_dir() -> Path:
+    """``$LLMATTR_DATA``, else the sample files shipped with the package (``llmattr/data``, SOURCES.md there)."""
+    env = os.environ.get("LLMATTR_DATA")
+    return Path(env) if env else Path(__file__).resolve().parent / "data"
+
+
+def data_path(source: str) -> Path:
+    """The file a data ``source`` names: a path (a JSONL/CSV/TSV name, or any file that exists), else the sample
+    file of that name in :func:`data_dir` (``sst2`` -> ``sst2.jsonl``), refused in one line when there is none."""
+    path = Path(source)
+    if path.suffix not in SUFFIXES and not path.exists():
+        path = data_dir() / f"{source}.jsonl"
+        if not path.is_file():
+            raise LlmattrError(
+                f"no data file {source!r} (looked for {path}); pass a JSONL/CSV path, a sample name "
+                f"({', '.join(sorted(p.stem for p in data_dir().glob('*.jsonl')))}) or hf:<dataset id>"
+            )
+    return path
 
 
 def read_numbered_rows(path: str | Path, what: str = "data file") -> tuple[list[dict], list[int]]:

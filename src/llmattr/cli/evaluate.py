@@ -24,10 +24,10 @@ from ..checks import (
 from ..errors import LlmattrError
 from ..model_free import (
     check_evaluation,
+    check_file_examples,
     check_shard,
     check_shards,
     config_values,
-    file_labels,
     parse_shard,
     read_toml,
     swept_texts,
@@ -195,7 +195,8 @@ def settings_checks(values: dict) -> None:
     :meth:`llmattr.evaluation.EvalConfig.validate` and the evaluation check them: ``--n``, ``--max-new-tokens``,
     ``--seed``, ``--target``, ``--scope`` (:func:`llmattr.model_free.check_evaluation`), the metrics' options
     (:func:`llmattr.cli.view.check_option`: a metric's own check hook too where it needs no model),
-    ``--max-memory``, ``--dtype``, ``--out``, each method's parameters and ``--labels``."""
+    ``--max-memory``, ``--dtype``, ``--out``, each method's parameters, and ``--data``'s ``--labels`` and each
+    row's label value (:func:`llmattr.model_free.check_file_examples`)."""
     known = view()
     check_evaluation(values)
     for name in known["metric_options"]:
@@ -211,8 +212,10 @@ def settings_checks(values: dict) -> None:
         name = split_spec(text)[0]
         for item in swept_texts(text, values.get("layers"), known["layer_sweeps"].get(name)):
             check_params([name], split_spec(item)[1])
-    if values.get("data") is not None and values.get("labels") is not None:
-        file_labels(known["task_facts"][values.get("task", DATA_TASK)], values["labels"])
+    if values.get("data") is not None:
+        task = values.get("task", DATA_TASK)
+        check_file_examples(known["task_facts"][task], check_task(task), values["data"], values.get("text_field"),
+                            values.get("label_field"), values.get("labels"))
 
 
 def launch_checks(launcher: str, *, shards: int | None, partition: str | None, gpus: int | None, time: int | None,

@@ -8,35 +8,59 @@ import typer
 from rich.console import Console
 
 from ..checks import one_of
-from ..model_free import check_schedule, file_labels, lora_rank, out_folder, training_loss
-from ..readers import read_numbered_rows, shaped_rows
+from ..model_free import (
+    check_file_examples,
+    check_schedule,
+    head_name,
+    held_out_rows,
+    lora_rank,
+    resumable_card,
+    sample_size,
+    training_loss,
+)
 from .app import app
 from .view import check_finetune, check_task, view
 
 
+def trained_task(task: str, head: str | None) -> tuple[dict, dict]:
+    """The facts (:func:`llmattr.model_free.task_facts`) and shape (:func:`llmattr.tasks.files.shape_of`) of the
+    task a finetune trains, from the view: ``task``, or with ``--head`` its head version
+    (:func:`llmattr.finetuning.head_task`; one that is not registered: the task's own, renamed)."""
+    known = view()
+    facts, shape = known["task_facts"][task], known["task_shapes"][task]
+    if head is None:
+        return facts, shape
+    name = head_name(facts)
+    return (known["task_facts"].get(name, {**facts, "name": name}),
+            known["task_shapes"].get(name, {**shape, "name": name}))
+
+
 def model_free_checks(task: str, loss: str, objective: str | None, settings: dict, data: Path | None,
                       text_field: str | None, label_field: str | None, labels: str | None, out: Path) -> None:
-    """What needs no model, checked from the registries' view before torch is imported (``FinetuneConfig``
-    checks it again): the task, ``--loss`` (or its old name ``--objective``), ``--head``, ``--permute-labels`` and
-    ``--mask-augment`` against the task (:func:`llmattr.model_free.check_training`), the counts, learning rate and
-    LoRA rank (``settings``: :func:`llmattr.model_free.check_schedule`), ``--labels`` and the ``--data`` file (with
-    a head, the file alone: the head's task reads its columns), and ``--out`` not a file."""
-    shape = check_task(task)
+    """What needs no model, checked from the registries' view before torch is imported, in the order of
+    :func:`llmattr.finetuning.finetune`, with its lines: the task, ``--loss`` (or its old name ``--objective``),
+    ``--head``, ``--permute-labels`` and ``--mask-augment`` against the task
+    (:func:`llmattr.model_free.check_training`), the counts, learning rate and LoRA rank (``settings``:
+    :func:`llmattr.model_free.check_schedule`), the data (``--data``'s ``--labels``, rows, columns and label
+    values: :func:`llmattr.model_free.check_file_examples`; else the task's sample data), ``--held-out`` against
+    the rows where they are split, and ``--out`` (:func:`llmattr.model_free.resumable_card`; an unfinished run's
+    other settings are compared once the examples are read, after torch)."""
+    check_task(task)
     known, head = view(), settings["head"]
     one_of(loss if objective is None else objective, known["losses"], "--loss")
     if head is not None:
         one_of(head, known["heads"], "--head")
-    if data is not None and head is None:
-        shaped_rows(shape, data, text_field, label_field)
-    elif data is not None:
-        read_numbered_rows(data)
-    # then what FinetuneConfig checks again, in its order, and --labels: still no torch
     check_finetune(task, training_loss(loss, objective, known["losses"][0]), head, settings["permute_labels"],
                    settings["mask_augment"])
     check_schedule({**settings, "lora_r": lora_rank(settings["lora_r"], head)})
-    if data is not None and head is None and labels is not None:
-        file_labels(known["task_facts"][task], labels)
-    out_folder(out)
+    facts, shape = trained_task(task, head)
+    if data is None:
+        rows = sample_size(facts)
+    else:
+        facts, rows = check_file_examples(facts, shape, data, text_field, label_field, labels)
+    if rows and (head or facts["label_words"]):  # finetuning.split's rows
+        held_out_rows(settings["held_out"], rows)
+    resumable_card(out)
 
 
 @app.command()

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import LlmattrError
-from ..model_free import example_fields
+from ..model_free import example_fields, gold_label, task_facts
 from ..models.anatomy import output_head, part
 from ..sources.build import check_documents, context_text
 
@@ -255,12 +255,9 @@ class Task:
             )
 
     def gold_label(self, value):
-        """A raw dataset label as the task reads it: a label word, a float (regression), or None."""
-        if value is None:
-            return None
-        if self.numeric:
-            return float(value)
-        return self.label_map.get(value, value)
+        """A raw dataset label as the task reads it: a label word, a float (regression), or None; refused in one
+        line when it is neither (:func:`llmattr.model_free.gold_label`)."""
+        return gold_label(task_facts(self), value)
 
     def gold_answer(self, example: dict) -> str:
         """The answer text a few-shot demonstration shows for a loaded example (``example["label"]``)."""

@@ -10,21 +10,14 @@ examples that were not sampled.
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
 from ..errors import LlmattrError
-from ..model_free import sample_data
-from ..readers import SUFFIXES, list_cell, read_rows
+from ..model_free import gold_label, sample_data, selected_rows, task_facts
+from ..readers import data_dir, data_path, list_cell, read_rows  # noqa: F401 - data_dir: its old home
 from .base import SOURCE_KEYS, Task
 from .catalog import get_task
-
-
-def data_dir() -> Path:
-    """``$LLMATTR_DATA``, else the sample files shipped with the package (``llmattr/data``, SOURCES.md there)."""
-    env = os.environ.get("LLMATTR_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "data"
 
 
 def hf_rows(task: Task, hf_id: str | None = None, split: str | None = None) -> list[dict]:
@@ -63,18 +56,11 @@ def resolve_rows(task: Task, source: str | Path | None = None,
                  split: str | None = None) -> tuple[list[dict], str]:
     """Raw rows and a source tag: ``None`` = the task's sample file, a path, a sample name, or ``hf[:id]``."""
     if source is None:
-        source = sample_data(task.name, task.data)
+        source = sample_data(task_facts(task))
     text = str(source)
     if text == "hf" or text.startswith("hf:"):
         return hf_rows(task, text[3:] or None, split), text
-    path = Path(text)
-    if path.suffix not in SUFFIXES and not path.exists():
-        path = data_dir() / f"{text}.jsonl"
-        if not path.is_file():
-            raise LlmattrError(
-                f"no data file {text!r} (looked for {path}); pass a JSONL/CSV path, a sample name "
-                f"({', '.join(sorted(p.stem for p in data_dir().glob('*.jsonl')))}) or hf:<dataset id>"
-            )
+    path = data_path(text)
     return read_rows(path), path.stem
 
 
@@ -95,12 +81,7 @@ def to_example(task: Task, row: dict, index: int, columns: dict | None = None) -
                 f"map it with columns={{{name!r}: 'COLUMN'}}"
             ) from err
     label_column = mapping.get("label", task.label_field)
-    example["label"] = task.gold_label(row.get(label_column)) if label_column else None
-    if task.classifies and example["label"] not in task.classes:
-        raise LlmattrError(
-            f"task {task.name}: label {row.get(label_column)!r} of row {example['id']} is not one of "
-            f"{list(task.label_map) or list(task.label_words)}; fix the file or map the label column"
-        )
+    example["label"] = gold_label(task_facts(task), row.get(label_column) if label_column else None, example["id"])
     for key in ("foil", "evidence_words", "evidence", *SOURCE_KEYS):
         if key in row:
             example[key] = list_cell(row[key])
@@ -156,7 +137,7 @@ def load_examples(task: str | Task, source: str | Path | None = None, n: int | N
     """
     task = get_task(task)
     rows, _ = resolve_rows(task, source, split)
-    rows = [row for row in rows if all(row.get(k) == v for k, v in task.select.items())]
+    rows = selected_rows(rows, task.select)
     rows = task.compose(rows) if task.compose is not None else rows
     if not rows:
         raise LlmattrError(f"task {task.name}: no rows in {source or task.data} match {task.select}")

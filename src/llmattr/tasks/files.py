@@ -10,12 +10,11 @@ One reader serves ``llmattr finetune --data``, ``llmattr evaluate --data`` and `
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
 from ..errors import LlmattrError
-from ..model_free import file_labels, task_facts
+from ..model_free import file_labels, file_rows, label_text, task_facts  # noqa: F401 - label_text: its old home
 from ..readers import parse_labels, row_texts, shaped_rows, shaped_texts  # noqa: F401 - parse_labels: its old home
 from .base import Task
 from .catalog import get_task
@@ -29,11 +28,6 @@ def file_task(task: str | Task, labels: str | None = None) -> Task:
         return task
     words, mapping = file_labels(task_facts(task), labels)
     return replace(task, label_words=words, label_map=mapping)
-
-
-def label_text(value) -> str | None:
-    """A label cell as text: CSV cells are text already; JSON ``1`` -> ``"1"``, ``true`` -> ``"true"``."""
-    return value if value is None or isinstance(value, str) else json.dumps(value)
 
 
 def shape_of(task: Task) -> dict:
@@ -61,18 +55,17 @@ def read_file_examples(task: str | Task, path: str | Path, text_field: str | Non
     """The task (with ``--labels`` applied) and every row of ``path`` as one of its examples, in file order.
 
     Raises :class:`LlmattrError` (one line) for a missing file, an empty file, a row without the text or label
-    column, or a label that is none of the label words.
+    column, or a label that is none of the label words (a regression task's: not a number); the CLI refuses the
+    same before torch loads (:func:`llmattr.model_free.check_file_examples`).
     """
     task = file_task(task, labels)
     path = Path(path)
     rows, where, columns = shaped_rows(shape_of(task), path, text_field, label_field)
-    label_column = columns["label"]
-    rows = [{"id": f"{path.stem}-{i}", **row} for i, row in enumerate(rows)]
-    rows = [{**row, label_column: label_text(row[label_column])} for row in rows]
+    rows = file_rows(task_facts(task), path, rows, where, columns["label"])
     examples = []
     for i, (row, at) in enumerate(zip(rows, where, strict=True)):
         try:
             examples.append(to_example(task, row, i, columns))
-        except LlmattrError as err:  # a label that is no label word: name the file and the line
+        except LlmattrError as err:  # a minimal pair whose continuations do not differ: name the file and the line
             raise LlmattrError(f"{path}: {at}: {err}") from None
     return task, examples

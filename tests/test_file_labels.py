@@ -1,0 +1,194 @@
+"""Issue 35 item 7, finetune's and the file labels' refusals before torch: a label value of a user's file that the
+task cannot read, a finetune task without sample data, ``--held-out`` against the rows, ``--out`` holding another
+run. The library and the CLI call the same :mod:`llmattr.model_free` functions; these tests hold the two to the
+same answer (the lines themselves are in ``tests/test_cli_fast.py``'s REFUSALS, compared with the lines printed
+before the checks moved), and check what changed in the library: a regression label that is not a number is one
+line, not a traceback."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from llmattr.cli.finetune import model_free_checks as finetune_checks
+from llmattr.cli.view import registered
+from llmattr.errors import LlmattrError
+from llmattr.finetuning import FinetuneConfig, check_out, head_task, split
+from llmattr.model_free import (
+    check_file_examples,
+    gold_label,
+    head_name,
+    resumable_card,
+    sample_size,
+    task_facts,
+)
+from llmattr.tasks import TASKS, get_task, load_examples
+from llmattr.tasks.files import read_file_examples
+from test_cli_fast import FILES, HEAVY, ROOT, run_cli
+
+NOT_A_NUMBER = ("{path}: line 3: task {task}: label 'high' of row scores-1 is not a number; fix the file or map the "
+                "label column")
+
+
+@pytest.mark.parametrize("args, task", [
+    (["evaluate", "--data", f"{FILES}/scores.csv", "--task", "stsb"], "stsb"),
+    (["finetune", "--out", "/nonexistent/ft", "--task", "stsb", "--loss", "lm", "--data", f"{FILES}/scores.csv"],
+     "stsb"),
+    (["finetune", "--out", "/nonexistent/ft", "--task", "stsb", "--head", "regression", "--data",
+      f"{FILES}/scores.csv"], "stsb-regression"),
+])
+def test_a_regression_label_that_is_not_a_number_is_one_line_exit_2_before_torch(args, task):
+    """Before: ``float('high')``'s traceback, after torch had loaded; now the line of every other label refusal."""
+    _, code, heavy, err = run_cli(args)
+    assert (code, heavy) == (2, [])
+    assert " ".join(err.split()) == "error: " + NOT_A_NUMBER.format(path=f"{FILES}/scores.csv", task=task)
+
+
+def test_the_library_refuses_it_in_the_same_line():
+    path = ROOT / FILES / "scores.csv"
+    with pytest.raises(LlmattrError) as refused:
+        read_file_examples("stsb", path)
+    assert str(refused.value) == NOT_A_NUMBER.format(path=path, task="stsb")
+    with pytest.raises(LlmattrError, match="^task stsb: label 'high' is not a number"):
+        get_task("stsb").gold_label("high")  # the API's spelling, one line too
+    assert get_task("stsb").gold_label("3.4") == 3.4 and get_task("sst2").gold_label("positive") == "Positive"
+
+
+LABELS = [None, "positive", "negative", "Positive", "maybe", "", "1", 1, 0, 2, 2.5, True, "3.5", "nan", "high"]
+
+
+def random_file(path, rng):
+    """A small file of random label values, as JSONL (numbers stay numbers) or CSV (text), some rows with ids; its
+    columns fit a one-field task (``review``) and STS-B (``sentence1``, ``sentence2``)."""
+    pool = rng.choice([["positive", "negative"], [0, 1, "1", 2.5], LABELS[1:]])  # often every label readable
+    rows = [{"review": f"text {i}", "sentence1": "a", "sentence2": "b", "label": rng.choice(pool),
+             **({"id": f"r{i}"} if rng.random() < .3 else {})} for i in range(rng.randint(1, 5))]
+    if path.suffix == ".jsonl":
+        path.write_text("\n".join(json.dumps(row) for row in rows) + "\n", encoding="utf-8")
+    else:
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        path.write_text(",".join(columns) + "\n" + "".join(",".join(str(row.get(key, "")) for key in columns) + "\n"
+                                                          for row in rows), encoding="utf-8")
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_cli_check_and_the_library_agree_on_every_file(seed, tmp_path):
+    """:func:`check_file_examples` (the CLI, from the view) refuses a file in the line that
+    :func:`read_file_examples` (the library) refuses it in, and otherwise counts its examples."""
+    rng = random.Random(seed)
+    path = tmp_path / f"data{seed}{rng.choice(['.jsonl', '.csv'])}"
+    random_file(path, rng)
+    task = rng.choice(["sentiment", "imdb", "sst2-head", "stsb", "stsb-regression", "generate"])
+    labels = rng.choice([None, None, "Positive,Negative", "0=Negative,1=Positive", "positive=Good,negative=Bad"])
+    text_field = None if task.startswith("stsb") else "review"
+    view = registered()
+    try:
+        _, examples = read_file_examples(task, path, text_field, "label", labels)
+        expected = len(examples)
+    except LlmattrError as err:
+        expected = str(err)
+    try:
+        got = check_file_examples(view["task_facts"][task], view["task_shapes"][task], path, text_field, "label",
+                                  labels)[1]
+    except LlmattrError as err:
+        got = str(err)
+    assert got == expected
+
+
+def test_gold_label_reads_a_label_as_the_task_does():
+    sentiment, stsb, generate = (task_facts(get_task(name)) for name in ("sentiment", "stsb", "generate"))
+    assert gold_label(sentiment, "positive", "r1") == "Positive" and gold_label(sentiment, "Negative") == "Negative"
+    with pytest.raises(LlmattrError, match=r"^task sentiment: label None of row r1 is not one of \['positive'"):
+        gold_label(sentiment, None, "r1")
+    assert gold_label(stsb, "4") == 4.0 and gold_label(stsb, None) is None
+    assert gold_label(generate, "anything") == "anything" and gold_label(generate, None) is None
+
+
+def test_the_sample_data_counted_without_torch_is_what_finetune_trains_on():
+    """The CLI's row count (:func:`sample_size`: the sample file's rows, those a task selects) is the number of
+    examples :func:`llmattr.tasks.load_examples` gives, for every registered task with sample data (None: a task
+    that composes its rows, counted once they are composed)."""
+    for name, task in sorted(TASKS.items()):
+        facts = task_facts(task)
+        if facts["sample_data"]:
+            size = sample_size(facts)
+            assert size == (None if task.compose else len(load_examples(task))), name
+
+
+@pytest.mark.parametrize("task, head, held_out, refused", [
+    ("sst2", None, 655, False), ("sst2", None, 656, True), ("sst2", "classification", 656, True),
+    ("stsb", "regression", 999, False), ("stsb", "regression", 1000, True),
+    ("wikibio", None, 5000, False),  # --loss lm on a task without label words: no split, so no held-out rows
+])
+def test_held_out_is_refused_where_the_library_splits(task, head, held_out, refused, tmp_path):
+    """The CLI refuses ``--held-out`` exactly where :func:`llmattr.finetuning.split` would, on the rows
+    :func:`llmattr.finetuning.read_examples` reads."""
+    settings = {"held_out": held_out, "epochs": 1, "learning_rate": 1e-5, "batch_size": 8, "max_tokens": 8,
+                "lora_r": 0, "save_steps": 5, "load_in_4bit": False, "head": head, "permute_labels": False,
+                "mask_augment": 0.0}
+    loss = "lm" if task == "wikibio" else "label"
+    cfg = FinetuneConfig(task=task, loss=loss, **settings)
+    trained = cfg.validate()
+    examples = load_examples(trained)
+    try:
+        if cfg.head or trained.label_words:  # finetune splits only then
+            split(trained, examples, held_out, 0, trained.classes if head else None)
+        library = False
+    except LlmattrError as err:  # or a balanced draw that cannot be made (not this check)
+        library = "leaves no training rows" in str(err)
+    assert library == refused
+    if refused:
+        with pytest.raises(LlmattrError, match=f"^--held-out {held_out} leaves no training rows of {len(examples)}$"):
+            finetune_checks(task, loss, None, settings, None, None, None, None, tmp_path / "new")
+    else:
+        finetune_checks(task, loss, None, settings, None, None, None, None, tmp_path / "new")
+
+
+def test_head_name_is_the_task_head_task_trains():
+    for name, task in sorted(TASKS.items()):
+        if task.head == "lm" and (task.classifies or task.numeric):
+            assert head_task(task).name == head_name(task_facts(task)), name
+        elif task.head != "lm":
+            assert head_task(task) is task and head_name(task_facts(task)) == name
+
+
+def test_out_holding_another_run_is_refused_by_the_library_as_by_the_cli(tmp_path):
+    """The card's two refusals (not a finetune's folder; a finished one) come from :func:`resumable_card`, which
+    ``check_out`` calls; an unfinished run with other settings still needs the examples (``check_out``)."""
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("someone's work")
+    (tmp_path / "empty").mkdir()
+    for folder, status in (("done", "done"), ("running", "training")):
+        (tmp_path / folder).mkdir()
+        card = {"llmattr_finetune": 1, "status": status, "task": "sst2", "settings": {"epochs": 1}}
+        (tmp_path / folder / "llmattr_finetune.json").write_text(json.dumps(card))
+    with pytest.raises(LlmattrError) as cli:
+        resumable_card(tmp_path / "done")
+    with pytest.raises(LlmattrError) as library:
+        check_out(tmp_path / "done", {"epochs": 1})
+    assert str(cli.value) == str(library.value) and "holds a finished finetune (sst2" in str(cli.value)
+    with pytest.raises(LlmattrError, match="is not a llmattr finetune's folder"):
+        check_out(tmp_path / "busy", {})
+    assert resumable_card(tmp_path / "empty") is None and resumable_card(tmp_path / "new") is None
+    assert resumable_card(tmp_path / "running")["settings"] == {"epochs": 1}
+    assert check_out(tmp_path / "running", {"epochs": 1})["status"] == "training"
+    with pytest.raises(LlmattrError, match=r"other settings \(epochs: 1 -> 2\)"):
+        check_out(tmp_path / "running", {"epochs": 2})
+
+
+def test_the_card_and_the_checks_import_no_torch_and_old_paths_read():
+    code = ("import json, sys, llmattr.model_card, llmattr.model_free, llmattr.readers; "
+            f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == []
+    from llmattr import model_card, readers
+    from llmattr.models import card
+    from llmattr.tasks import datasets, files
+
+    assert card.read_card is model_card.read_card and card.CARD_NAME == model_card.CARD_NAME
+    assert datasets.data_dir is readers.data_dir and files.label_text("x") == "x"
+    assert (readers.data_dir() / "sst2.jsonl").is_file()
