@@ -53,6 +53,10 @@ ROWS = {
     "refuse: explain reagent sampler=mlm alone": ["-c", CLI, "explain", "--method", "reagent", "--sampler", "mlm",
                                                   "hi"],
     "refuse: evaluate --reliability-of nope": ["-c", CLI, "evaluate", "--reliability-of", "nope"],
+    "refuse: evaluate --data, a label no word": ["-c", CLI, "evaluate", "--data", str(FILES / "labels.csv"),
+                                                 "--text-field", "review", "--label-field", "sentiment"],
+    "refuse: finetune --held-out 5000": ["-c", CLI, "finetune", "--out", "/nonexistent/f", "--held-out", "5000"],
+    "refuse: finetune --out a finished run": ["-c", CLI, "finetune", "--out", str(FILES / "finished")],
 }
 
 
@@ -74,7 +78,7 @@ def main() -> None:
     repeats = parser.parse_args().repeats
     print(f"median wall time of {repeats} runs (load average {os.getloadavg()[0]:.2f}); acceptance: < 1 s")
     for name, args in ROWS.items():
-        print(f"{name:40s} {wall(args, repeats):6.2f} s")
+        print(f"{name:42s} {wall(args, repeats):6.2f} s")
 
 
 if __name__ == "__main__":
