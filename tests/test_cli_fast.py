@@ -288,9 +288,18 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
                                   "--text-field", "review", "--label-field", "sentiment", "--held-out", "1"],
     "finetune-out-not-a-finetune": ["finetune", "--out", FILES],
     "finetune-out-finished": ["finetune", "--out", f"{FILES}/finished"],
+    "evaluate-n-beyond-balance": ["evaluate", "--datasets", "sst2", "--n", "5000"],
+    "evaluate-default-dataset-n-beyond-balance": ["evaluate", "--n", "700"],
+    "evaluate-group-n-beyond-balance": ["evaluate", "--datasets", "imdb,blimp,boolq", "--n", "1002"],
+    "evaluate-data-n-beyond-balance": ["evaluate", "--data", f"{FILES}/unbalanced.csv", "--text-field", "review",
+                                       "--label-field", "sentiment", "--n", "4"],
+    "evaluate-config-n-beyond-balance": ["evaluate", "--config", f"{FILES}/config-n-balance.toml"],
+    "finetune-held-out-beyond-balance": ["finetune", *OUT, "--task", "sentiment", "--data",
+                                         f"{FILES}/unbalanced.csv", "--text-field", "review", "--label-field",
+                                         "sentiment", "--held-out", "4"],
 }
 REFUSED = ROOT / "tests" / "data" / "cli_refusals.json"  # each refusal's stderr as main printed it at 335e1b9 (the
-# first 76, those that were torch-free then, unchanged since 4837f74); the last 31 as main printed them at 7773234
+# first 76, those that were torch-free then, unchanged since 4837f74); the last 37 as main printed them at 7773234
 
 
 def refusal_line(args: list[str], src: Path = ROOT / "src") -> tuple[int, str]:

@@ -11,6 +11,7 @@ import json
 import random
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
@@ -22,8 +23,9 @@ from llmattr.model_free import (
     check_file_examples,
     gold_label,
     head_name,
+    held_out_split,
     resumable_card,
-    sample_size,
+    sample_labels,
     task_facts,
 )
 from llmattr.tasks import TASKS, get_task, load_examples
@@ -78,7 +80,7 @@ def random_file(path, rng):
 @pytest.mark.parametrize("seed", range(60))
 def test_the_cli_check_and_the_library_agree_on_every_file(seed, tmp_path):
     """:func:`check_file_examples` (the CLI, from the view) refuses a file in the line that
-    :func:`read_file_examples` (the library) refuses it in, and otherwise counts its examples."""
+    :func:`read_file_examples` (the library) refuses it in, and otherwise reads each example's gold label."""
     rng = random.Random(seed)
     path = tmp_path / f"data{seed}{rng.choice(['.jsonl', '.csv'])}"
     random_file(path, rng)
@@ -88,7 +90,7 @@ def test_the_cli_check_and_the_library_agree_on_every_file(seed, tmp_path):
     view = registered()
     try:
         _, examples = read_file_examples(task, path, text_field, "label", labels)
-        expected = len(examples)
+        expected = [ex["label"] for ex in examples]
     except LlmattrError as err:
         expected = str(err)
     try:
@@ -108,15 +110,53 @@ def test_gold_label_reads_a_label_as_the_task_does():
     assert gold_label(generate, "anything") == "anything" and gold_label(generate, None) is None
 
 
-def test_the_sample_data_counted_without_torch_is_what_finetune_trains_on():
-    """The CLI's row count (:func:`sample_size`: the sample file's rows, those a task selects) is the number of
-    examples :func:`llmattr.tasks.load_examples` gives, for every registered task with sample data (None: a task
-    that composes its rows, counted once they are composed)."""
+def test_the_sample_data_read_without_torch_is_what_finetune_trains_on():
+    """The CLI's gold labels of a task's sample data (:func:`sample_labels`: the sample file's rows, those a task
+    selects, each label as the task reads it) are those of the examples :func:`llmattr.tasks.load_examples` gives,
+    as many and as often each (they are shuffled), for every registered task with sample data (None: a task that
+    composes its rows, read once they are composed; a minimal pair's label comes from the pair: None each)."""
+    view = registered()
     for name, task in sorted(TASKS.items()):
         facts = task_facts(task)
         if facts["sample_data"]:
-            size = sample_size(facts)
-            assert size == (None if task.compose else len(load_examples(task))), name
+            gold = sample_labels(facts, view["task_shapes"][name])
+            if task.compose:
+                assert gold is None, name
+                continue
+            examples = load_examples(task)
+            expected = [None] * len(examples) if task.pairing else [ex["label"] for ex in examples]
+            assert Counter(map(repr, gold)) == Counter(map(repr, expected)), name
+
+
+def test_a_finetune_holds_rows_out_only_where_it_measures_them():
+    """Held-out rows for a head or a classification task's label words; STS-B's prompted scores trained with
+    ``--loss lm`` (numbers, not classes: no accuracy to measure) train on every row. Before, the split balanced
+    them over the label words "0"-"5", which no float label equals: "only 0 examples of class '0'" always."""
+    stsb, sst2, wikibio = (task_facts(get_task(name)) for name in ("stsb", "sst2", "wikibio"))
+    assert not held_out_split(stsb, None) and not held_out_split(wikibio, None)
+    assert held_out_split(sst2, None) and held_out_split(stsb, "regression")
+    examples = load_examples("stsb")
+    train, held = split(get_task("stsb-regression"), examples, 5, 0)  # a plain seeded draw: no classes
+    assert len(held) == 5 and len(train) + len(held) <= len(examples)
+
+
+def test_held_out_beyond_the_balance_of_a_file_is_refused_as_split_refuses_it(tmp_path):
+    """``--held-out`` rows balanced over the classes: 4 positive + 1 negative rows hold out at most 3 (2 + 1); the
+    CLI (from the file, without torch) and :func:`split` (on the examples) refuse 4 in the same line."""
+    path = ROOT / FILES / "unbalanced.csv"
+    task, examples = read_file_examples("sentiment", path, "review", "sentiment")
+    with pytest.raises(LlmattrError) as refused:
+        split(task, examples, 4, 0)
+    assert str(refused.value).startswith("only 1 examples of class 'Negative' for a balanced sample of 4; ask for "
+                                         "n <= 3")
+    settings = {"held_out": 4, "epochs": 1, "learning_rate": 1e-5, "batch_size": 8, "max_tokens": 8, "lora_r": 0,
+                "save_steps": 5, "load_in_4bit": False, "head": None, "permute_labels": False, "mask_augment": 0.0}
+    with pytest.raises(LlmattrError) as cli:
+        finetune_checks("sentiment", "label", None, settings, path, "review", "sentiment", None, tmp_path / "new")
+    assert str(cli.value) == str(refused.value)
+    assert len(split(task, examples, 3, 0)[1]) == 3
+    finetune_checks("sentiment", "label", None, {**settings, "held_out": 3}, path, "review", "sentiment", None,
+                    tmp_path / "new")
 
 
 @pytest.mark.parametrize("task, head, held_out, refused", [
@@ -135,8 +175,8 @@ def test_held_out_is_refused_where_the_library_splits(task, head, held_out, refu
     trained = cfg.validate()
     examples = load_examples(trained)
     try:
-        if cfg.head or trained.label_words:  # finetune splits only then
-            split(trained, examples, held_out, 0, trained.classes if head else None)
+        if held_out_split(task_facts(trained), head):  # finetune splits only then
+            split(trained, examples, held_out, 0)
         library = False
     except LlmattrError as err:  # or a balanced draw that cannot be made (not this check)
         library = "leaves no training rows" in str(err)

@@ -47,6 +47,7 @@ from .model_free import (
     check_training,
     head_name,
     held_out_rows,
+    held_out_split,
     lora_rank,
     resumable_card,
     sample_data,
@@ -150,11 +151,11 @@ def read_examples(cfg: FinetuneConfig, task: Task) -> tuple[Task, list[dict], di
 
 def split(task: Task, examples: list[dict], held_out: int, seed: int,
           classes: tuple[str, ...] | None = None) -> tuple[list[dict], list[dict]]:
-    """(training rows, held-out rows): ``held_out`` rows balanced over ``classes`` (default: the label words; ``()``
-    for a regression head's numbers: a plain seeded draw), drawn with ``seed``; a training row
+    """(training rows, held-out rows): ``held_out`` rows balanced over ``classes`` (default: the task's classes, its
+    label words; ``()`` for a regression task's numbers: a plain seeded draw), drawn with ``seed``; a training row
     never shares an id or its user text with a held-out row (duplicates in the data stay on the held-out side)."""
     held_out_rows(held_out, len(examples))
-    held = sample(examples, held_out, seed, True, task.label_words if classes is None else classes)
+    held = sample(examples, held_out, seed, True, task.classes if classes is None else classes)
     ids = {ex["id"] for ex in held}
     texts = {content_hash(task.user_content(ex)[0]) for ex in held}
     train = [ex for ex in examples if ex["id"] not in ids and content_hash(task.user_content(ex)[0]) not in texts]
@@ -441,8 +442,8 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
     cfg = replace(config or FinetuneConfig(), **options)
     task = cfg.validate()
     task, examples, data = read_examples(cfg, task)
-    train, held = (split(task, examples, cfg.held_out, cfg.seed, task.classes if cfg.head else None)
-                   if cfg.head or task.label_words else (examples, []))
+    train, held = (split(task, examples, cfg.held_out, cfg.seed) if held_out_split(task_facts(task), cfg.head)
+                   else (examples, []))
     if cfg.permute_labels:
         train = permuted(train, cfg.seed)  # the held-out rows keep their true labels: accuracy near chance
     out = Path(out)

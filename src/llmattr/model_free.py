@@ -469,16 +469,18 @@ def file_rows(task: Mapping, path: Path, rows: Sequence[Mapping], where: Sequenc
 
 
 def check_file_examples(task: Mapping, shape: Mapping, path: str | Path, text_field: str | None = None,
-                        label_field: str | None = None, labels: str | None = None) -> tuple[Mapping, int]:
+                        label_field: str | None = None, labels: str | None = None) -> tuple[Mapping, list]:
     """What :func:`llmattr.tasks.files.read_file_examples` refuses of a user's file ``path`` for ``task``
     (:func:`task_facts`; ``shape``: :func:`llmattr.tasks.files.shape_of`), in its order and with its lines:
     ``--labels`` (:func:`file_labels`), the rows and their columns, each row's label (:func:`file_rows`). Returns
-    the task's facts with ``--labels`` applied and the number of rows (each one example)."""
+    the task's facts with ``--labels`` applied and the gold label of each row (each one example; None for every row
+    of a task whose rows hold minimal pairs)."""
     if labels is not None:
         words, mapping = file_labels(task, labels)
         task = {**task, "label_words": list(words), "label_map": mapping}
     rows, where, columns = shaped_rows(shape, path, text_field, label_field)
-    return task, len(file_rows(task, Path(path), rows, where, columns["label"]))
+    rows = file_rows(task, Path(path), rows, where, columns["label"])
+    return task, [None if task["paired"] else gold_label(task, row[columns["label"]]) for row in rows]
 
 
 def selected_rows(rows: Sequence[Mapping], select: Mapping) -> list:
@@ -497,14 +499,53 @@ def head_name(task: Mapping) -> str:
 FINETUNE_DATA = "--data FILE"  # what a finetune without sample data is given instead
 
 
-def sample_size(task: Mapping) -> int | None:
-    """How many examples ``task``'s sample data gives (:func:`llmattr.tasks.load_examples`: the rows of its file,
-    those it selects), read without torch; None where the number is known only once code has run (rows the task
-    composes, or a Hugging Face dataset); a task without sample data is refused as a finetune refuses it."""
-    source = sample_data(task, FINETUNE_DATA)
+def sample_labels(task: Mapping, shape: Mapping, fix: str = FINETUNE_DATA) -> list | None:
+    """The gold label of each example ``task``'s sample data gives (:func:`llmattr.tasks.load_examples`: the rows
+    of its file, those it selects, each label read by :func:`gold_label`; None for every row of a task whose rows
+    hold minimal pairs), read without torch (``shape``: :func:`llmattr.tasks.files.shape_of`); None where they are
+    known only once code has run (rows the task composes, or a Hugging Face dataset). A task without sample data is
+    refused, saying to pass ``fix``."""
+    source = sample_data(task, fix)
     if task["composed"] or source == "hf" or source.startswith("hf:"):
         return None
-    return len(selected_rows(read_rows(data_path(source)), task["select"]))
+    rows = selected_rows(read_rows(data_path(source)), task["select"])
+    column = None if task["paired"] else shape["columns"].get("label", shape["label_field"])
+    return [gold_label(task, row.get(column)) if column else None for row in rows]
+
+
+def per_class(n: int, k: int, i: int) -> int:
+    """How many of a balanced sample of ``n`` the ``i``-th of ``k`` classes gives: ``n // k``, one more for the
+    first ``n % k`` classes."""
+    return n // k + (1 if i < n % k else 0)
+
+
+def balanced_limit(sizes: list[int]) -> int:
+    """The largest ``n`` :func:`check_balanced` lets through for classes of these sizes (in ``classes`` order): the
+    remainder goes to the first classes, so 4 Positive + 1 Negative give 3 (2 + 1), not 2 x 1."""
+    return max(n for n in range(sum(sizes) + 1)
+               if all(per_class(n, len(sizes), i) <= size for i, size in enumerate(sizes)))
+
+
+def class_sizes(classes: Sequence[str], labels: Sequence) -> dict[str, int]:
+    """How many of ``labels`` each of ``classes`` (a classification task's label words, in order) holds."""
+    return {label: sum(value == label for value in labels) for label in classes}
+
+
+def check_balanced(sizes: Mapping[str, int], n: int) -> None:
+    """Refuse a sample of ``n`` balanced over classes of these ``sizes`` (in ``classes`` order; class ``i`` gives
+    :func:`per_class`) where a class has too few examples, naming the first such class and the largest ``n``
+    (:func:`balanced_limit`)."""
+    for i, (label, size) in enumerate(sizes.items()):
+        if per_class(n, len(sizes), i) > size:
+            raise LlmattrError(f"only {size} examples of class {label!r} for a balanced sample of {n}; ask for n <= "
+                               f"{balanced_limit(list(sizes.values()))}, or for every row, unbalanced (--n all)")
+
+
+def held_out_split(task: Mapping, head: str | None) -> bool:
+    """Whether a finetune of ``task`` (:func:`task_facts`; the head task with a ``head``) keeps rows out to measure
+    the model on: a head's (its accuracy or Pearson r), or a classification task's label-word accuracy; a task
+    without classes trained on its texts (``--loss lm``: WikiBio, STS-B's prompted scores) trains on every row."""
+    return bool(head) or task["classifies"]
 
 
 def held_out_rows(held_out: int, rows: int) -> int:

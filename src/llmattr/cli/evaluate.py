@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+from collections.abc import Iterable
 from pathlib import Path
 
 import typer
@@ -22,14 +23,18 @@ from ..checks import (
     writable_file,
 )
 from ..errors import LlmattrError
+from ..model_card import read_card
 from ..model_free import (
+    check_balanced,
     check_evaluation,
     check_file_examples,
     check_shard,
     check_shards,
+    class_sizes,
     config_values,
     parse_shard,
     read_toml,
+    sample_labels,
     swept_texts,
 )
 from ..readers import shaped_rows, shaped_texts
@@ -195,8 +200,9 @@ def settings_checks(values: dict) -> None:
     :meth:`llmattr.evaluation.EvalConfig.validate` and the evaluation check them: ``--n``, ``--max-new-tokens``,
     ``--seed``, ``--target``, ``--scope`` (:func:`llmattr.model_free.check_evaluation`), the metrics' options
     (:func:`llmattr.cli.view.check_option`: a metric's own check hook too where it needs no model),
-    ``--max-memory``, ``--dtype``, ``--out``, each method's parameters, and ``--data``'s ``--labels`` and each
-    row's label value (:func:`llmattr.model_free.check_file_examples`)."""
+    ``--max-memory``, ``--dtype``, ``--out``, each method's parameters, ``--data``'s ``--labels`` and each
+    row's label value (:func:`llmattr.model_free.check_file_examples`), and ``--n`` examples balanced per class of
+    each dataset (:func:`balance_checks`)."""
     known = view()
     check_evaluation(values)
     for name in known["metric_options"]:
@@ -214,8 +220,27 @@ def settings_checks(values: dict) -> None:
             check_params([name], split_spec(item)[1])
     if values.get("data") is not None:
         task = values.get("task", DATA_TASK)
-        check_file_examples(known["task_facts"][task], check_task(task), values["data"], values.get("text_field"),
-                            values.get("label_field"), values.get("labels"))
+        datasets = [check_file_examples(known["task_facts"][task], check_task(task), values["data"],
+                                        values.get("text_field"), values.get("label_field"), values.get("labels"))]
+    else:
+        groups = known["groups"]
+        names = [member for name in values.get("datasets") or known["default_datasets"]
+                 for member in groups.get(name, (name,))]
+        datasets = ((known["task_facts"][name], known["task_shapes"][name]) for name in dict.fromkeys(names))
+        datasets = ((facts, sample_labels(facts, shape)) for facts, shape in datasets)  # read one at a time
+    balance_checks(datasets, examples_wanted(values.get("n")), values.get("model", "default"))
+
+
+def balance_checks(datasets: Iterable[tuple[dict, list | None]], n: int | str | None, model: str) -> None:
+    """``--n`` examples balanced per class of each dataset (its task's facts and each example's gold label: None
+    where only code knows them), refused where a class has too few, as :func:`llmattr.tasks.datasets.sample`
+    refuses it (:func:`llmattr.model_free.check_balanced`); not for a finetune's folder (``model``): the rows it was
+    trained on are left out first, which only the task's prompts tell."""
+    if not isinstance(n, int) or read_card(model) is not None:
+        return
+    for facts, gold in datasets:
+        if gold is not None and facts["classifies"]:
+            check_balanced(class_sizes(facts["label_words"], gold), n)
 
 
 def launch_checks(launcher: str, *, shards: int | None, partition: str | None, gpus: int | None, time: int | None,

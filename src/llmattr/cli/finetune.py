@@ -9,13 +9,16 @@ from rich.console import Console
 
 from ..checks import one_of
 from ..model_free import (
+    check_balanced,
     check_file_examples,
     check_schedule,
+    class_sizes,
     head_name,
     held_out_rows,
+    held_out_split,
     lora_rank,
     resumable_card,
-    sample_size,
+    sample_labels,
     training_loss,
 )
 from .app import app
@@ -43,8 +46,8 @@ def model_free_checks(task: str, loss: str, objective: str | None, settings: dic
     (:func:`llmattr.model_free.check_training`), the counts, learning rate and LoRA rank (``settings``:
     :func:`llmattr.model_free.check_schedule`), the data (``--data``'s ``--labels``, rows, columns and label
     values: :func:`llmattr.model_free.check_file_examples`; else the task's sample data), ``--held-out`` against
-    the rows where they are split, and ``--out`` (:func:`llmattr.model_free.resumable_card`; an unfinished run's
-    other settings are compared once the examples are read, after torch)."""
+    the rows and their classes where they are split, and ``--out`` (:func:`llmattr.model_free.resumable_card`; an
+    unfinished run's other settings are compared once the examples are read, after torch)."""
     check_task(task)
     known, head = view(), settings["head"]
     one_of(loss if objective is None else objective, known["losses"], "--loss")
@@ -55,11 +58,12 @@ def model_free_checks(task: str, loss: str, objective: str | None, settings: dic
     check_schedule({**settings, "lora_r": lora_rank(settings["lora_r"], head)})
     facts, shape = trained_task(task, head)
     if data is None:
-        rows = sample_size(facts)
+        gold = sample_labels(facts, shape)
     else:
-        facts, rows = check_file_examples(facts, shape, data, text_field, label_field, labels)
-    if rows and (head or facts["label_words"]):  # finetuning.split's rows
-        held_out_rows(settings["held_out"], rows)
+        facts, gold = check_file_examples(facts, shape, data, text_field, label_field, labels)
+    if gold is not None and held_out_split(facts, head):  # finetuning.split's rows, balanced over the classes
+        held_out_rows(settings["held_out"], len(gold))
+        check_balanced(class_sizes(facts["label_words"] if facts["classifies"] else (), gold), settings["held_out"])
     resumable_card(out)
 
 

@@ -39,8 +39,8 @@ def registered() -> dict:
     ``objectives``, ``task_shapes`` ({task: :func:`llmattr.tasks.files.shape_of`}), ``outputs`` (the metrics'
     output names), ``losses`` and ``heads`` (``finetune``'s), ``takes`` ({method: its parameters}),
     ``layer_sweeps`` ({method: the parameter ``evaluate --layers`` sweeps}), ``source_methods`` (those that score
-    sources), ``default_methods`` (``evaluate``'s
-    without ``--methods``), ``rules``
+    sources), ``default_methods`` and ``default_datasets``
+    (``evaluate``'s without ``--methods``, ``--datasets``), ``rules``
     ({method: {parameter: its values' rule}}: :func:`llmattr.model_free.check_param_values`), ``contrastive``
     (the objectives that need a foil), ``task_facts`` ({task: :func:`llmattr.model_free.task_facts`}) and
     ``config_keys`` (the keys of ``llmattr evaluate --config`` besides the metric options)."""
@@ -84,6 +84,7 @@ def registered() -> dict:
                          if methods.REGISTRY[name].layer_sweep},
         "source_methods": [name for name in methods.available() if methods.REGISTRY[name].granularity == "source"],
         "default_methods": EvalConfig().methods,
+        "default_datasets": EvalConfig().dataset_names(),
         "rules": {name: methods.REGISTRY[name].rules for name in methods.available()},
         "contrastive": contrastive(),
         "task_facts": {name: task_facts(TASKS[name]) for name in sorted(TASKS)},

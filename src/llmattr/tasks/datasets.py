@@ -14,7 +14,15 @@ import random
 from pathlib import Path
 
 from ..errors import LlmattrError
-from ..model_free import gold_label, sample_data, selected_rows, task_facts
+from ..model_free import (
+    balanced_limit,  # noqa: F401 - its old home
+    check_balanced,
+    gold_label,
+    per_class,
+    sample_data,
+    selected_rows,
+    task_facts,
+)
 from ..readers import data_dir, data_path, list_cell, read_rows  # noqa: F401 - data_dir: its old home
 from .base import SOURCE_KEYS, Task
 from .catalog import get_task
@@ -101,30 +109,13 @@ def sample(examples: list[dict], n: int | None, seed: int = 0, balanced: bool = 
         rng.shuffle(chosen)
         return chosen[:n]
     groups = {label: [ex for ex in examples if ex["label"] == label] for label in classes}
+    check_balanced({label: len(group) for label, group in groups.items()}, n)
     chosen = []
-    for i, (label, group) in enumerate(groups.items()):
-        want = per_class(n, len(classes), i)
-        if want > len(group):
-            raise LlmattrError(f"only {len(group)} examples of class {label!r} for a balanced sample of {n}; "
-                               f"ask for n <= {balanced_limit([len(g) for g in groups.values()])}, or for every "
-                               "row, unbalanced (--n all)")
+    for i, group in enumerate(groups.values()):
         rng.shuffle(group)
-        chosen += group[:want]
+        chosen += group[:per_class(n, len(classes), i)]
     rng.shuffle(chosen)
     return chosen
-
-
-def per_class(n: int, k: int, i: int) -> int:
-    """How many of a balanced sample of ``n`` the ``i``-th of ``k`` classes gives: ``n // k``, one more for the
-    first ``n % k`` classes."""
-    return n // k + (1 if i < n % k else 0)
-
-
-def balanced_limit(sizes: list[int]) -> int:
-    """The largest ``n`` :func:`sample` can balance over classes of these sizes (in ``classes`` order): the
-    remainder goes to the first classes, so 4 Positive + 1 Negative give 3 (2 + 1), not 2 x 1."""
-    return max(n for n in range(sum(sizes) + 1)
-               if all(per_class(n, len(sizes), i) <= size for i, size in enumerate(sizes)))
 
 
 def load_examples(task: str | Task, source: str | Path | None = None, n: int | None = None, seed: int = 0,
