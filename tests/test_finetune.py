@@ -196,6 +196,17 @@ def test_lora_and_the_lm_loss_write_a_plain_folder(tiny_tokenizer, tmp_path):
     assert "objective" not in lm_card and "objective" not in lm_card["settings"]
 
 
+def test_a_task_without_classes_trains_on_every_row_with_the_lm_loss(tiny_tokenizer, tmp_path):
+    """STS-B's prompted scores with ``--loss lm``: every row trains, none is held out (a float score is no class to
+    balance over nor a label word to score); before, the split balanced them over "0"-"5" and always refused."""
+    data = tmp_path / "stsb.jsonl"
+    data.write_text("".join(json.dumps({"sentence1": f"A cat sat {i}.", "sentence2": f"A dog ran {i}.",
+                                        "score": i % 6 + 0.4}) + "\n" for i in range(12)), encoding="utf-8")
+    card = finetune(build_tiny("llama", tiny_tokenizer), tmp_path / "ft", task="stsb", data=str(data), loss="lm",
+                    epochs=1, batch_size=4, progress=False)
+    assert card["n_train"] == 12 and card["n_held_out"] == 0 and "held_out" not in card
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--task", "nosuchtask"], "unknown task 'nosuchtask'"),
     (["--task", "stsb"], "--task stsb-regression --head regression"),
