@@ -297,9 +297,19 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
     "finetune-held-out-beyond-balance": ["finetune", *OUT, "--task", "sentiment", "--data",
                                          f"{FILES}/unbalanced.csv", "--text-field", "review", "--label-field",
                                          "sentiment", "--held-out", "4"],
+    "explain-gold-label-missing": ["explain", "--task", "sst2", "--target", "gold", "hi"],
+    "explain-gold-label-not-a-word": ["explain", "--task", "sst2", "--target", "gold", "--field", "label=Maybe", "hi"],
+    "explain-gold-label-several-methods": ["explain", "--task", "imdb", "--target", "gold", "--method",
+                                           "saliency,attention", "hi"],
+    "explain-shots-from-no-column": ["explain", "--task", "sst2", "--shots", "3", "--shots-from",
+                                     f"{FILES}/reviews.csv", "hi"],
+    "explain-shots-from-label-not-a-word": ["explain", "--task", "sst2", "--shots", "1", "--shots-from",
+                                            f"{FILES}/shots-labels.jsonl", "hi"],
+    "explain-shots-from-several-methods": ["explain", "--task", "sst2", "--shots", "3", "--shots-from",
+                                           f"{FILES}/reviews.csv", "--method", "saliency,attention", "hi"],
 }
 REFUSED = ROOT / "tests" / "data" / "cli_refusals.json"  # each refusal's stderr as main printed it at 335e1b9 (the
-# first 76, those that were torch-free then, unchanged since 4837f74); the last 37 as main printed them at 7773234
+# first 76, those that were torch-free then, unchanged since 4837f74); the last 43 as main printed them at 7773234
 
 
 def refusal_line(args: list[str], src: Path = ROOT / "src") -> tuple[int, str]:

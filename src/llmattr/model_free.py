@@ -134,22 +134,49 @@ def sample_data(task: Mapping, fix: str = "a JSONL/CSV file") -> str:
     return task["sample_data"]
 
 
-def check_shots(task: Mapping, shots: int, shots_from: object) -> None:
-    """Refuse ``shots`` demonstrations drawn from the sample data of a task (:func:`task_facts`) that has none (no
-    ``shots_from`` file given)."""
-    if shots and shots_from is None:
+def check_shots(task: Mapping, shots: int, shots_from: str | Path | None) -> None:
+    """Refuse ``shots`` demonstrations of ``task`` (:func:`task_facts`) drawn from its sample data where it has none,
+    or from a ``shots_from`` file whose rows are no examples of it (:func:`example_of_row`; a task that composes or
+    pairs its rows runs code on them first, so they are checked when drawn)."""
+    if not shots:
+        return
+    if shots_from is None:
         sample_data(task)
+    elif not (task["composed"] or task["paired"]):
+        for i, row in enumerate(selected_rows(read_rows(shots_from, "--shots-from file"), task["select"])):
+            example_of_row(task, row, i)
+
+
+def example_of_row(task: Mapping, row: Mapping, index: int, columns: Mapping | None = None) -> dict:
+    """One raw row (the ``index``-th) as the id, fields and gold label of an example of ``task`` (:func:`task_facts`;
+    its fields read from the columns ``columns`` maps them to, else the task's, else their own names: a name or a
+    ``{column}`` format), refused in one line naming the row where a column is missing or the label is none the task
+    reads (:func:`gold_label`)."""
+    mapping = {**task["columns"], **(columns or {})}
+    example = {"id": str(row.get("id", f"{task['name']}-{index}"))}
+    for name in task["fields"]:
+        column = mapping.get(name, name)
+        try:
+            example[name] = column.format(**row) if "{" in column else row[column]
+        except KeyError as err:
+            raise LlmattrError(f"task {task['name']}: row {example['id']} has no column {err.args[0]!r} for field "
+                               f"{name!r}; map it with columns={{{name!r}: 'COLUMN'}}") from err
+    label_column = mapping.get("label", task["label_field"])
+    example["label"] = gold_label(task, row.get(label_column) if label_column else None, example["id"])
+    return example
 
 
 def task_facts(task) -> dict:
     """What the checks here read of a :class:`~llmattr.tasks.Task` (and the registries' view holds): its name,
-    kind, head, fields, whether it takes documents, classifies, is a regression, has a gold word or is a next-word
-    task, its sample data (a name, or None), label words and label map (a file's label value -> its label word), the
-    sample rows it selects, whether it composes them (code: their number is known once composed) and whether its
-    rows hold minimal pairs (code: the label is the pair's next word)."""
+    kind, head, fields, columns (field -> file column), label field, whether it takes documents, classifies, is a
+    regression, has a gold word, is a next-word task or is explained at its label word, its sample data (a name, or
+    None), label words and label map (a file's label value -> its label word), the sample rows it selects, whether
+    it composes them (code: their number is known once composed) and whether its rows hold minimal pairs (code: the
+    label is the pair's next word)."""
     return {"name": task.name, "kind": task.kind, "head": task.head, "fields": list(task.fields),
-            "documents": task.documents, "classifies": task.classifies,
-            "numeric": task.numeric, "has_gold_word": task.has_gold_word, "next_word": task.next_word,
+            "columns": dict(task.columns), "label_field": task.label_field, "documents": task.documents,
+            "classifies": task.classifies, "numeric": task.numeric, "has_gold_word": task.has_gold_word,
+            "next_word": task.next_word, "explains_label_word": task.explains_label_word,
             "sample_data": task.data, "label_words": list(task.label_words), "label_map": dict(task.label_map),
             "select": dict(task.select), "composed": task.compose is not None, "paired": task.pairing is not None}
 
@@ -402,13 +429,25 @@ def forced_answer(answer: str | Sequence[int]) -> str | Sequence[int]:
     return answer
 
 
-def check_target(task: Mapping, target: str, max_new_tokens: int | None, answer: str | None) -> None:
-    """``explain``'s ``--answer`` and ``--max-new-tokens`` for ``task`` (:func:`task_facts`) as the target's
-    construction (:mod:`llmattr.targets`) refuses them: an empty forced answer; without one, fewer than one new token
-    where the target generates (every target but a next-word task's gold word)."""
+def gold_label_word(label_words: Sequence[str], gold: object) -> None:
+    """Refuse ``target="gold"`` on a task explained at its label word when the gold label ``gold`` is none of its
+    ``label_words``."""
+    if gold not in label_words:
+        raise LlmattrError(f"target='gold' needs the gold label, one of {list(label_words)}; got {gold!r}")
+
+
+def check_target(task: Mapping, target: str, max_new_tokens: int | None, answer: str | None,
+                 gold: object = None) -> None:
+    """``explain``'s ``--answer``, ``--target gold`` and ``--max-new-tokens`` for ``task`` (:func:`task_facts`) as
+    the target's construction (:mod:`llmattr.targets`) refuses them: an empty forced answer; without one, a gold label
+    (``gold``: the text's ``label`` field) that is none of the label words where the label word is explained, and
+    fewer than one new token where the target generates (every target but a next-word task's gold word)."""
     if answer is not None:
         forced_answer(answer)
-    elif max_new_tokens is not None and not (task["next_word"] and target == "gold"):
+        return
+    if target == "gold" and task["explains_label_word"]:
+        gold_label_word(task["label_words"], gold)
+    if max_new_tokens is not None and not (task["next_word"] and target == "gold"):
         new_tokens(max_new_tokens)
 
 

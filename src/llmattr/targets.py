@@ -17,7 +17,7 @@ import torch
 
 from .checks import SCOPES, TARGET_MODES, member
 from .errors import LlmattrError
-from .model_free import check_gold_word, forced_answer, new_tokens
+from .model_free import check_gold_word, forced_answer, gold_label_word, new_tokens
 from .models.loading import LoadedModel
 from .objectives import probability
 from .prompting import Prompt
@@ -187,8 +187,8 @@ def label_target(lm: LoadedModel, prompt: Prompt, task, max_new_tokens: int, mod
     ``"generated"`` the free greedy answer, ``"gold"`` the gold label word (``gold`` must be one).
     """
     member(mode, TARGET_MODES, "target")
-    if mode == "gold" and gold not in task.label_words:
-        raise LlmattrError(f"target='gold' needs the gold label, one of {list(task.label_words)}; got {gold!r}")
+    if mode == "gold":
+        gold_label_word(task.label_words, gold)
     label_ids = task.label_ids(lm.tokenizer, first_token=False)
     check_context(lm, prompt, max_new_tokens)
     free, logits = generate_with_logits(lm, prompt, new_tokens(max_new_tokens))

@@ -258,7 +258,7 @@ def explain(
     example_checks(facts, content if data is not None else [content], names, documents, spans, sources,
                    target == "gold" and answer is None, data)
     try:  # what the explanation refuses of each text: one line for one method and one text
-        check_target(facts, target, max_new_tokens, answer)
+        check_target(facts, target, max_new_tokens, answer, content.get("label") if isinstance(content, dict) else None)
         check_shots(facts, shots, shots_from)
     except LlmattrError as err:  # else each text is named as not explained, as llmattr.explain collects them
         raise LlmattrError(str(err) if not many else not_explained(

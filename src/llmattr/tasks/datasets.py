@@ -17,7 +17,7 @@ from ..errors import LlmattrError
 from ..model_free import (
     balanced_limit,  # noqa: F401 - its old home
     check_balanced,
-    gold_label,
+    example_of_row,
     per_class,
     sample_data,
     selected_rows,
@@ -77,19 +77,7 @@ def to_example(task: Task, row: dict, index: int, columns: dict | None = None) -
     :meth:`Task.pair`)."""
     if task.pairing is not None:
         row = {**row, **task.pair(row)}
-    mapping = {**task.columns, **(columns or {})}
-    example = {"id": str(row.get("id", f"{task.name}-{index}"))}
-    for name in task.fields:
-        column = mapping.get(name, name)
-        try:
-            example[name] = column.format(**row) if "{" in column else row[column]
-        except KeyError as err:
-            raise LlmattrError(
-                f"task {task.name}: row {example['id']} has no column {err.args[0]!r} for field {name!r}; "
-                f"map it with columns={{{name!r}: 'COLUMN'}}"
-            ) from err
-    label_column = mapping.get("label", task.label_field)
-    example["label"] = gold_label(task_facts(task), row.get(label_column) if label_column else None, example["id"])
+    example = example_of_row(task_facts(task), row, index, columns)
     for key in ("foil", "evidence_words", "evidence", *SOURCE_KEYS):
         if key in row:
             example[key] = list_cell(row[key])
