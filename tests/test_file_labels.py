@@ -94,8 +94,7 @@ def test_the_cli_check_and_the_library_agree_on_every_file(seed, tmp_path):
     except LlmattrError as err:
         expected = str(err)
     try:
-        got = check_file_examples(view["task_facts"][task], view["task_shapes"][task], path, text_field, "label",
-                                  labels)[1]
+        got = check_file_examples(view["task_facts"][task], path, text_field, "label", labels)[1]
     except LlmattrError as err:
         got = str(err)
     assert got == expected
@@ -115,11 +114,10 @@ def test_the_sample_data_read_without_torch_is_what_finetune_trains_on():
     selects, each label as the task reads it) are those of the examples :func:`llmattr.tasks.load_examples` gives,
     as many and as often each (they are shuffled), for every registered task with sample data (None: a task that
     composes its rows, read once they are composed; a minimal pair's label comes from the pair: None each)."""
-    view = registered()
     for name, task in sorted(TASKS.items()):
         facts = task_facts(task)
         if facts["sample_data"]:
-            gold = sample_labels(facts, view["task_shapes"][name])
+            gold = sample_labels(facts)
             if task.compose:
                 assert gold is None, name
                 continue

@@ -168,11 +168,12 @@ def example_of_row(task: Mapping, row: Mapping, index: int, columns: Mapping | N
 
 def task_facts(task) -> dict:
     """What the checks here read of a :class:`~llmattr.tasks.Task` (and the registries' view holds): its name,
-    kind, head, fields, columns (field -> file column), label field, whether it takes documents, classifies, is a
-    regression, has a gold word, is a next-word task or is explained at its label word, its sample data (a name, or
-    None), label words and label map (a file's label value -> its label word), the sample rows it selects, whether
-    it composes them (code: their number is known once composed) and whether its rows hold minimal pairs (code: the
-    label is the pair's next word)."""
+    fields, columns (field -> file column), label field and whether it takes documents (what reading a file for it
+    needs: :func:`llmattr.readers.shaped_rows`), its kind, head, whether it classifies, is a regression, has a gold
+    word, is a next-word task or is explained at its label word, its sample data (a name, or None), label words and
+    label map (a file's label value -> its label word), the sample rows it selects, whether it composes them (code:
+    their number is known once composed) and whether its rows hold minimal pairs (code: the label is the pair's next
+    word)."""
     return {"name": task.name, "kind": task.kind, "head": task.head, "fields": list(task.fields),
             "columns": dict(task.columns), "label_field": task.label_field, "documents": task.documents,
             "classifies": task.classifies, "numeric": task.numeric, "has_gold_word": task.has_gold_word,
@@ -491,35 +492,35 @@ def gold_label(task: Mapping, value: object, row: str | None = None) -> object:
 
 
 def file_rows(task: Mapping, path: Path, rows: Sequence[Mapping], where: Sequence[str],
-              label_column: str) -> list[dict]:
+              label_column: str) -> tuple[list[dict], list]:
     """The ``rows`` of a user's file ``path`` (:func:`llmattr.readers.shaped_rows`, each at ``where``) as ``task``
     (:func:`task_facts`) reads them: each with its id (its own ``id`` column, else ``{file stem}-{i}``) and its
-    label cell as text (:func:`label_text`), each label checked (:func:`gold_label`; a task whose rows hold minimal
-    pairs takes its label from the pair, so there when the pair is read), refused naming the file and the line."""
+    label cell as text (:func:`label_text`); and each row's gold label (:func:`gold_label`; None for every row of a
+    task whose rows hold minimal pairs: the label comes from the pair, read there), refused naming the file and the
+    line."""
     rows = [{"id": f"{path.stem}-{i}", **row, label_column: label_text(row[label_column])}
             for i, row in enumerate(rows)]
+    gold = [None] * len(rows)
     if not task["paired"]:
-        for row, at in zip(rows, where, strict=True):
+        for i, (row, at) in enumerate(zip(rows, where, strict=True)):
             try:
-                gold_label(task, row[label_column], str(row["id"]))
+                gold[i] = gold_label(task, row[label_column], str(row["id"]))
             except LlmattrError as err:
                 raise LlmattrError(f"{path}: {at}: {err}") from None
-    return rows
+    return rows, gold
 
 
-def check_file_examples(task: Mapping, shape: Mapping, path: str | Path, text_field: str | None = None,
+def check_file_examples(task: Mapping, path: str | Path, text_field: str | None = None,
                         label_field: str | None = None, labels: str | None = None) -> tuple[Mapping, list]:
     """What :func:`llmattr.tasks.files.read_file_examples` refuses of a user's file ``path`` for ``task``
-    (:func:`task_facts`; ``shape``: :func:`llmattr.tasks.files.shape_of`), in its order and with its lines:
-    ``--labels`` (:func:`file_labels`), the rows and their columns, each row's label (:func:`file_rows`). Returns
-    the task's facts with ``--labels`` applied and the gold label of each row (each one example; None for every row
-    of a task whose rows hold minimal pairs)."""
+    (:func:`task_facts`), in its order and with its lines: ``--labels`` (:func:`file_labels`), the rows and their
+    columns, each row's label (:func:`file_rows`). Returns the task's facts with ``--labels`` applied and the gold
+    label of each row (each one example)."""
     if labels is not None:
         words, mapping = file_labels(task, labels)
         task = {**task, "label_words": list(words), "label_map": mapping}
-    rows, where, columns = shaped_rows(shape, path, text_field, label_field)
-    rows = file_rows(task, Path(path), rows, where, columns["label"])
-    return task, [None if task["paired"] else gold_label(task, row[columns["label"]]) for row in rows]
+    rows, where, columns = shaped_rows(task, path, text_field, label_field)
+    return task, file_rows(task, Path(path), rows, where, columns["label"])[1]
 
 
 def selected_rows(rows: Sequence[Mapping], select: Mapping) -> list:
@@ -538,18 +539,17 @@ def head_name(task: Mapping) -> str:
 FINETUNE_DATA = "--data FILE"  # what a finetune without sample data is given instead
 
 
-def sample_labels(task: Mapping, shape: Mapping, fix: str = FINETUNE_DATA) -> list | None:
+def sample_labels(task: Mapping, fix: str = FINETUNE_DATA) -> list | None:
     """The gold label of each example ``task``'s sample data gives (:func:`llmattr.tasks.load_examples`: the rows
-    of its file, those it selects, each label read by :func:`gold_label`; None for every row of a task whose rows
-    hold minimal pairs), read without torch (``shape``: :func:`llmattr.tasks.files.shape_of`); None where they are
-    known only once code has run (rows the task composes, or a Hugging Face dataset). A task without sample data is
-    refused, saying to pass ``fix``."""
+    of its file, those it selects, each read by :func:`example_of_row`; None for every row of a task whose rows hold
+    minimal pairs), read without torch; None where they are known only once code has run (rows the task composes,
+    or a Hugging Face dataset). A task without sample data is refused, saying to pass ``fix``."""
     source = sample_data(task, fix)
     if task["composed"] or source == "hf" or source.startswith("hf:"):
         return None
     rows = selected_rows(read_rows(data_path(source)), task["select"])
-    column = None if task["paired"] else shape["columns"].get("label", shape["label_field"])
-    return [gold_label(task, row.get(column)) if column else None for row in rows]
+    return [None] * len(rows) if task["paired"] else [example_of_row(task, row, i)["label"]
+                                                       for i, row in enumerate(rows)]
 
 
 def per_class(n: int, k: int, i: int) -> int:

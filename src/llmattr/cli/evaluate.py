@@ -188,10 +188,10 @@ def model_free_checks(values: dict, rows: bool = True) -> None:
     if values.get("routing") is not None:
         one_of(values["routing"], (*ROUTINGS, "both"), "routing")
     if data is not None and rows:
-        shape = check_task(values.get("task", DATA_TASK))
-        found, _, columns = shaped_rows(shape, data, values.get("text_field"), values.get("label_field"))
-        if not shape["documents"]:
-            check_texts(shaped_texts(shape, [{name: row[column] for name, column in columns.items()}
+        facts = check_task(values.get("task", DATA_TASK))
+        found, _, columns = shaped_rows(facts, data, values.get("text_field"), values.get("label_field"))
+        if not facts["documents"]:
+            check_texts(shaped_texts(facts, [{name: row[column] for name, column in columns.items()}
                                              for row in found]), first=1, noun="row")
 
 
@@ -220,14 +220,13 @@ def settings_checks(values: dict) -> None:
             check_params([name], split_spec(item)[1])
     if values.get("data") is not None:
         task = values.get("task", DATA_TASK)
-        datasets = [check_file_examples(known["task_facts"][task], check_task(task), values["data"],
-                                        values.get("text_field"), values.get("label_field"), values.get("labels"))]
+        datasets = [check_file_examples(check_task(task), values["data"], values.get("text_field"),
+                                        values.get("label_field"), values.get("labels"))]
     else:
         groups = known["groups"]
         names = [member for name in values.get("datasets") or known["default_datasets"]
                  for member in groups.get(name, (name,))]
-        datasets = ((known["task_facts"][name], known["task_shapes"][name]) for name in dict.fromkeys(names))
-        datasets = ((facts, sample_labels(facts, shape)) for facts, shape in datasets)  # read one at a time
+        datasets = ((facts, sample_labels(facts)) for facts in map(known["task_facts"].get, dict.fromkeys(names)))
     balance_checks(datasets, examples_wanted(values.get("n")), values.get("model", "default"))
 
 

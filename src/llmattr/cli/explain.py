@@ -232,12 +232,12 @@ def explain(
         raise LlmattrError("--document, --context and --span go with one TEXT; with --data each row holds its "
                            "documents (--documents-field)")
     task = task if task is not None else "context" if documents is not None else "sentiment"
-    shape = check_task(task)
+    facts = check_task(task)
     member(target, TARGET_MODES, "target")
     member(scope, SCOPES, "scope")
     check_objectives(names, objective if objective is not None else params.get("objective"))
     if data is not None:
-        content = file_texts(row_texts(shape, data, text_field, documents_field), n, field, target)
+        content = file_texts(row_texts(facts, data, text_field, documents_field), n, field, target)
     elif not field:
         check_text(text)
     outputs = {"--html": html, "--json": json, "--eval-json": eval_json, "--plot": plot, "--figure": figure}
@@ -246,12 +246,11 @@ def explain(
     # then what Request checks again, in its order, and the text's fields and spans and --dtype: still no torch
     spans = parse_spans(span)
     check_checkpointing(checkpointing)
-    check_sources(task, shape["documents"], sources, documents, spans)
+    check_sources(task, facts["documents"], sources, documents, spans)
     check_params(names, request_params(params, objective, foil))
-    facts = view()["task_facts"][task]
     if data is None:
         gold_field = ("label",) if facts["has_gold_word"] else ()  # --target gold's word
-        content = parse_fields(text, field, (*shape["fields"], *gold_field))
+        content = parse_fields(text, field, (*facts["fields"], *gold_field))
     dtype_name(dtype)
     if isinstance(content, dict):
         content = {facts["fields"][0]: content.pop("__text__"), **content}

@@ -25,17 +25,15 @@ from .app import app
 from .view import check_finetune, check_task, view
 
 
-def trained_task(task: str, head: str | None) -> tuple[dict, dict]:
-    """The facts (:func:`llmattr.model_free.task_facts`) and shape (:func:`llmattr.tasks.files.shape_of`) of the
-    task a finetune trains, from the view: ``task``, or with ``--head`` its head version
-    (:func:`llmattr.finetuning.head_task`; one that is not registered: the task's own, renamed)."""
-    known = view()
-    facts, shape = known["task_facts"][task], known["task_shapes"][task]
+def trained_task(task: str, head: str | None) -> dict:
+    """The facts (:func:`llmattr.model_free.task_facts`) of the task a finetune trains, from the view: ``task``, or
+    with ``--head`` its head version (:func:`llmattr.finetuning.head_task`; one that is not registered: the task's
+    own, renamed)."""
+    facts = view()["task_facts"]
     if head is None:
-        return facts, shape
-    name = head_name(facts)
-    return (known["task_facts"].get(name, {**facts, "name": name}),
-            known["task_shapes"].get(name, {**shape, "name": name}))
+        return facts[task]
+    name = head_name(facts[task])
+    return facts.get(name, {**facts[task], "name": name})
 
 
 def model_free_checks(task: str, loss: str, objective: str | None, settings: dict, data: Path | None,
@@ -56,11 +54,11 @@ def model_free_checks(task: str, loss: str, objective: str | None, settings: dic
     check_finetune(task, training_loss(loss, objective, known["losses"][0]), head, settings["permute_labels"],
                    settings["mask_augment"])
     check_schedule({**settings, "lora_r": lora_rank(settings["lora_r"], head)})
-    facts, shape = trained_task(task, head)
+    facts = trained_task(task, head)
     if data is None:
-        gold = sample_labels(facts, shape)
+        gold = sample_labels(facts)
     else:
-        facts, gold = check_file_examples(facts, shape, data, text_field, label_field, labels)
+        facts, gold = check_file_examples(facts, data, text_field, label_field, labels)
     if gold is not None and held_out_split(facts, head):  # finetuning.split's rows, balanced over the classes
         held_out_rows(settings["held_out"], len(gold))
         check_balanced(class_sizes(facts["label_words"] if facts["classifies"] else (), gold), settings["held_out"])

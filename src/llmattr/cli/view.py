@@ -35,8 +35,7 @@ def registered() -> dict:
     default"``, ...]}), ``tasks``, ``datasets``, ``groups`` ({group: datasets}), ``metrics`` and ``metric_options``
     ({name: {flag, type, default, valid, help, positive, check, metrics}}: check names the option's check hook where
     it is one of :mod:`llmattr.model_free`'s functions, else None; metrics, the metrics a ``lists_metrics`` option
-    may name, else None), ``scoring`` ({method: its default objective}),
-    ``objectives``, ``task_shapes`` ({task: :func:`llmattr.tasks.files.shape_of`}), ``outputs`` (the metrics'
+    may name, else None), ``scoring`` ({method: its default objective}), ``objectives``, ``outputs`` (the metrics'
     output names), ``losses`` and ``heads`` (``finetune``'s), ``takes`` ({method: its parameters}),
     ``layer_sweeps`` ({method: the parameter ``evaluate --layers`` sweeps}), ``source_methods`` (those that score
     sources), ``default_methods`` and ``default_datasets``
@@ -51,7 +50,6 @@ def registered() -> dict:
     from ..finetuning import HEADS, LOSSES
     from ..objectives import OBJECTIVES, contrastive
     from ..tasks import TASKS
-    from ..tasks.files import shape_of
 
     takers: dict[str, list[str]] = {}
     for name in methods.available():
@@ -75,7 +73,6 @@ def registered() -> dict:
         "scoring": {name: methods.REGISTRY[name].objective for name in methods.available()
                     if methods.REGISTRY[name].objective},
         "objectives": list(OBJECTIVES),
-        "task_shapes": {name: shape_of(TASKS[name]) for name in sorted(TASKS)},
         "outputs": sorted(OUTPUTS),
         "losses": list(LOSSES),
         "heads": list(HEADS),
@@ -127,10 +124,10 @@ def check_methods(names: list[str]) -> None:
 
 
 def check_task(name: str) -> dict:
-    """The shape of task ``name`` (what reading a file for it needs); an unknown name refused with
-    :func:`llmattr.tasks.get_task`'s line."""
+    """The facts of task ``name`` (:func:`llmattr.model_free.task_facts`: what reading a file for it needs among
+    them); an unknown name refused with :func:`llmattr.tasks.get_task`'s line."""
     known = view()
-    return known["task_shapes"][one_of(name, known["tasks"], "task")]
+    return known["task_facts"][one_of(name, known["tasks"], "task")]
 
 
 def check_objectives(names: list[str], objective: str | None) -> None:

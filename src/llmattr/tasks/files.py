@@ -30,24 +30,16 @@ def file_task(task: str | Task, labels: str | None = None) -> Task:
     return replace(task, label_words=words, label_map=mapping)
 
 
-def shape_of(task: Task) -> dict:
-    """What reading a file for ``task`` needs (:func:`llmattr.readers.shaped_rows`): its ``name``, ``fields``,
-    ``columns`` (field -> file column), ``label_field`` and whether it takes ``documents``; the CLI reads the same
-    from its view of the registries, without torch."""
-    return {"name": task.name, "fields": list(task.fields), "columns": dict(task.columns),
-            "label_field": task.label_field, "documents": task.documents}
-
-
 def read_file_texts(task: str | Task, path: str | Path, text_field: str | None = None,
                     documents_field: str | None = None) -> list[str | dict]:
     """The text of every row of ``path`` as :func:`llmattr.explain` takes it (:func:`llmattr.readers.row_texts`
-    with the task's shape)."""
-    return row_texts(shape_of(get_task(task)), path, text_field, documents_field)
+    with the task's facts: :func:`llmattr.model_free.task_facts`)."""
+    return row_texts(task_facts(get_task(task)), path, text_field, documents_field)
 
 
 def example_texts(task: Task, examples: list[dict]) -> list[str | dict]:
     """Each example's text as :func:`llmattr.explain` takes it (:func:`llmattr.readers.shaped_texts`)."""
-    return shaped_texts(shape_of(task), examples)
+    return shaped_texts(task_facts(task), examples)
 
 
 def read_file_examples(task: str | Task, path: str | Path, text_field: str | None = None,
@@ -60,8 +52,9 @@ def read_file_examples(task: str | Task, path: str | Path, text_field: str | Non
     """
     task = file_task(task, labels)
     path = Path(path)
-    rows, where, columns = shaped_rows(shape_of(task), path, text_field, label_field)
-    rows = file_rows(task_facts(task), path, rows, where, columns["label"])
+    facts = task_facts(task)
+    rows, where, columns = shaped_rows(facts, path, text_field, label_field)
+    rows, _ = file_rows(facts, path, rows, where, columns["label"])
     examples = []
     for i, (row, at) in enumerate(zip(rows, where, strict=True)):
         try:
