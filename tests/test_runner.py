@@ -222,6 +222,31 @@ def test_soft_rows_carry_mc_se_and_the_store_records_the_coupling(tiny_llama, tm
         assert se["expected_retained"] is None and se["soft_ns"] >= 0 and se["soft_nc"] >= 0
 
 
+def test_a_metric_added_to_a_store_computes_only_its_own_units(tiny_llama, tmp_path, shared_data):
+    """Issue 51: soft, then comp-suff into the same store without repeating soft's options: comp-suff's units alone
+    are computed (the stored explanation reused), the report holds both; the same option with another value is
+    refused, naming it; pi-soft records the retain rule its values were computed under."""
+    out = tmp_path / "a.sqlite"
+    base = dict(datasets=["sst2"], methods=["random"], n=1, out=str(out))
+    assert run(EvalConfig(metrics=["soft"], samples=2, **base), lm=tiny_llama, progress=False).computed == 1
+    with sqlite3.connect(out) as conn:
+        explanation = conn.execute("SELECT explanation FROM explanations").fetchall()
+    added = run(EvalConfig(metrics=["comp-suff"], **base), lm=tiny_llama, progress=False)
+    assert (added.computed, added.skipped, added.failed) == (1, 0, [])
+    with sqlite3.connect(out) as conn:
+        assert conn.execute("SELECT explanation FROM explanations").fetchall() == explanation
+        assert sorted(conn.execute("SELECT metric FROM done")) == [("comp-suff",), ("soft",)]
+    results, _ = build_report([out], tmp_path / "report", ("md",), catalog=catalog())
+    assert {"soft_ns", "comprehensiveness"} <= {row[0] for row in results.conn.execute("SELECT metric FROM results")}
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "Table 2: original Soft-NC/NS" in report and "- samples = 2" in report and "- removal = " in report
+    with pytest.raises(LlmattrError, match=r"other settings \(samples: stored 2 vs 3\)"):
+        run(EvalConfig(metrics=["soft"], samples=3, **base), lm=tiny_llama, progress=False)
+    assert run(EvalConfig(metrics=["pi-soft"], samples=2, **base), lm=tiny_llama, progress=False).computed == 1
+    build_report([out], tmp_path / "r2", ("md",), catalog=catalog())
+    assert '- retain_rule = "exact" (pi-Soft' in (tmp_path / "r2" / "report.md").read_text()
+
+
 def test_ranking_adapters_rows(tiny_llama, monkeypatch):
     """deletion-insertion / comp-suff / log-odds rows match one ranking_metrics call (gold label -> accuracy)."""
     from dataclasses import replace

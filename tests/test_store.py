@@ -53,8 +53,10 @@ def test_refuses_other_settings_version_and_files(tmp_path):
     path = tmp_path / "r.sqlite"
     with Store(path) as store:
         store.check_settings("tiny", {"samples": 15, "seed": 0})
+        store.write(unit(), "{}", 0.1, outputs())
         store.check_settings("other-model", {"samples": 3, "seed": 0})  # settings are per model
-        with pytest.raises(LlmattrError, match=r"samples: stored 15 vs 30.*another --out"):
+        with pytest.raises(LlmattrError, match=r"\(samples: stored 15 vs 30\); rerun with the stored settings or "
+                                               r"write to another --out file$"):
             store.check_settings("tiny", {"samples": 30, "seed": 0})
         store.conn.execute("UPDATE meta SET value = '0.0.1' WHERE key = 'llmattr_version'")
         store.conn.commit()
@@ -166,7 +168,7 @@ def schema_2_store(path, version: str):
 
 def test_a_schema_2_store_is_read_and_migrated_on_write(tmp_path):
     """Old stores keep reading: a schema 2 store (x column named pi) merges with a new one, and a run of the same
-    llmattr version writing to it renames the column in place (schema 4) and resumes."""
+    llmattr version writing to it renames the column in place (schema 5) and resumes."""
     from llmattr.version import __version__
 
     old, new = tmp_path / "r.rank0.sqlite", tmp_path / "r.rank1.sqlite"
@@ -185,11 +187,11 @@ def test_a_schema_2_store_is_read_and_migrated_on_write(tmp_path):
         store.write(unit("ex-3"), "{}", 0.1, outputs())
         columns = [c[1] for c in store.conn.execute("PRAGMA table_info(results)")]
         schema = store.conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
-    assert "x" in columns and "pi" not in columns and schema == "4"
+    assert "x" in columns and "pi" not in columns and schema == "5"
     assert len(list(Results([old]).values("tiny", "pi_soft_ns", "dynamic"))) == 4
     other = tmp_path / "other.sqlite"
     schema_2_store(other, "0.0.1")
-    with pytest.raises(LlmattrError, match="schema 2, this llmattr reads schema 4"):
+    with pytest.raises(LlmattrError, match="schema 2, this llmattr reads schema 5"):
         Store(other)  # another version's old store is read, never written
     assert len(list(Results([other]).values("tiny", "pi_soft_ns", "dynamic"))) == 2
 
@@ -217,7 +219,7 @@ def test_a_schema_3_store_reads_target_as_objective_and_resumes(tmp_path):
     """Old stores keep reading after the method parameter ``target`` was renamed ``objective`` (issue 22): a
     schema 3 store's params key reads as the new one (values, explanations, labels, merging with a new shard of
     the same run), reading changes nothing, and a run of the same version writing to it renames the key in place
-    (schema 4) so that ``input-x-gradient:objective=logit`` (or ``:target=logit``) finds its units done."""
+    (schema 5) so that ``input-x-gradient:objective=logit`` (or ``:target=logit``) finds its units done."""
     from llmattr.evaluation.method_specs import parse_method
     from llmattr.version import __version__
 
@@ -247,11 +249,11 @@ def test_a_schema_3_store_reads_target_as_objective_and_resumes(tmp_path):
         keys = {r[0] for table in ("explanations", "done", "results")
                 for r in store.conn.execute(f"SELECT params FROM {table}")}
         schema = store.conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
-    assert keys == {NEW_PARAMS} and schema == "4"
+    assert keys == {NEW_PARAMS} and schema == "5"
     assert len(list(Results([old]).values("tiny", "pi_soft_ns", "dynamic"))) == 2
     other = tmp_path / "other.sqlite"
     schema_3_store(other, "0.0.1")
-    with pytest.raises(LlmattrError, match="schema 3, this llmattr reads schema 4"):
+    with pytest.raises(LlmattrError, match="schema 3, this llmattr reads schema 5"):
         Store(other)  # another version's old store is read, never written
     assert {r[2] for r in Results([other]).values("tiny", "pi_soft_ns", "dynamic")} == {NEW_PARAMS}
 
@@ -283,3 +285,75 @@ def test_a_store_whose_model_card_names_the_loss_objective_reads_merges_and_resu
     assert results.settings("tiny") == settings
     note = card_notes(results.settings("tiny")["model_card"])[0]
     assert "(label loss, seed 0) on 4 training rows of toy.jsonl" in note
+
+
+def test_a_store_grows_by_the_settings_of_new_metrics(tmp_path):
+    """A metric added later brings its own options: only a setting both runs give with two values refuses."""
+    with Store(tmp_path / "r.sqlite") as store:
+        store.check_settings("tiny", {"seed": 0, "samples": 2, "coupling": "coupled"})
+        store.write(unit(), "{}", 0.1, outputs())
+        store.check_settings("tiny", {"seed": 0, "removal": "zero"})  # comp-suff after pi-soft: grows
+        assert store.settings("tiny") == {"seed": 0, "samples": 2, "coupling": "coupled", "removal": "zero"}
+        store.check_settings("tiny", {"seed": 0, "samples": 2})  # pi-soft again, the same options
+        with pytest.raises(LlmattrError, match=r"\(removal: stored 'zero' vs 'mask'\)"):
+            store.check_settings("tiny", {"seed": 0, "removal": "mask"})
+        with pytest.raises(LlmattrError, match=r"\(seed: stored 0 vs 1\)"):
+            store.check_settings("tiny", {"seed": 1})
+        assert store.settings("tiny")["removal"] == "zero"  # a refused run records nothing
+
+
+def test_a_store_holding_nothing_takes_the_next_settings(tmp_path):
+    """A run whose every unit failed (or that stopped before its first unit) stores no value: its settings do not
+    bind the next run."""
+    with Store(tmp_path / "r.sqlite") as store:
+        store.check_settings("tiny", {"seed": 0, "samples": 2})
+        store.fail(unit(), "boom")
+        store.check_settings("tiny", {"seed": 3, "samples": 5})
+        assert store.settings("tiny") == {"seed": 3, "samples": 5}
+
+
+def test_reports_merge_stores_of_different_metrics_but_not_conflicts(tmp_path):
+    a, b, c = (tmp_path / f"{name}.sqlite" for name in "abc")
+    for path, settings in ((a, {"seed": 0, "samples": 2}), (b, {"seed": 0, "removal": "zero"}),
+                           (c, {"seed": 0, "removal": "mask"})):
+        with Store(path) as store:
+            store.check_settings("tiny", settings)
+            store.write(unit(path.stem), "{}", 0.1, outputs())
+    assert Results([a, b]).settings("tiny") == {"seed": 0, "samples": 2, "removal": "zero"}
+    with pytest.raises(LlmattrError, match=r"other settings for tiny .*\(removal: stored 'zero' vs 'mask'\)"):
+        Results([a, b, c])
+
+
+def legacy_store(path, schema: str, metric: str = "pi-soft", settings: str = '{"samples": 2, "seed": 0}'):
+    """A store as llmattr wrote it before it recorded the retain rule (schema <= 4)."""
+    with Store(path) as store:
+        store.conn.execute("INSERT INTO settings VALUES ('tiny', ?)", (settings,))
+        store.write(unit(), "{}", 0.1, [MetricOutput(metric, "dynamic", 1.0, [Row("x", 0.5)])])
+        store.conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (schema,))
+        store.conn.commit()
+
+
+@pytest.mark.parametrize("schema", ["3", "4"])
+def test_old_stores_are_labelled_with_the_clip_rule_and_never_mixed(tmp_path, schema):
+    old, new = tmp_path / "old.sqlite", tmp_path / "new.sqlite"
+    legacy_store(old, schema)
+    assert Results([old]).settings("tiny") == {"samples": 2, "seed": 0, "retain_rule": "clip"}
+    with Store(new) as store:
+        store.check_settings("tiny", {"samples": 2, "seed": 0, "retain_rule": "exact"})
+        store.write(unit("ex-2"), "{}", 0.1, outputs())
+    with pytest.raises(LlmattrError, match=r"old.sqlite has other settings for tiny than the stores before it "
+                                           r"\(retain_rule: stored 'exact' vs 'clip'\); report them separately"):
+        Results([old, new])  # merged in the order of their names
+    with Store(old) as store:  # written again: brought to the current schema, the rule recorded
+        assert store.conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == "5"
+        assert store.settings("tiny")["retain_rule"] == "clip"
+        with pytest.raises(LlmattrError, match=r"\(retain_rule: stored 'clip' vs 'exact'\); its values were "
+                                               r"computed under another rule of the code \(retain_rule 'clip': "
+                                               r"pi-Soft's alpha search on s clipped .*\): write to another --out"):
+            store.check_settings("tiny", {"samples": 2, "seed": 0, "retain_rule": "exact"})
+        store.check_settings("tiny", {"seed": 0, "removal": "zero"})  # a metric without the rule: it grows
+
+
+def test_old_stores_without_a_searched_metric_record_no_rule(tmp_path):
+    legacy_store(tmp_path / "old.sqlite", "4", metric="comp-suff", settings='{"removal": "zero", "seed": 0}')
+    assert Results([tmp_path / "old.sqlite"]).settings("tiny") == {"removal": "zero", "seed": 0}

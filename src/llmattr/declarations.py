@@ -67,6 +67,20 @@ def current_card(card: Mapping) -> dict:
     return out
 
 
+# The rules of the code that stored values depend on, recorded in a store's settings by the metrics that use them
+# (``Metric.rules``), so that a store never mixes values of two rules and a report says which one it shows.
+RETAIN_RULE = "retain_rule"
+RULES = {RETAIN_RULE: "exact"}  # each rule's current version
+RULE_VERSIONS = {
+    (RETAIN_RULE, "exact"): "pi-Soft's alpha search without a clip: mean(s^alpha) = pi solved exactly, the limits "
+                            "filled (docs/faithfulness.md); invariant to s -> s^c",
+    (RETAIN_RULE, "clip"): "pi-Soft's alpha search on s clipped to [1e-6, 1 - 1e-6] (stores of schema <= 4); not "
+                           "invariant to s -> s^c, no longer computed",
+}
+# The metrics whose values a store of schema <= 4 computed under the clip (the rule was not recorded then).
+CLIPPED_METRICS = ("pi-soft", "source-soft", "reliability")
+
+
 def method_label(name: str, params: dict | str, defaults: Mapping | None) -> str:
     """``name`` plus the parameters that differ from the method's ``defaults`` (all of them if unknown)."""
     params = current_params(json.loads(params) if isinstance(params, str) else params)

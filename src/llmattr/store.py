@@ -3,9 +3,11 @@
 Tables (docs/evaluate.md):
 
 - ``meta``: store schema version and the llmattr version that created the file.
-- ``settings``: per model, the run settings that change metric values (samples, seed, metric options) and
-  the facts of a fine-tuned model's card, read under their current names (:func:`current_settings`).
-  A run whose settings differ from the stored ones for the same model is refused, never mixed.
+- ``settings``: per model, the run settings that change metric values (samples, seed, metric options), the rules of
+  the code the metrics' values depend on (:data:`~llmattr.declarations.RULES`: pi-Soft's ``retain_rule``) and the
+  facts of a fine-tuned model's card, read under their current names (:func:`current_settings`). A store grows: a
+  run adds the settings of its metrics to those stored (:meth:`Store.check_settings`), and is refused, never mixed,
+  only where a setting both give has two values (the same metric option, the seed, a rule).
 - ``explanations``: one Explanation JSON and its attribution time per (model, dataset, example, method,
   params).
 - ``done``: one row per finished (model, dataset, example, method, params, metric, routing) with the
@@ -19,7 +21,8 @@ Tables (docs/evaluate.md):
   steps". Stores of an older schema (:data:`LEGACY`: 2, whose ``x`` column was named ``pi``; 2 and 3, whose
   method ``params`` name the objective ``target``) are read as if they were new (the params through
   :func:`~llmattr.declarations.current_params`) and changed in place when a run of the same version writes to them
-  again.
+  again; a store of schema <= 4 recorded no retain rule, so where it holds values of a metric that searched pi-Soft's
+  alpha then (:data:`~llmattr.declarations.CLIPPED_METRICS`) its settings read ``retain_rule = "clip"``.
   ``mc_se`` is the value's Monte-Carlo standard error over samples (NULL for deterministic metrics).
 
 Every finished (example, method) is written in one transaction, so a process killed at any moment
@@ -49,13 +52,23 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
-from .declarations import RENAMED_PARAMS, current_card, current_params, method_label
+from .declarations import (
+    CLIPPED_METRICS,
+    RENAMED_PARAMS,
+    RETAIN_RULE,
+    RULE_VERSIONS,
+    RULES,
+    current_card,
+    current_params,
+    method_label,
+)
 from .errors import LlmattrError
 from .version import __version__
 
 DEFAULT_ORDER = 100  # a dataset's place in the report when its task gives none (``Task.report_order``)
-SCHEMA_VERSION = 4  # 2: results.mc_se; 3: results.pi renamed x (every metric's x axis); 4: params' target: objective
-LEGACY = {"2": "pi", "3": "x"}  # an older schema still read -> the name its x column had (params: the old names)
+SCHEMA_VERSION = 5  # 2: results.mc_se; 3: results.pi renamed x (every metric's x axis); 4: params' target: objective;
+# 5: settings record the rules of the code (retain_rule)
+LEGACY = {"2": "pi", "3": "x", "4": "x"}  # an older schema still read -> the name its x column had
 NONE = -1  # sentinel for "no x" / "no step" (primary-key columns cannot hold NULL duplicates)
 KEY = ("model", "dataset", "example", "method", "params")
 
@@ -105,6 +118,22 @@ def current_settings(text: str) -> dict:
     if "model_card" in settings:
         settings["model_card"] = current_card(settings["model_card"])
     return settings
+
+
+def clip_rule(settings: dict, metrics: Iterable[str]) -> dict:
+    """The settings of a model in a store of schema <= 4, which recorded no retain rule: where the store holds values
+    of a metric that searched pi-Soft's alpha then (``metrics``: its stored metric names), they were computed on
+    scores clipped to [1e-6, 1 - 1e-6], so its settings say ``retain_rule = "clip"``."""
+    if RETAIN_RULE in settings or not set(metrics) & set(CLIPPED_METRICS):
+        return settings
+    return {**settings, RETAIN_RULE: "clip"}
+
+
+def legacy_settings(conn: sqlite3.Connection) -> dict[str, dict]:
+    """Every model's settings in a store of schema <= 4 (:func:`current_settings`, :func:`clip_rule`)."""
+    return {model: clip_rule(current_settings(text), (row[0] for row in conn.execute(
+        "SELECT DISTINCT metric FROM done WHERE model = ?", (model,))))
+        for model, text in conn.execute("SELECT model, settings FROM settings").fetchall()}
 
 
 def _current_keys(conn: sqlite3.Connection) -> None:
@@ -158,10 +187,21 @@ class MetricOutput:
     rows: list[Row] = field(default_factory=list)
 
 
-def _diff(old: dict, new: dict) -> str:
-    keys = sorted(set(old) | set(new))
-    return ", ".join(f"{k}: stored {old.get(k)!r} vs {new.get(k)!r}"
-                     for k in keys if old.get(k) != new.get(k))
+def conflicts(old: dict, new: dict) -> str:
+    """The settings both give with two values, as ``key: stored OLD vs NEW`` ('' when none). A setting only one
+    side gives is no conflict: it belongs to a metric the other side did not run."""
+    return ", ".join(f"{k}: stored {old[k]!r} vs {new[k]!r}" for k in sorted(set(old) & set(new)) if old[k] != new[k])
+
+
+def conflict_advice(old: dict, new: dict) -> str:
+    """What to do about a conflict: another rule of the code cannot be rerun, another option value can."""
+    rules = [k for k in sorted(set(old) & set(new) & set(RULES)) if old[k] != new[k]]
+    if rules:
+        rule = rules[0]
+        return (f"its values were computed under another rule of the code ({rule} {old[rule]!r}: "
+                f"{RULE_VERSIONS.get((rule, old[rule]), 'unknown to this llmattr')}): write to another --out file "
+                "(llmattr report still reads this one)")
+    return "rerun with the stored settings or write to another --out file"
 
 
 def _where(columns: tuple[str, ...]) -> str:
@@ -225,7 +265,10 @@ def _check_meta(conn: sqlite3.Connection, path: str | Path, write: bool) -> str 
         if not write:
             return LEGACY[meta["schema"]]
         _current_keys(conn)
+        recorded = legacy_settings(conn)  # 4 -> 5: the retain rule its pi-Soft values were computed under
         with conn:
+            conn.executemany("UPDATE settings SET settings = ? WHERE model = ?",
+                             [(json.dumps(settings, sort_keys=True), model) for model, settings in recorded.items()])
             if LEGACY[meta["schema"]] != "x":  # schema 2 -> 3: the column's name
                 conn.execute(f"ALTER TABLE results RENAME COLUMN {LEGACY[meta['schema']]} TO x")
             for table in ("explanations", "done", "results"):  # 3 -> 4: the parameters' names in the key
@@ -286,17 +329,23 @@ class Store:
         return None if row is None else current_settings(row[0])
 
     def check_settings(self, model: str, settings: dict) -> None:
-        """Record ``settings`` for ``model`` or refuse if the store holds different ones."""
+        """Record ``settings`` for ``model``: added to the stored ones (a store grows by the settings of the metrics
+        a run adds), or in their place where nothing of ``model`` is stored yet; refused in one line where a setting
+        both give has two values (:func:`conflicts`)."""
         stored = self.settings(model)
-        if stored is None:
-            with self.conn:
-                self.conn.execute("INSERT INTO settings VALUES (?, ?)",
-                                  (model, json.dumps(settings, sort_keys=True)))
-            return
-        if stored != settings:
-            raise LlmattrError(f"{self.path} holds results for {model} with other settings "
-                               f"({_diff(stored, settings)}); rerun with the stored settings or write to "
-                               "another --out file")
+        if stored is not None and self.holds(model):
+            clash = conflicts(stored, settings)
+            if clash:
+                raise LlmattrError(f"{self.path} holds results for {model} with other settings ({clash}); "
+                                   f"{conflict_advice(stored, settings)}")
+            settings = {**stored, **settings}
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO settings VALUES (?, ?)",
+                              (model, json.dumps(settings, sort_keys=True)))
+
+    def holds(self, model: str) -> bool:
+        """Whether anything of ``model`` is stored (an explanation; a run whose every unit failed stores none)."""
+        return self.conn.execute("SELECT 1 FROM explanations WHERE model = ? LIMIT 1", (model,)).fetchone() is not None
 
     def done(self, unit: Unit) -> set[tuple[str, str]]:
         """The (metric, routing) pairs already finished for ``unit``."""
@@ -390,12 +439,15 @@ class Results:
 
     def _merge(self, path: Path) -> None:
         src, legacy = open_read_only(path)
-        for model, text in src.execute("SELECT model, settings FROM settings"):
-            settings = current_settings(text)
-            if self._settings.setdefault(model, settings) != settings:
-                raise LlmattrError(f"{path} has other settings for {model} than the stores before it "
-                                   f"({_diff(self._settings[model], settings)}); report them separately")
+        stored = legacy_settings(src) if legacy else {
+            model: current_settings(text) for model, text in src.execute("SELECT model, settings FROM settings")}
         src.close()
+        for model, settings in stored.items():
+            clash = conflicts(self._settings.get(model, {}), settings)
+            if clash:
+                raise LlmattrError(f"{path} has other settings for {model} than the stores before it ({clash}); "
+                                   "report them separately")
+            self._settings[model] = {**self._settings.get(model, {}), **settings}
         self.conn.execute("ATTACH DATABASE ? AS src", (str(path),))
         read = {"params": "current_key(s.params)", "x": f"s.{legacy}"} if legacy else {}  # a legacy store's names
         with self.conn:

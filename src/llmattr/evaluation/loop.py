@@ -20,6 +20,7 @@ import torch
 from rich import progress as rp
 
 from ..api import attribute, prepare
+from ..declarations import RULES
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..faithfulness import Metric, MetricContext, get_metrics
@@ -58,12 +59,15 @@ class _Pending:
 
 
 def run_settings(cfg: EvalConfig, metrics: list[Metric], lm: LoadedModel, card: dict | None = None) -> dict:
-    """The settings that change stored values (a store refuses a run whose settings differ), plus the
-    model's number of layers (``layers=all`` in the Fig. 5 sweep) and a fine-tuned model's card facts."""
+    """The settings that change stored values: the explanations' (seed, target, ...) and the options and rules of
+    the code (:data:`~llmattr.declarations.RULES`) of ``metrics`` (a store refuses a run where a setting it holds
+    has another value), plus the model's number of layers (``layers=all`` in the Fig. 5 sweep) and a fine-tuned
+    model's card facts."""
     keys = sorted({"seed", "max_new_tokens", "target", "scope", *(k for m in metrics for k in m.option_names)})
     text_config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
     n_layers = getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "n_layer", None)
     return {"n_layers": n_layers, **{key: cfg.option(key) for key in keys},
+            **{rule: RULES[rule] for m in metrics for rule in m.rules},
             **({"model_card": card_facts(card)} if card else {})}
 
 

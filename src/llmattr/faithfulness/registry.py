@@ -123,6 +123,7 @@ class Metric:
     outputs: tuple[str, ...] = ()
     result: Callable[[MetricContext, str, tuple[str, ...]], object] | None = None
     keywords: tuple[str, ...] = ()
+    rules: tuple[str, ...] = ()  # rules of the code its values depend on (declarations.RULES), recorded in the store
 
     @property
     def option_names(self) -> tuple[str, ...]:

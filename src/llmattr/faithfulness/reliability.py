@@ -33,7 +33,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from ..declarations import DISRUPTIVE, MINOR, PERTURBED_SEP, UNPERTURBED
+from ..declarations import DISRUPTIVE, MINOR, PERTURBED_SEP, RETAIN_RULE, UNPERTURBED
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..model_free import metric_list
@@ -142,5 +142,6 @@ def _rows(ctx: MetricContext, routing: str) -> list[Row]:
 
 register(Metric(
     "reliability", _rows, options=("seed",), declares=(RELIABILITY_OF, POWER, *SOFT_OPTIONS, REMOVAL),
+    rules=(RETAIN_RULE,),
     summary="metric reliability: resilience to minor and reactivity to disruptive score perturbations "
             "(MetaQuantus, Hedström et al. 2023); the report's trust section"))

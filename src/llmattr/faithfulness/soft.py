@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checks import ROUTINGS, one_of, positive_int
-from ..declarations import FigureSpec, MetricRow, TableSpec
+from ..declarations import RETAIN_RULE, FigureSpec, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
@@ -454,7 +454,7 @@ CURVE_ROWS = (MetricRow("pi_soft_ns", "π-Soft-NS", True), MetricRow("pi_soft_nc
 AUC_ROWS = (MetricRow("pi_soft_ns_auc", "AUC π-Soft-NS", True), MetricRow("pi_soft_nc_auc", "AUC π-Soft-NC", True))
 register(Metric(
     "pi-soft", lambda ctx, routing: _rows(ctx, routing, curves=True),
-    options=("seed",), declares=SOFT_OPTIONS, routed=True, outputs=OUTPUTS, result=_result,
+    options=("seed",), declares=SOFT_OPTIONS, routed=True, outputs=OUTPUTS, result=_result, rules=(RETAIN_RULE,),
     keywords=("pis", "mode", "scope", "batch_size"),
     summary="pi-Soft-NC/NS curves over pi = 0.05..0.95 and their AUC (paper 000 eq. 7; Tables 1, 8)",
     tables=(TableSpec("table1_pi_soft_auc", "Table 1: AUC of π-Soft-NC/NS curves (dynamic routing)",

@@ -34,7 +34,7 @@ import torch
 from scipy import stats as sps
 
 from .. import objectives
-from ..declarations import MetricRow, TableSpec
+from ..declarations import RETAIN_RULE, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
@@ -213,7 +213,7 @@ def _gold_rows(ctx: MetricContext, routing: str) -> list[Row]:
 SOURCE_TABLE = "Per example, the method's scores summed per source; mean over examples, 95% CIs and paired " \
                "tests against the random control."
 register(Metric(
-    "source-soft", _soft_rows, options=("seed",), declares=SOFT_OPTIONS,
+    "source-soft", _soft_rows, options=("seed",), declares=SOFT_OPTIONS, rules=(RETAIN_RULE,),
     summary="pi-Soft-NC/NS with the Bernoulli masks over sources (paper 000 eq. 7 at source level)",
     tables=(TableSpec("table_source_pi_soft", "π-Soft-NC/NS over sources (AUC)", SOURCE_TABLE, "datasets_by_methods",
                       (MetricRow("source_pi_soft_ns_auc", "AUC π-Soft-NS (sources)", True),

@@ -11,6 +11,7 @@ import re
 from collections import defaultdict
 
 from .. import stats
+from ..declarations import RULE_VERSIONS, RULES
 from ..store import Results
 from .model import MARKS, Cell, Table
 
@@ -155,6 +156,7 @@ def settings_lines(results: Results, model: str, resamples: int = stats.RESAMPLE
         f"{name(d)} {'-'.join(map(str, sorted({min(steps[d]), max(steps[d])})))}" for d in datasets) + ")",
                  "n_layers": "unknown"}
     lines = [f"{k} = {json.dumps(v) if v is not None else effective.get(k, 'default')}"
+             + (f" ({RULE_VERSIONS[k, v]})" if k in RULES and (k, v) in RULE_VERSIONS else "")
              for k, v in sorted(results.settings(model).items())]
     lines.append("examples (n) = " + ", ".join(f"{results.dataset_name(d)} {len(examples[d])}" for d in datasets))
     lines.append(f"statistics = mean over examples, 95% BCa bootstrap interval ({resamples} resamples, seed "
