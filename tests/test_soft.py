@@ -24,12 +24,12 @@ from llmattr.faithfulness.soft import (
     hellinger,
     mc_errors,
     mc_seed,
+    reachable,
     reagent_distance,
     soft_samples,
     transform,
 )
 from llmattr.prompting import build_prompt
-from llmattr.scores import clip_for_search
 from llmattr.targets import Target
 from llmattr.tasks import get_task
 
@@ -122,15 +122,83 @@ ADVERSARIAL = [
 ]
 
 
-@pytest.mark.parametrize("s", ADVERSARIAL + [torch.rand(m, generator=torch.Generator().manual_seed(m))
-                                             for m in (1, 2, 5, 40, 300)])
-def test_alpha_search_hits_every_pi(s):
+def with_limits(m: int, seed: int) -> torch.Tensor:
+    """Random retain probabilities with exact 0s, exact 1s and ties (min-max always makes one 0 and one 1)."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.rand(m, generator=g, dtype=torch.float64)
+    kind = torch.randint(0, 5, (m,), generator=g)
+    s = torch.where(kind == 0, 0.0, torch.where(kind == 1, 1.0, torch.where(kind == 2, 0.25, s)))
+    if m > 1:
+        s[:2] = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    return s
+
+
+RANDOM = [with_limits(m, seed) for m in (1, 2, 5, 40, 1000) for seed in range(3)]
+
+
+@pytest.mark.parametrize("s", ADVERSARIAL + RANDOM + [torch.rand(m, generator=torch.Generator().manual_seed(m))
+                                                      for m in (1, 2, 5, 40, 300)])
+def test_transform_hits_every_pi(s):
+    """mean(s~) = pi within the search tolerance for every pi of the grid, in both fill regimes too; s~ in [0, 1]."""
     pis = check_pis(None)
+    s_tilde = transform(s, pis)
+    assert (s_tilde.mean(-1) - pis).abs().max() <= 1e-4
+    assert ((s_tilde >= 0) & (s_tilde <= 1)).all()
     alpha = alpha_search(s, pis)
-    reached = (clip_for_search(s.double())[None] ** alpha[:, None]).mean(-1)
-    assert (reached - pis).abs().max() <= 1e-4
-    assert (alpha >= 0).all()
-    torch.testing.assert_close(transform(s, pis).mean(-1), reached)
+    lower, upper = reachable(s.double())
+    inside = (pis > lower) & (pis < upper)
+    assert (alpha[inside] >= 0).all() and alpha[~inside].isnan().all()
+    torch.testing.assert_close(s_tilde[inside], s.double()[None] ** alpha[inside, None], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("s", RANDOM + [torch.tensor([0.0, 1.0]), torch.tensor([0.3]), torch.tensor([0.0]),
+                                        torch.tensor([1.0]), torch.tensor([0.0, 0.5, 0.5, 1.0])])
+@pytest.mark.parametrize("c", [0.25, 0.5, 2.0, 4.0])
+def test_transform_is_invariant_to_powers_of_the_scores(s, c):
+    """Paper 000's promise, exactly: s and s**c give the same s~ (alpha -> alpha / c), so the same coupled masks."""
+    pis = check_pis(None)
+    s = s.double()
+    same, powered = transform(s, pis), transform(s**c, pis)
+    assert (same - powered).abs().max() <= 1e-12
+    masks = [draw_masks(t, 15, torch.Generator().manual_seed(7)) for t in (same, powered)]
+    assert all(torch.equal(masks[0][f], masks[1][f]) for f in ("ns", "nc"))
+    lower, upper = reachable(s)
+    inside = (pis > lower) & (pis < upper)
+    torch.testing.assert_close(alpha_search(s**c, pis)[inside] * c, alpha_search(s, pis)[inside], rtol=1e-12, atol=0)
+
+
+def test_transform_fills_beyond_the_limits_by_hand():
+    """s = (0, 0, 0.5, 1): limits o/m = 0.25 and (m - z)/m = 0.5. Above 0.5 the two zeros share the rest,
+    q = (pi m - 2) / 2; below 0.25 the one-token alone keeps pi m; between, 0.25 + 0.5**alpha / 4 = pi."""
+    s = torch.tensor([0.0, 0.0, 0.5, 1.0], dtype=torch.float64)
+    pis = torch.tensor([0.1, 0.25, 0.375, 0.5, 0.75, 0.95], dtype=torch.float64)
+    got = transform(s, pis, tol=1e-13)
+    expected = torch.tensor([[0, 0, 0, 0.4], [0, 0, 0, 1], [0, 0, 0.5, 1], [0, 0, 1, 1], [0.5, 0.5, 1, 1],
+                             [0.9, 0.9, 1, 1]], dtype=torch.float64)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(alpha_search(s, pis, tol=1e-13)[2], torch.tensor(1.0, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("s", RANDOM[3:] + [torch.tensor([0.0, 0.0, 0.5, 1.0])])
+def test_transform_is_continuous_in_pi_at_the_limits(s):
+    """Each fill meets the limit of s**alpha at its end: pi just inside and at a limit give s~ within O(gap)."""
+    s = s.double()
+    for limit in reachable(s):
+        if not 0 < limit < 1:
+            continue
+        for gap in (1e-4, 1e-6):
+            near = torch.tensor([limit - gap, limit, limit + gap], dtype=torch.float64).clamp(1e-9, 1 - 1e-9)
+            rows = transform(s, near, tol=1e-12)
+            assert (rows[0] - rows[1]).abs().max() <= 100 * gap * s.numel() ** 0.5 + 1e-9
+            assert (rows[2] - rows[1]).abs().max() <= 100 * gap * s.numel() ** 0.5 + 1e-9
+
+
+@pytest.mark.parametrize("s", RANDOM)
+def test_transform_is_monotone_in_s(s):
+    """A token with a larger score is never kept with a smaller probability, at every pi."""
+    order = s.double().argsort(stable=True)
+    s_tilde = transform(s, check_pis(None))[:, order]
+    assert (s_tilde.diff(dim=-1) >= -1e-15).all()
 
 
 def test_alpha_search_length_one_is_analytic():
@@ -446,3 +514,20 @@ def test_evaluate_real_explanation(smollm):
     data = result.to_dict()
     assert 0 <= data["metrics"]["soft_ns"] <= 1 and data["metrics"]["soft_nc"] >= 0
     assert math.isfinite(data["metrics"]["pi_soft_nc"]["auc"])
+
+
+@pytest.mark.parametrize("c", [0.5, 2.0, 3.0])
+def test_pi_soft_curves_of_s_and_its_powers_are_equal_through_the_public_api(tiny_llama, c):
+    """Issue 48's acceptance: from_scores with s (exact 0s and 1s) and with s**c, evaluated with the same seed,
+    give the same pi-Soft-NC/NS curves to 1e-9 (the clip of earlier versions moved them by up to 0.07)."""
+    import llmattr
+
+    expl = llmattr.explain(TEXT, model=tiny_llama, method="random", task="generate", answer=" over the")
+    n_span = expl.span[1] - expl.span[0]
+    s = with_limits(n_span, 11)[None].repeat(len(expl.steps), 1)
+    curves = []
+    for scores in (s, s**c):
+        given = llmattr.from_scores(TEXT, scores.numpy(), model=tiny_llama, task="generate", answer=" over the")
+        result = llmattr.evaluate(given, tiny_llama, samples=4, seed=5, step_stride=1, progress=False).to_dict()
+        curves.append([result["metrics"][name]["values"] for name in ("pi_soft_ns", "pi_soft_nc")])
+    assert max(abs(a - b) for x, y in zip(*curves, strict=True) for a, b in zip(x, y, strict=True)) <= 1e-9

@@ -10,7 +10,6 @@ import torch
 
 from .errors import LlmattrError
 
-CLIP = 1e-6
 CONSTANT_WARNING = "constant or all-zero scores mapped to uniform 0.5"
 
 
@@ -39,8 +38,8 @@ def retain_probs(raw: torch.Tensor, signed: bool) -> tuple[torch.Tensor, list[st
     """Map raw scores ``(..., m)`` to retain probabilities in [0, 1] per step (last axis = tokens).
 
     Rule: signed scores keep their positive part; then min-max over the content span; a constant or
-    all-zero vector becomes uniform 0.5 (a warning is returned). Clipping to [1e-6, 1 - 1e-6] for the
-    alpha search is :func:`clip_for_search`'s job, so exact 0s and 1s stay visible here.
+    all-zero vector becomes uniform 0.5 (a warning is returned). Exact 0s and 1s stay: pi-Soft's alpha search
+    (:func:`llmattr.faithfulness.soft.transform`) reads them as the limits of ``s**alpha``, with no clip.
     """
     check_finite(raw)
     x = raw.clamp_min(0) if signed else raw
@@ -48,8 +47,3 @@ def retain_probs(raw: torch.Tensor, signed: bool) -> tuple[torch.Tensor, list[st
     out = torch.where(constant[..., None], torch.full_like(x, 0.5), minmax(x))
     warnings = [CONSTANT_WARNING] if bool(constant.any()) else []
     return out, warnings
-
-
-def clip_for_search(s: torch.Tensor) -> torch.Tensor:
-    """Clip retain probabilities to [1e-6, 1 - 1e-6] so every pi in (0, 1) is reachable by s**alpha."""
-    return s.clamp(CLIP, 1 - CLIP)

@@ -33,7 +33,7 @@ from ..declarations import RETAIN_RULE, FigureSpec, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..models.loading import LoadedModel
-from ..scores import check_finite, clip_for_search
+from ..scores import check_finite
 from ..stats import mc_standard_error, stable_seed
 from ..store import Row
 from ..targets import Target, visible
@@ -54,7 +54,7 @@ D0_MIN = 1e-6  # below this the zero baseline does not move the output: Soft-NC/
 MODES = ("paper", "reagent")
 OUTPUTS = ("pi-soft-nc", "pi-soft-ns", "soft-nc", "soft-ns")  # the pi-soft metric's parts, by family
 COUPLINGS = ("coupled", "independent")
-LOG_ALPHA_RANGE = (-30.0, 30.0)  # alpha in [1e-13, 1e13]: covers every pi in (0, 1) after clipping
+LOG_ALPHA_RANGE = (-60.0, 60.0)  # beta = alpha L in [1e-26, 1e26]: every pi strictly inside the reachable limits
 
 # the options of the soft metrics (pi-soft and soft read all three: one declaration each, :class:`Option`)
 SAMPLES = Option("samples", 15, "Monte-Carlo samples per pi", positive=True)
@@ -89,20 +89,43 @@ def check_pis(pis) -> torch.Tensor:
     return grid
 
 
-def alpha_search(s: torch.Tensor, pis: torch.Tensor, tol: float = ALPHA_TOL) -> torch.Tensor:
-    """``alpha`` per pi with ``|mean(s**alpha) - pi| <= tol`` (paper 000 eq. 7), by bisection on log alpha.
+def reachable(s: torch.Tensor) -> tuple[float, float]:
+    """The limits of ``mean(s**alpha)`` over ``alpha`` in (0, inf): ``o/m`` as alpha grows (only the o exact 1s
+    keep weight) and ``(m - z)/m`` as it falls to 0 (every token but the z exact 0s reaches 1)."""
+    m = s.numel()
+    return float((s == 1).sum()) / m, 1 - float((s == 0).sum()) / m
 
-    ``s`` (m,) is clipped to [1e-6, 1 - 1e-6] first (:func:`llmattr.scores.clip_for_search`), so
-    ``mean(s**alpha)`` falls strictly from ~1 to ~0 as alpha grows and every pi in (0, 1) is reached.
-    All pi of the grid are searched at once (one tensor op per bisection step).
-    """
-    log_s = clip_for_search(s.double()).log()  # (m,)
+
+def alpha_search(s: torch.Tensor, pis: torch.Tensor, tol: float = ALPHA_TOL) -> torch.Tensor:
+    """``alpha`` per pi with ``|mean(s**alpha) - pi| <= tol`` (paper 000 eq. 7) for pi strictly inside
+    :func:`reachable`'s limits, by bisection on ``log alpha``, all pi at once (one tensor op per step); NaN for a
+    pi outside them, where no alpha exists (:func:`transform` fills there).
+
+    The search runs on ``log s_i / L``, ``L = max |log s_i|`` over the tokens with 0 < s_i < 1, i.e. on
+    ``beta = alpha L``: ``s -> s**c`` scales every ``log s_i`` and ``L`` by ``c``, so the normalised values, the
+    bisection's path and ``beta`` stay the same (to rounding) and ``alpha`` becomes ``alpha / c``, which is eq. 7's
+    promise kept exactly rather than within the tolerance."""
+    s, pis = s.double(), pis.double()
+    lower, upper = reachable(s)
+    inside = (pis > lower) & (pis < upper)
+    inner = (s > 0) & (s < 1)
+    if not bool(inner.any()):  # only 0s and 1s: the limits meet, every pi is filled
+        return torch.full_like(pis, math.nan)
+    log_s = s[inner].log()
+    scale = -log_s.min()
+    beta = _bisect(log_s / scale, pis.clamp(lower, upper), lower, s.numel(), tol, inside)
+    return torch.where(inside, beta / scale, torch.full_like(pis, math.nan))
+
+
+def _bisect(normalised: torch.Tensor, pis: torch.Tensor, ones: float, m: int, tol: float,
+            inside: torch.Tensor) -> torch.Tensor:
+    """``beta`` per pi with ``|ones + sum_i exp(beta normalised_i) / m - pi| <= tol`` wherever ``inside``: the
+    mean of ``s**alpha`` over the m tokens, the exact 1s (share ``ones``) and 0s apart (:func:`alpha_search`)."""
     lo = torch.full_like(pis, LOG_ALPHA_RANGE[0])
     hi = torch.full_like(pis, LOG_ALPHA_RANGE[1])
     for _ in range(200):
         mid = (lo + hi) / 2
-        value = (mid.exp()[:, None] * log_s).exp().mean(-1)
-        error = value - pis
+        error = torch.where(inside, ones + (mid.exp()[:, None] * normalised).exp().sum(-1) / m - pis, 0.0)
         if error.abs().max() <= tol:
             return mid.exp()
         too_high = error > 0  # mean(s**alpha) above pi: alpha must grow
@@ -110,9 +133,23 @@ def alpha_search(s: torch.Tensor, pis: torch.Tensor, tol: float = ALPHA_TOL) -> 
     raise LlmattrError(f"alpha search did not reach pi within {tol} (max error {error.abs().max():.2e})")
 
 
-def transform(s: torch.Tensor, pis: torch.Tensor) -> torch.Tensor:
-    """``(K, m)`` scores ``s**alpha`` whose mean is each pi (the clipped s, as searched)."""
-    return clip_for_search(s.double())[None] ** alpha_search(s, pis)[:, None]
+def transform(s: torch.Tensor, pis: torch.Tensor, tol: float = ALPHA_TOL) -> torch.Tensor:
+    """``(K, m)`` retain probabilities ``s~`` with ``mean(s~) = pi`` for each pi (paper 000 eq. 7; the reading of
+    docs/faithfulness.md, "Retain probabilities").
+
+    Strictly between :func:`reachable`'s limits ``o/m < pi < (m - z)/m``: ``s**alpha`` (:func:`alpha_search`; 0
+    stays 0, 1 stays 1). At or above the alpha -> 0 limit: every nonzero token kept with probability 1 and each of
+    the z zero tokens with ``q = (pi m - (m - z)) / z``. At or below the alpha -> inf limit: each of the o one-tokens
+    with ``pi m / o``, every other with 0. No clip and no constant: continuous in pi (each fill meets the limit of
+    ``s**alpha`` at its end), monotone in s, every pi in (0, 1) reached, invariant under ``s -> s**c``."""
+    s, pis = s.double(), pis.double()
+    m = s.numel()
+    lower, upper = reachable(s)
+    zero, one = s == 0, s == 1
+    powered = s[None] ** alpha_search(s, pis, tol).nan_to_num(1.0)[:, None]
+    fill_zeros = torch.where(zero[None], ((pis * m - (m - zero.sum())) / zero.sum().clamp_min(1))[:, None], 1.0)
+    fill_ones = torch.where(one[None], (pis * m / one.sum().clamp_min(1))[:, None], 0.0)
+    return torch.where((pis >= upper)[:, None], fill_zeros, torch.where((pis <= lower)[:, None], fill_ones, powered))
 
 
 # ---------------------------------------------------------------------------------------- Monte Carlo
