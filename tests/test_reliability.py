@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -98,19 +97,30 @@ def test_ranking_metrics_share_one_ranking_pass_per_perturbation(tiny_llama, mon
 
 
 def test_pi_soft_absorbs_the_power_that_moves_soft(tiny_llama):
-    """Paper 000's claim by construction: s**c is undone by alpha (same coupled masks), alpha = 1 is not."""
+    """Paper 000's claim by construction: s**c is undone by alpha (same coupled masks), alpha = 1 is not. The
+    retain probabilities are min-max's, with an exact 0 and an exact 1 (issue 48: the clip of earlier versions
+    let those escape the invariance)."""
     m = len(llmattr.tokens(TEXT, model=tiny_llama, task="sentiment"))
-    s = torch.linspace(0.15, 0.85, m)[torch.randperm(m, generator=torch.Generator().manual_seed(1))].double()
-    expl = scored(tiny_llama, s.tolist())
-    # retain probabilities away from 0 (min-max gives an exact 0, which the search clips to 1e-6 before and
-    # after s**c alike, so that one token escapes the invariance: docs/trust.md)
-    expl = replace(expl, steps=[replace(expl.steps[0], scores=s.tolist())])
+    raw = torch.linspace(0.15, 0.85, m)[torch.randperm(m, generator=torch.Generator().manual_seed(1))].double()
+    expl = scored(tiny_llama, raw.tolist())
+    s = torch.tensor(expl.steps[0].scores, dtype=torch.float64)
+    assert {0.0, 1.0} <= set(s.tolist())
     ctx = MetricContext(tiny_llama, expl, MetricOptions(seed=0, values={"samples": 3}))
     got = rows_by_name(reliability_rows(ctx, measured("pi-soft,soft"), c=2.0))
     assert got["pi_soft_ns_auc|power"] == pytest.approx(0, abs=1e-12)  # the same masks: the same values
     assert got["pi_soft_nc_auc|power"] == pytest.approx(0, abs=1e-12)
     assert got["expected_retained|power"] == pytest.approx(float((s ** 2).sum() - s.sum()), rel=1e-9)
     assert abs(got["soft_ns|power"]) > 1e-3 and abs(got["soft_nc|power"]) > 1e-3
+
+
+@pytest.mark.slow
+def test_pi_soft_shift_under_a_power_is_zero_on_the_embedded_model(smollm):
+    """The reliability metric's s**c shift of pi-Soft is 0 to float precision on the embedded model, for a real
+    method's min-max scores (exact 0s and 1s included)."""
+    expl = llmattr.explain("A gorgeous, witty, seductive movie.", model=smollm, method="saliency")
+    ctx = MetricContext(smollm, expl, MetricOptions(seed=0, values={"samples": 3}))
+    got = rows_by_name(reliability_rows(ctx, measured("pi-soft"), c=2.0))
+    assert abs(got["pi_soft_ns_auc|power"]) <= 1e-12 and abs(got["pi_soft_nc_auc|power"]) <= 1e-12
 
 
 def test_shift_error_pairs_draws_of_the_same_uniforms():
