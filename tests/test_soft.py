@@ -531,3 +531,32 @@ def test_pi_soft_curves_of_s_and_its_powers_are_equal_through_the_public_api(tin
         result = llmattr.evaluate(given, tiny_llama, samples=4, seed=5, step_stride=1, progress=False).to_dict()
         curves.append([result["metrics"][name]["values"] for name in ("pi_soft_ns", "pi_soft_nc")])
     assert max(abs(a - b) for x, y in zip(*curves, strict=True) for a, b in zip(x, y, strict=True)) <= 1e-9
+
+
+def test_each_distinct_mask_of_a_step_goes_through_the_model_once(tiny_llama, monkeypatch):
+    """On a short input coupled masks repeat (the fills make more of them): the model runs each distinct mask of the
+    step once, the zero baseline included, and the values equal those of running every drawn mask."""
+    target = sentiment_target(tiny_llama)
+    m = target.span[1] - target.span[0]
+    s = with_limits(m, 3)[None]
+    forwarded = []
+    plain = PerturbationEngine._forward
+
+    def counted(self, keep):
+        forwarded.append(keep.shape[0])
+        return plain(self, keep)
+
+    monkeypatch.setattr(PerturbationEngine, "_forward", counted)
+    result = evaluate_target(tiny_llama, target, s, [0], samples=15, seed=4, example="ex")
+    pis = check_pis(None)
+    masks = draw_masks(torch.cat([transform(s[0], pis), s]), 15, torch.Generator().manual_seed(mc_seed(4, "ex", 0)))
+    batch = torch.cat([torch.zeros(1, m)] + [mask.flatten(0, 1) for mask in masks.values()])
+    assert sum(forwarded) == torch.unique(batch, dim=0).shape[0] < batch.shape[0]
+
+    monkeypatch.setattr(PerturbationEngine, "probs", lambda self, keep, reuse=False: self._distinct_probs(keep))
+    every = evaluate_target(tiny_llama, target, s, [0], samples=15, seed=4, example="ex").to_dict()["metrics"]
+    ran = result.to_dict()["metrics"]
+    float32 = 64 * torch.finfo(torch.float32).eps  # the same rows in other batches: the model's float32 rounding
+    for name in ("pi_soft_ns", "pi_soft_nc"):
+        torch.testing.assert_close(torch.tensor(ran[name]["values"]), torch.tensor(every[name]["values"]),
+                                   rtol=0, atol=float32)
