@@ -307,6 +307,14 @@ REFUSALS = {  # model-free refusals: each must exit 2 before torch loads, with t
                                             f"{FILES}/shots-labels.jsonl", "hi"],
     "explain-shots-from-several-methods": ["explain", "--task", "sst2", "--shots", "3", "--shots-from",
                                            f"{FILES}/reviews.csv", "--method", "saliency,attention", "hi"],
+    "evaluate-source-method-no-sources": ["evaluate", "--datasets", "sst2", "--methods", "leave-one-out"],
+    "evaluate-source-method-in-a-group": ["evaluate", "--datasets", "bio-lookup,blimp", "--methods", "contextcite"],
+    "evaluate-source-metric-no-sources": ["evaluate", "--datasets", "sst2", "--methods", "saliency", "--metrics",
+                                          "source-gold"],
+    "evaluate-source-method-data-no-sources": ["evaluate", "--data", f"{FILES}/reviews.csv", "--text-field",
+                                               "review", "--label-field", "sentiment", "--methods",
+                                               "attribot-hierarchical"],
+    "evaluate-data-randomization-no-permuted-model": ["evaluate", "--metrics", "data-randomization"],
 }
 REFUSED = ROOT / "tests" / "data" / "cli_refusals.json"  # each refusal's stderr as main printed it at 335e1b9 (the
 # first 76, those that were torch-free then, unchanged since 4837f74); the last 43 as main printed them at 7773234

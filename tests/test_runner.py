@@ -272,3 +272,18 @@ def test_ranking_adapters_rows(tiny_llama, monkeypatch):
     assert [r.x for r in acc] == list(ref.k_grid) and len(cs) == 4 * 9
     lo = METRICS["log-odds"].compute(ctx, "none")
     assert [r.metric for r in lo] == ["log_odds", "comprehensiveness_top_k", "sufficiency_top_k"]
+
+
+@pytest.mark.parametrize(("settings", "line"), [
+    ({"datasets": ["sst2"], "methods": ["leave-one-out"]}, r"leave-one-out works on sources \(documents\) and sst2's"),
+    ({"datasets": ["sst2"], "methods": ["random"], "metrics": ["source-removal"]}, "source-removal works on sources"),
+    ({"metrics": ["data-randomization"]}, "data-randomization compares with a model fine-tuned on permuted labels"),
+])
+def test_work_a_run_cannot_do_is_refused_before_the_model_loads(settings, line, monkeypatch, tmp_path):
+    """Issue 51 item 2, issue 49 item 6: the library refuses what the CLI refuses before torch, before loading."""
+    import llmattr.evaluation.loop as loop
+
+    monkeypatch.setattr(loop, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(LlmattrError, match=line):
+        run(EvalConfig(n=1, out=str(tmp_path / "r.sqlite"), **settings), progress=False)
+    assert not (tmp_path / "r.sqlite").exists()

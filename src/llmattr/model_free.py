@@ -305,6 +305,26 @@ def check_evaluation(values: Mapping) -> None:
             member(values[key], valid, key)
 
 
+def check_needs(metrics: Sequence[str], given: Mapping, needs: Mapping[str, Mapping[str, str]]) -> None:
+    """Refuse a metric asked without an option it needs (``needs``: {metric: {option: why}}, each metric's
+    :attr:`~llmattr.faithfulness.Metric.needs`; ``given``: the options' values, empty or absent when not given)."""
+    for metric in metrics:
+        for option, why in needs.get(metric, {}).items():
+            if not given.get(option):
+                raise LlmattrError(f"{metric} {why}")
+
+
+def check_sources_asked(asked: Sequence[str], tasks: Sequence[Mapping], with_sources: Sequence[str]) -> None:
+    """Refuse source-level work (``asked``: the methods and metrics that score or read sources) on a task whose
+    prompts have none (``tasks``: :func:`task_facts` of the evaluated datasets' tasks), naming the datasets that have
+    them (``with_sources``) and the tasks a user's own ``--data`` file can take them by."""
+    lacking = [task["name"] for task in tasks if not task["documents"]]
+    if asked and lacking:
+        raise LlmattrError(f"{asked[0]} works on sources (documents) and {lacking[0]}'s prompts have none: evaluate "
+                           f"it on a dataset with sources ({', '.join(with_sources)}) or on your own file "
+                           "(--data FILE --task context, each row's documents in its 'documents' field)")
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """``--shard i/n`` as (rank, world size), refused in one line when it is not two whole numbers."""
     try:

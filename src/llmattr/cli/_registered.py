@@ -310,7 +310,12 @@ VIEW = {'methods': ['aieg',
            'value-zeroing': ['batch_size', 'layers']},
  'layer_sweeps': {'grad-ellm': 'layers'},
  'source_methods': ['attribot-hierarchical', 'contextcite', 'leave-one-out'],
+ 'source_metrics': ['source-gold', 'source-removal', 'source-soft'],
+ 'metric_needs': {'data-randomization': {'permuted_model': 'compares with a model fine-tuned on permuted labels: give '
+                                                           '--permuted-model FOLDER (llmattr finetune '
+                                                           '--permute-labels)'}},
  'default_methods': ['grad-ellm'],
+ 'default_metrics': ['pi-soft'],
  'default_datasets': ['sst2'],
  'rules': {'aieg': {'reduction': ('choice',
                                   ('l2', 'sum', 'l1'),

@@ -28,8 +28,10 @@ from ..model_free import (
     check_balanced,
     check_evaluation,
     check_file_examples,
+    check_needs,
     check_shard,
     check_shards,
+    check_sources_asked,
     class_sizes,
     config_values,
     parse_shard,
@@ -228,6 +230,25 @@ def settings_checks(values: dict) -> None:
                  for member in groups.get(name, (name,))]
         datasets = ((facts, sample_labels(facts)) for facts in map(known["task_facts"].get, dict.fromkeys(names)))
     balance_checks(datasets, examples_wanted(values.get("n")), values.get("model", "default"))
+    work_checks(values, known)
+
+
+def work_checks(values: dict, known: dict) -> None:
+    """What the asked metrics and methods need of the run (:func:`llmattr.evaluation.loop.check_work` checks the
+    same from the registries): each metric's needed options, and sources in every evaluated task where a method or a
+    metric works on them."""
+    metrics = values.get("metrics") or known["default_metrics"]
+    check_needs(metrics, values, known["metric_needs"])
+    methods = [split_spec(text)[0] for text in values.get("methods") or known["default_methods"]]
+    asked = [*(name for name in methods if name in known["source_methods"]),
+             *(name for name in metrics if name in known["source_metrics"])]
+    if values.get("data") is not None:
+        tasks = [known["task_facts"][values.get("task", DATA_TASK)]]
+    else:
+        groups = known["groups"]
+        tasks = [known["task_facts"][member] for name in values.get("datasets") or known["default_datasets"]
+                 for member in groups.get(name, (name,))]
+    check_sources_asked(asked, tasks, [name for name in known["datasets"] if known["task_facts"][name]["documents"]])
 
 
 def balance_checks(datasets: Iterable[tuple[dict, list | None]], n: int | str | None, model: str) -> None:

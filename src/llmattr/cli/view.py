@@ -38,15 +38,16 @@ def registered() -> dict:
     may name, else None), ``scoring`` ({method: its default objective}), ``objectives``, ``outputs`` (the metrics'
     output names), ``losses`` and ``heads`` (``finetune``'s), ``takes`` ({method: its parameters}),
     ``layer_sweeps`` ({method: the parameter ``evaluate --layers`` sweeps}), ``source_methods`` (those that score
-    sources), ``default_methods`` and ``default_datasets``
-    (``evaluate``'s without ``--methods``, ``--datasets``), ``rules``
+    sources), ``source_metrics`` (those that read them), ``metric_needs`` ({metric: {option: why}}: the options a
+    metric cannot run without), ``default_methods``, ``default_metrics`` and
+    ``default_datasets`` (``evaluate``'s without ``--methods``, ``--metrics``, ``--datasets``), ``rules``
     ({method: {parameter: its values' rule}}: :func:`llmattr.model_free.check_param_values`), ``contrastive``
     (the objectives that need a foil), ``task_facts`` ({task: :func:`llmattr.model_free.task_facts`}) and
     ``config_keys`` (the keys of ``llmattr evaluate --config`` besides the metric options)."""
     from .. import methods
     from ..evaluation.config import FIELDS, EvalConfig
     from ..evaluation.run_datasets import dataset_groups, dataset_names
-    from ..faithfulness import METRICS, OUTPUTS, declared_options
+    from ..faithfulness import METRICS, OUTPUTS, declared_options, metric_needs, source_metrics
     from ..finetuning import HEADS, LOSSES
     from ..objectives import OBJECTIVES, contrastive
     from ..tasks import TASKS
@@ -80,7 +81,10 @@ def registered() -> dict:
         "layer_sweeps": {name: methods.REGISTRY[name].layer_sweep for name in methods.available()
                          if methods.REGISTRY[name].layer_sweep},
         "source_methods": [name for name in methods.available() if methods.REGISTRY[name].granularity == "source"],
+        "source_metrics": source_metrics(),
+        "metric_needs": metric_needs(),
         "default_methods": EvalConfig().methods,
+        "default_metrics": EvalConfig().metrics,
         "default_datasets": EvalConfig().dataset_names(),
         "rules": {name: methods.REGISTRY[name].rules for name in methods.available()},
         "contrastive": contrastive(),

@@ -19,21 +19,32 @@ from pathlib import Path
 import torch
 from rich import progress as rp
 
+from .. import methods
 from ..api import attribute, prepare
 from ..declarations import RULES
 from ..errors import LlmattrError
 from ..explanation import Explanation
-from ..faithfulness import Metric, MetricContext, get_metrics
+from ..faithfulness import Metric, MetricContext, get_metrics, metric_needs
 from ..faithfulness.head import head_explanation
+from ..model_free import check_needs, check_sources_asked, task_facts
 from ..models.card import card_facts, read_card
 from ..models.loading import LoadedModel, load_model
 from ..render import progress_console
 from ..request import Request
 from ..stats import stable_seed
 from ..store import MetricOutput, Store, Unit
+from ..tasks import TASKS
 from .config import EvalConfig
 from .method_specs import MethodSpec, expand_methods
-from .run_datasets import Dataset, DatasetLoader, expand_datasets, file_dataset, load_dataset, trained_rows
+from .run_datasets import (
+    Dataset,
+    DatasetLoader,
+    dataset_names,
+    expand_datasets,
+    file_dataset,
+    load_dataset,
+    trained_rows,
+)
 from .sharding import rule_setting, shard_device, shard_examples, shard_of, shard_path, shard_rule
 
 
@@ -140,6 +151,7 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
     else:
         loaded = [loader(name, n, cfg.seed, **({"exclude": exclude} if exclude else {}))
                   for name in expand_datasets(cfg.dataset_names())]
+    check_work(cfg, metrics, specs, loaded)
     summary = Summary(out=shard_path(cfg.out, rank, world), excluded={ds.name: ds.excluded for ds in loaded})
     fresh = not summary.out.exists()
     with Store(summary.out) as store:  # refuses a foreign file or a store another run writes, before the load
@@ -169,6 +181,16 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
                 bar.advance(tasks[(item.dataset.name, item.spec)])
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def check_work(cfg: EvalConfig, metrics: list[Metric], specs: list[MethodSpec], loaded: list[Dataset]) -> None:
+    """Before the model loads: each metric's needed options (:attr:`Metric.needs`) and, where a method or a metric
+    works on sources, sources in every evaluated task (the checks ``llmattr evaluate`` runs before torch)."""
+    check_needs([metric.name for metric in metrics], cfg.options, metric_needs())
+    asked = [*(spec.name for spec in specs if methods.REGISTRY[spec.name].granularity == "source"),
+             *(metric.name for metric in metrics if metric.granularity == "source")]
+    check_sources_asked(list(dict.fromkeys(asked)), [task_facts(ds.task) for ds in loaded],
+                        [name for name in dataset_names() if TASKS[name].documents])
 
 
 def _load(cfg: EvalConfig, fresh: Path | None, store: Store) -> LoadedModel:

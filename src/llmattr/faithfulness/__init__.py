@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..errors import LlmattrError
 from ..explanation import Explanation
+from ..model_free import check_needs
 from ..models.loading import LoadedModel
 from ..store import Row
 from .engine import PerturbationEngine
@@ -29,8 +30,10 @@ from .registry import (
     declared_options,
     figure_specs,
     get_metrics,
+    metric_needs,
     register,
     select,
+    source_metrics,
     table_specs,
     unregister,
 )
@@ -89,6 +92,7 @@ def evaluate(explanation: Explanation, lm: LoadedModel, metrics=("pi-soft-nc", "
     if unknown:
         raise LlmattrError(f"unknown option {', '.join(unknown)}; valid: {', '.join(valid)}")
     values = {name: declared[name].check(value) for name, value in options.items() if name in declared}
+    check_needs([metric.name for metric in chosen], values, metric_needs())
     ctx = MetricContext(lm, explanation, MetricOptions(**{k: v for k, v in options.items() if k in BUILT_IN},
                                                        values=values),
                         keywords={k: v for k, v in options.items() if k in keywords})
@@ -101,4 +105,5 @@ def evaluate(explanation: Explanation, lm: LoadedModel, metrics=("pi-soft-nc", "
 
 __all__ = ["BUILT_IN", "METRICS", "OUTPUTS", "PI_GRID", "Metric", "MetricContext", "MetricOptions", "MetricResult",
            "Option", "PerturbationEngine", "SoftResult", "declared_options", "evaluate", "example_key", "figure_specs",
-           "get_metrics", "register", "select", "table_specs", "target_from_explanation", "unregister"]
+           "get_metrics", "metric_needs", "register", "select", "source_metrics", "table_specs",
+           "target_from_explanation", "unregister"]

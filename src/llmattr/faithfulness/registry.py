@@ -124,6 +124,8 @@ class Metric:
     result: Callable[[MetricContext, str, tuple[str, ...]], object] | None = None
     keywords: tuple[str, ...] = ()
     rules: tuple[str, ...] = ()  # rules of the code its values depend on (declarations.RULES), recorded in the store
+    granularity: str = "token"  # "source": it reads sources (documents), so a task without them is refused up front
+    needs: tuple[tuple[str, str], ...] = ()  # (declared option, why) pairs: refused up front when not given
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -187,6 +189,16 @@ def select(names: list[str]) -> dict[Metric, tuple[str, ...]]:
         asked = chosen.get(metric, ())
         chosen[metric] = () if name == metric.name or (metric in chosen and not asked) else (*asked, name)
     return chosen
+
+
+def metric_needs() -> dict[str, dict[str, str]]:
+    """{metric: {option: why}}: the options each registered metric cannot run without (:attr:`Metric.needs`)."""
+    return {name: dict(metric.needs) for name, metric in sorted(METRICS.items()) if metric.needs}
+
+
+def source_metrics() -> list[str]:
+    """The registered metrics that read sources (granularity ``source``)."""
+    return sorted(name for name, metric in METRICS.items() if metric.granularity == "source")
 
 
 def get_metrics(names: list[str]) -> list[Metric]:

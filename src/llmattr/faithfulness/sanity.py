@@ -40,7 +40,6 @@ from scipy import stats as sps
 
 from .. import methods
 from ..declarations import FAIL_RHO, MetricRow, TableSpec
-from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..model_free import check_permuted_model
 from ..models.anatomy import decoder_blocks
@@ -171,10 +170,7 @@ def _model_rows(ctx: MetricContext, routing: str) -> list[Row]:
 
 
 def _data_rows(ctx: MetricContext, routing: str) -> list[Row]:
-    path = ctx.options.get(PERMUTED_MODEL.name)
-    if not path:
-        raise LlmattrError("data-randomization compares with a model fine-tuned on permuted labels: give "
-                           "--permuted-model FOLDER (llmattr finetune --permute-labels)")
+    path = ctx.options.get(PERMUTED_MODEL.name)  # given: Metric.needs
     dtype = str(next(ctx.lm.model.parameters()).dtype).removeprefix("torch.")
     permuted = other_model(str(path), str(ctx.lm.device), dtype)
     return data_randomization(ctx.lm, permuted, ctx.explanation, ctx.options.seed, ctx.options.get(STEP_STRIDE.name))
@@ -193,6 +189,8 @@ register(Metric(
                        MetricRow("independent_spearman", "Independent randomisation ρ", False)), order=80),)))
 register(Metric(
     "data-randomization", _data_rows, options=("seed",), declares=(PERMUTED_MODEL, STEP_STRIDE),
+    needs=((PERMUTED_MODEL.name, "compares with a model fine-tuned on permuted labels: give --permuted-model FOLDER "
+                                 "(llmattr finetune --permute-labels)"),),
     summary="sanity check: rank correlation of scores on the true-label vs a permuted-label fine-tune",
     tables=(TableSpec("table_data_randomization", "Sanity check: data randomisation", RHO_CAPTION,
                       "methods_by_datasets", (MetricRow("data_spearman", "Data randomisation ρ", False),),

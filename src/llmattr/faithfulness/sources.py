@@ -213,13 +213,13 @@ def _gold_rows(ctx: MetricContext, routing: str) -> list[Row]:
 SOURCE_TABLE = "Per example, the method's scores summed per source; mean over examples, 95% CIs and paired " \
                "tests against the random control."
 register(Metric(
-    "source-soft", _soft_rows, options=("seed",), declares=SOFT_OPTIONS, rules=(RETAIN_RULE,),
+    "source-soft", _soft_rows, options=("seed",), declares=SOFT_OPTIONS, rules=(RETAIN_RULE,), granularity="source",
     summary="pi-Soft-NC/NS with the Bernoulli masks over sources (paper 000 eq. 7 at source level)",
     tables=(TableSpec("table_source_pi_soft", "π-Soft-NC/NS over sources (AUC)", SOURCE_TABLE, "datasets_by_methods",
                       (MetricRow("source_pi_soft_ns_auc", "AUC π-Soft-NS (sources)", True),
                        MetricRow("source_pi_soft_nc_auc", "AUC π-Soft-NC (sources)", True)), order=80),)))
 register(Metric(
-    "source-removal", _removal_rows, options=("seed",), declares=(TOP_K, LDS_ABLATIONS),
+    "source-removal", _removal_rows, options=("seed",), declares=(TOP_K, LDS_ABLATIONS), granularity="source",
     summary="top-k source removal (log-probability drop), comprehensiveness/sufficiency over sources, LDS",
     tables=(TableSpec("table_source_removal", "Source removal: top-k drop, comprehensiveness, sufficiency, LDS",
                       SOURCE_TABLE, "methods_by_datasets",
@@ -228,7 +228,7 @@ register(Metric(
                        MetricRow("source_sufficiency", "Suff", False),
                        MetricRow("source_lds", "LDS", True)), order=81),)))
 register(Metric(
-    "source-gold", _gold_rows,
+    "source-gold", _gold_rows, granularity="source",
     summary="alignment with the gold sources: average precision and top-1 hit",
     tables=(TableSpec("table_source_gold", "Alignment with the gold sources", SOURCE_TABLE, "methods_by_datasets",
                       (MetricRow("source_gold_ap", "AP", True), MetricRow("source_gold_top1", "Top-1 hit", True)),
