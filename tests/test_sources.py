@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 
@@ -20,7 +21,7 @@ from llmattr.explanation import Explanation
 from llmattr.faithfulness.inputs import target_from_explanation
 from llmattr.methods.base import spread
 from llmattr.methods.lime import lime_step
-from llmattr.render import heatmap_html, print_explanation
+from llmattr.render import grid_html, heatmap_html, number, print_explanation
 from llmattr.request import Request
 from llmattr.sources import Sources
 from llmattr.sources.build import build_sources, check_spans, context_text, token_groups
@@ -143,6 +144,76 @@ def test_views_show_each_source_with_its_bar():
     page = heatmap_html(expl)
     assert 'class="side"' in page and "document 2" in page and 'class="fill"' in page
     assert expl._repr_html_() == page  # the notebook view
+
+
+def long_answer_sources(steps: int = 8, signed: bool = True) -> Explanation:
+    """Three documents with long names and texts, explained over ``steps`` generated tokens (small signed values, as
+    leave-one-out's)."""
+    words = ["The", " Eiffel", " Tower", " was", " built", " in", " 1889", " ."][:steps]
+    texts = ["The Eiffel Tower is a wrought-iron tower in Paris, built in 1889 for the World's Fair.",
+             "Bananas are yellow fruits that grow in tropical regions.", "Mount Everest is the highest mountain."]
+    text = "\n\n".join(texts)
+    tokens = ["<s>", *texts, "?"]
+    starts = np.cumsum([0, *(len(t) + 2 for t in texts)])
+    sources = Sources(("Document [1]", "Document [2]", "Document [3]"), ((1,), (2,), (3,)),
+                      tuple((int(a), int(a) + len(t)) for a, t in zip(starts, texts, strict=False)))
+    gen = torch.Generator().manual_seed(steps)
+    raw = torch.randn(steps, 4, generator=gen, dtype=torch.float64) * 0.3
+    raw[:, 2] = -0.004  # a source of small negative values
+    return Explanation.from_raw(raw, signed, step_tokens=words, step_ids=list(range(steps)),
+                                positions=list(range(5, 5 + steps)), model="m", method="leave-one-out", params={},
+                                tokens=tokens, token_ids=list(range(5)), span=(1, 5), text=text, sources=sources)
+
+
+def rendered(expl: Explanation, width: int, terminal: bool) -> str:
+    buffer = io.StringIO()
+    colours = "truecolor" if terminal else None
+    print_explanation(expl, Console(file=buffer, force_terminal=terminal, color_system=colours, width=width))
+    out = buffer.getvalue()
+    return out[out.index("sources ("):]
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+@pytest.mark.parametrize("steps", [1, 8])
+def test_source_view_keeps_names_values_and_the_total_at_80_columns(terminal, steps):
+    """Issue 51 item 3: piped or on a terminal at 80 columns, every source's whole name, every value whole and the
+    whole answer's total (a one-step answer: its step); no line over 80 columns; the steps that do not fit said."""
+    expl = long_answer_sources(steps)
+    out = rendered(expl, 80, terminal)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    assert all(len(line) <= 80 for line in plain.splitlines())
+    scores = np.asarray(expl.source_scores(raw=True))
+    header = plain.splitlines()[1]
+    if steps > 1:
+        assert "total (8 steps)" in header and "more steps: --html or --json show them" in plain
+        shown = scores.sum(axis=0)
+    else:
+        assert "step 'The'" in header and "more step" not in plain
+        shown = scores[0]
+    for name, value in zip(expl.sources.names, shown, strict=True):
+        row = next(line for line in plain.splitlines() if line.startswith(name))
+        assert number(float(value)) in row.split()  # the value whole, never "-0...."
+    assert "-0.00" not in plain and "\u2026" in plain  # the texts, not the values, are cut
+    if terminal:
+        assert "\x1b[38;2;214;39;40m\u2588" in out or "\x1b[38;2;31;119;180m\u2588" in out  # coloured bars
+
+
+def test_source_view_at_160_columns_shows_more_steps():
+    expl = long_answer_sources(8)
+    narrow, wide = (re.sub(r"\x1b\[[0-9;]*m", "", rendered(expl, w, False)).splitlines()[1] for w in (80, 160))
+    assert narrow.count("step '") < wide.count("step '") and "total (8 steps)" in wide
+
+
+def test_html_sources_of_several_methods_stay_within_the_page():
+    """Side by side, the source table has one bar per method (its total over the answer), inside a box that scrolls
+    rather than widen the page."""
+    members = [long_answer_sources(8), long_answer_sources(8, signed=False)]
+    members[1].method = "saliency"
+    page = grid_html(members)
+    table = page[page.index('<div class="wide">'):]
+    first_row = table[table.index("<tr><td><b>Document [1]"):].split("</tr>")[0]
+    assert first_row.count('class="sbar"') == 2 and "total (8 steps)" in table
+    assert ".llmattr .sources,.llmattr .wide{max-width:100%;overflow-x:auto}" in page
 
 
 def test_every_method_gives_source_scores_on_documents(tiny_llama):

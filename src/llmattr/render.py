@@ -142,7 +142,11 @@ def ink(u: float) -> str:
 
 
 def number(value: float) -> str:
-    return f"{value:.2f}" if 0.01 <= abs(value) < 100 or value == 0 else f"{value:.1e}"
+    """A value in at most 8 characters: two decimals between 0.01 and 100, else one significant digit and an
+    exponent; zero (a -0.0 included) is 0.00."""
+    if value == 0:
+        return "0.00"
+    return f"{value:.2f}" if 0.01 <= abs(value) < 100 else f"{value:.1e}"
 
 
 # ANSI "white" is light grey in most terminal themes: on a deep colour the terminal writes bright white
@@ -234,38 +238,47 @@ def print_explanation(expl: Shown, console: Console | None = None, max_steps: in
     if len(expl.steps) > max_steps:
         console.print(f"... {len(expl.steps) - max_steps} more steps (see --html / --json)")
     if getattr(expl, "sources", None) is not None:
-        console.print(source_table(expl, console.color_system))
+        console.print(source_table(expl, console.color_system, console.width))
     for warning in expl.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
 
 
-SOURCE_STEPS = 4  # steps whose source scores the views show side by side (the JSON has them all)
+SOURCE_STEPS = 4  # steps the HTML views show beside the whole answer's total (the terminal: as many as fit)
 BAR_WIDTH = 12  # characters of a full bar in the terminal's source table
 EXCERPT = 60  # characters of a source's text shown beside its bar
+TEXT_MIN = 12  # the fewest characters of a source's text the terminal keeps before it drops step columns
 
 
 @dataclass
 class SourceView:
-    """What the views show of an explanation's sources: names, text excerpts, each source's score at the first
-    steps (``values`` ``(sources, steps)``: :meth:`Explanation.source_scores`, the sum of its tokens' raw scores)
-    and the same over each step's largest ``|value|`` (``unit``, in [-1, 1])."""
+    """What the views show of an explanation's sources: names, text excerpts, and one column per shown quantity:
+    the whole answer's total (the sum over every step, first, where the answer has several steps) then each of the
+    first steps (``values`` ``(sources, columns)``: :meth:`Explanation.source_scores`, the sum of each source's
+    tokens' raw scores), the same over each column's largest ``|value|`` (``unit``, in [-1, 1]) and the columns'
+    names (``columns``)."""
 
     names: list[str]
     excerpts: list[str]
     values: np.ndarray
     unit: np.ndarray
-    steps: list[str]
+    columns: list[str]
 
 
 def source_view(expl: Shown, max_steps: int = SOURCE_STEPS) -> SourceView:
-    """The sources of ``expl`` as the views show them (:class:`SourceView`)."""
-    values = expl.source_scores(raw=True)[:max_steps].T
+    """The sources of ``expl`` as the views show them (:class:`SourceView`): the total over the answer, then the
+    first ``max_steps`` steps (a one-step answer: its step alone, which is its total)."""
+    every = np.asarray(expl.source_scores(raw=True), dtype=np.float64).T  # (sources, steps)
+    steps = [f"step {step.token!r}" for step in expl.steps]
+    if every.shape[1] > 1:
+        values = np.concatenate([every.sum(axis=1, keepdims=True), every[:, :max_steps]], axis=1)
+        columns = [f"total ({len(steps)} steps)", *steps[:max_steps]]
+    else:
+        values, columns = every, steps
     peak = np.abs(values).max(axis=0, keepdims=True, initial=0.0)
     unit = np.divide(values, peak, out=np.zeros_like(values), where=peak > 0)
     excerpts = [" ".join(text.split()) for text in expl.source_texts()]
     excerpts = [t if len(t) <= EXCERPT else t[: EXCERPT - 1] + "\u2026" for t in excerpts]
-    return SourceView(list(expl.sources.names), excerpts, values, unit,
-                      [repr(step.token) for step in expl.steps[:max_steps]])
+    return SourceView(list(expl.sources.names), excerpts, values, unit, columns)
 
 
 def bar_text(u: float, value: float, colours: str | None) -> Text:
@@ -279,19 +292,31 @@ def bar_text(u: float, value: float, colours: str | None) -> Text:
     return text
 
 
-def source_table(expl: Shown, colours: str | None = "truecolor") -> Table:
-    """The terminal's source table: each source's name, text and bar per step (the sum of its tokens' raw
-    scores; the bar's length is the value over the step's largest ``|value|``)."""
-    view = source_view(expl)
-    table = Table(title="sources (sum of each source's token scores; signed methods keep the sign)",
+def source_table(expl: Shown, colours: str | None = "truecolor", width: int = 80) -> Table:
+    """The terminal's source table at ``width`` columns: each source's whole name, its text (cut to what is left),
+    and a bar with its value for the whole answer's total and for as many first steps as fit (the sum of each
+    source's tokens' raw scores; the bar's length is the value over the column's largest ``|value|``). Names,
+    values and the total are never cut: step columns go first, then the text narrows."""
+    view = source_view(expl, max_steps=len(expl.steps))
+    name_width = max(len("source"), *map(len, view.names))
+    cell = BAR_WIDTH + 1 + max(len(number(v)) for v in view.values.flat)
+    text_width = min(TEXT_MIN, max(map(len, view.excerpts)))
+    fits = max(1, (width - name_width - text_width - 2) // (cell + 2))  # the total (or the one step) always
+    table = Table(title="sources (token scores summed; signed methods keep the sign)",
                   title_justify="left", box=None, pad_edge=False, header_style="bold")
-    table.add_column("source")
-    table.add_column("text", overflow="fold", max_width=EXCERPT)
-    for step in view.steps:
-        table.add_column(f"step {step}", no_wrap=True)
+    table.add_column("source", no_wrap=True, min_width=name_width)
+    shown = view.columns[:fits]
+    left = width - name_width - len(shown) * (cell + 2) - 2  # two spaces between columns (rich's padding)
+    table.add_column("text", no_wrap=True, overflow="ellipsis", max_width=max(1, min(EXCERPT, left)))
+    for column in shown:
+        table.add_column(column, no_wrap=True, overflow="ellipsis", width=cell)
     for i, name in enumerate(view.names):
         table.add_row(name, view.excerpts[i], *(bar_text(view.unit[i, j], view.values[i, j], colours)
-                                                 for j in range(len(view.steps))))
+                                                 for j in range(len(shown))))
+    if len(shown) < len(view.columns):
+        more = len(view.columns) - len(shown)
+        table.caption = f"{more} more step{'s' * (more > 1)}: --html or --json show them"
+        table.caption_justify = "left"
     return table
 
 
@@ -306,7 +331,7 @@ def source_html(expl: Shown) -> str:
     """The source table as HTML: each source's name and text (full text on hover) and a bar per step."""
     view = source_view(expl)
     texts = expl.source_texts()
-    head = "".join(f"<th>step {html.escape(step)}</th>" for step in view.steps)
+    head = "".join(f"<th>{html.escape(column)}</th>" for column in view.columns)
     rows = []
     for i, name in enumerate(view.names):
         bars = "".join(bar_cell(u, v) for u, v in zip(view.unit[i], view.values[i], strict=True))
@@ -336,7 +361,8 @@ STYLE = """<style>
 .llmattr .sbar{min-width:110px;white-space:nowrap}
 .llmattr .sbar .fill{display:inline-block;height:12px;vertical-align:middle;margin-right:6px}
 .llmattr .sbar .num{display:inline;font-size:80%}
-.llmattr .src{min-width:200px;max-width:360px;font-size:90%}
+.llmattr .src{min-width:160px;max-width:360px;font-size:90%}
+.llmattr .sources,.llmattr .wide{max-width:100%;overflow-x:auto}
 </style>"""
 
 
@@ -429,21 +455,22 @@ def grid_html(explanations: Sequence[Shown], numbers: bool = False, shared_scale
 
 
 def sources_grid_html(members: Sequence[Shown]) -> str:
-    """Explanations of one text side by side at source level: a row per source, a bar per (method, step) of the
-    first steps (each column over its own largest ``|value|``); "" where the text has no sources."""
+    """Explanations of one text side by side at source level: a row per source and a bar per method, its total over
+    the whole answer (each column over its own largest ``|value|``; each method's own view has its steps), in a box
+    that scrolls rather than leave the page; "" where the text has no sources."""
     members = [expl for expl in members if getattr(expl, "sources", None) is not None]
     if not members:
         return ""
-    views = [source_view(expl) for expl in members]
-    head = "".join(f"<th>{html.escape(expl.method)} {html.escape(step)}</th>"
-                   for expl, view in zip(members, views, strict=True) for step in view.steps)
+    views = [source_view(expl, max_steps=0) for expl in members]
+    head = "".join(f"<th>{html.escape(expl.method)}<br><span class='meta'>{html.escape(view.columns[0])}</span></th>"
+                   for expl, view in zip(members, views, strict=True))
     rows = []
     for i, name in enumerate(views[0].names):
-        bars = "".join(bar_cell(u, v) for view in views for u, v in zip(view.unit[i], view.values[i], strict=True))
+        bars = "".join(bar_cell(view.unit[i, 0], view.values[i, 0]) for view in views)
         rows.append(f"<tr><td><b>{html.escape(name)}</b></td><td class='src'>{html.escape(views[0].excerpts[i])}"
                     f"</td>{bars}</tr>")
-    return ('<p class="meta">sources: the sum of each source\'s token scores per method and step</p>'
-            f"<table><tr><th>source</th><th>text</th>{head}</tr>" + "\n".join(rows) + "</table>")
+    return ('<div class="wide"><p class="meta">sources: the sum of each source\'s token scores over the whole answer, '
+            f"per method</p><table><tr><th>source</th><th>text</th>{head}</tr>" + "\n".join(rows) + "</table></div>")
 
 
 _PAGE = """<!doctype html>
