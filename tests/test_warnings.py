@@ -45,3 +45,24 @@ def test_every_metric_runs_without_a_transformers_warning(tiny_lm):
             llmattr.evaluate(expl, tiny_lm, metrics=[name], **options)
         except llmattr.LlmattrError:  # a metric that needs other evidence (alignment) refuses in one line
             continue
+
+
+def test_unrankable_scores_warn_with_the_method_the_steps_and_why():
+    """Issue 51 item 5: leave-one-out's -0.23 and -0.41 (signed, no positive part) are named as such, with the
+    method and the step; all-zero and constant steps each say so."""
+    import torch
+
+    from llmattr.explanation import Explanation
+
+    raw = torch.tensor([[-0.23, -0.41], [0.0, 0.0], [1.0, 2.0], [3.0, 3.0], [-1.0, -2.0]])
+    expl = Explanation.from_raw(raw, True, step_tokens=list("abcde"), step_ids=[1, 2, 3, 4, 5],
+                                positions=[3, 4, 5, 6, 7], model="m", method="leave-one-out", params={},
+                                tokens=["x", "y", "z"], token_ids=[1, 2, 3], span=(1, 3), text="yz")
+    assert expl.warnings == [
+        "leave-one-out: signed scores with no positive part (the soft metrics keep the positive part) at steps 0, 4: "
+        "retain probability 0.5 for every token (no token ranks above another)",
+        "leave-one-out: all-zero scores at step 1: retain probability 0.5 for every token (no token ranks above "
+        "another)",
+        "leave-one-out: constant scores at step 3: retain probability 0.5 for every token (no token ranks above "
+        "another)"]
+    assert [step.scores for step in expl.steps][2] == [0.0, 1.0]

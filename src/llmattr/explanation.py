@@ -89,7 +89,9 @@ class Explanation:
             for i, (tok, tid, r, p, pos) in enumerate(zip(step_tokens, step_ids, raw_rows, probs.tolist(),
                                                           positions, strict=True))
         ]
-        return cls(steps=steps, signed=signed, warnings=warnings + kwargs.pop("warnings", []), **kwargs)
+        method = kwargs.get("method")
+        named = [f"{method}: {warning}" if method else warning for warning in warnings]
+        return cls(steps=steps, signed=signed, warnings=named + kwargs.pop("warnings", []), **kwargs)
 
     # ------------------------------------------------------------------ views
     @property

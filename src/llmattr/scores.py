@@ -10,7 +10,7 @@ import torch
 
 from .errors import LlmattrError
 
-CONSTANT_WARNING = "constant or all-zero scores mapped to uniform 0.5"
+UNIFORM = "retain probability 0.5 for every token (no token ranks above another)"
 
 
 def check_finite(raw: torch.Tensor, what: str = "scores") -> None:
@@ -45,5 +45,19 @@ def retain_probs(raw: torch.Tensor, signed: bool) -> tuple[torch.Tensor, list[st
     x = raw.clamp_min(0) if signed else raw
     constant = (x.amax(-1) - x.amin(-1)) <= 0
     out = torch.where(constant[..., None], torch.full_like(x, 0.5), minmax(x))
-    warnings = [CONSTANT_WARNING] if bool(constant.any()) else []
-    return out, warnings
+    return out, constant_warnings(raw, constant, signed)
+
+
+def constant_warnings(raw: torch.Tensor, constant: torch.Tensor, signed: bool) -> list[str]:
+    """One line per reason a step's scores could not be ranked (``constant``: per step), naming the steps: signed
+    scores with no positive part (their positive part is all zero), all-zero scores, or one value repeated."""
+    rows = raw.reshape(-1, raw.shape[-1]) if raw.dim() else raw.reshape(1, 1)
+    reasons: dict[str, list[int]] = {}
+    for step in constant.reshape(-1).nonzero().flatten().tolist():
+        row = rows[step]
+        reason = ("all-zero scores" if bool((row == 0).all()) else
+                  "signed scores with no positive part (the soft metrics keep the positive part)"
+                  if signed and bool((row <= 0).all()) else "constant scores")
+        reasons.setdefault(reason, []).append(step)
+    return [f"{reason} at step{'s' * (len(steps) > 1)} {', '.join(map(str, steps))}: {UNIFORM}"
+            for reason, steps in reasons.items()]
