@@ -32,6 +32,7 @@ BAD = [  # (file name, bytes, what the one line says)
     ("l.csv", b'review,sentiment\n"Caf\xe9",pos\n', "line 2 is not UTF-8 (byte 0xe9); save the file as UTF-8"),
     ("b.jsonl", b'{"review":"a"}\n{"review":"b"\n', "line 2 is not JSON (Expecting ',' delimiter, column 14); fix"),
     ("b.jsonl", b'{"review":"a"}\n\n[1, 2]\n', "line 3 is a list, not an object of columns"),
+    ("i.jsonl", b'{"review":"a"}\n7\n', "line 2 is an int, not an object of columns"),
     ("b.json", b'{"review": "a",\n "x": }', "line 2 is not JSON"),
     ("b.json", b'"just text"', "holds a list of objects (one per row), not a str"),
     ("b.csv", b"review,label\nA,positive\nB,negative,extra\n", "line 3 has 3 field(s), the header 2; quote"),

@@ -278,7 +278,7 @@ def test_sentences_and_spans_as_sources(tiny_llama):
     (["--document", "a", "--document", " "], "document 2 is empty"),
     (["--span", "0:4", "--span", "2:6", "--task", "sentiment"], "overlap"),
     (["--document", "a", "--task", "sentiment"], "takes no documents"),
-    (["--context", "{tmp}/blank.txt"], "empty"),
+    (["--context", "{tmp}/blank.txt"], "blank.txt is empty; give the documents as text, separated by blank lines"),
 ])
 def test_cli_refuses_bad_sources_before_the_model_loads(tmp_path, args, fragment):
     """One line, exit 2, before the model loads (the named model does not exist)."""

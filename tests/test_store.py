@@ -357,3 +357,15 @@ def test_old_stores_are_labelled_with_the_clip_rule_and_never_mixed(tmp_path, sc
 def test_old_stores_without_a_searched_metric_record_no_rule(tmp_path):
     legacy_store(tmp_path / "old.sqlite", "4", metric="comp-suff", settings='{"removal": "zero", "seed": 0}')
     assert Results([tmp_path / "old.sqlite"]).settings("tiny") == {"removal": "zero", "seed": 0}
+
+
+def test_a_missing_store_beside_its_shards_names_them(tmp_path):
+    """Issue 51 item 5: ``status s.sqlite`` after a sharded run names the shards and the glob that reads them."""
+    for rank in range(2):
+        with Store(tmp_path / f"s.rank{rank}.sqlite"):
+            pass
+    with pytest.raises(LlmattrError, match=r"store not found: .*s\.sqlite \(a sharded run wrote s\.rank0\.sqlite, "
+                                           r"s\.rank1\.sqlite: give '.*s\.rank\*\.sqlite'\)$"):
+        expand([tmp_path / "s.sqlite"])
+    with pytest.raises(LlmattrError, match=r"store not found: .*other\.sqlite$"):
+        expand([tmp_path / "other.sqlite"])

@@ -38,3 +38,8 @@ def metric_refusal(names: Iterable[str], valid: Iterable[str]) -> str | None:
         return None
     what = f"unknown metric {', '.join(map(repr, unknown))}" if unknown else "no metric given"
     return f"{what}; valid: {', '.join(sorted(valid))}"
+
+
+def article(word: str) -> str:
+    """``word`` with its indefinite article, as a refusal line says it ("an int", "a list", "an open task")."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"

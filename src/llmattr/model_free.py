@@ -28,7 +28,7 @@ from .checks import (
     split_spec,
 )
 from .declarations import current_params
-from .errors import LlmattrError
+from .errors import LlmattrError, article
 from .model_card import CARD_NAME, read_card
 from .readers import data_path, parse_labels, read_rows, shaped_rows
 from .sources.build import check_documents, check_spans
@@ -207,7 +207,7 @@ def check_training(task: Mapping, loss: str, head: str | None, permute_labels: b
             raise LlmattrError(f"--head {head} needs a classification or regression task; {task['name']} is a "
                                f"{task['kind']} task")
         if head != wanted:
-            raise LlmattrError(f"task {task['name']} is a {task['kind']} task: give --head {wanted}, not --head "
+            raise LlmattrError(f"task {task['name']} is {article(task['kind'])} task: give --head {wanted}, not --head "
                                f"{head}")
     elif task["head"] != "lm":
         raise LlmattrError(f"task {task['name']} is read by a sequence-{task['head']} head: give --head "
@@ -216,7 +216,7 @@ def check_training(task: Mapping, loss: str, head: str | None, permute_labels: b
         regression = (" (paper 003's regression head: --task stsb-regression --head regression)"
                       if task["numeric"] else "")
         raise LlmattrError(f"finetune --loss label needs a classification task with label words; {task['name']} "
-                           f"is a {task['kind']} task{regression}; use --loss lm to fine-tune on its text")
+                           f"is {article(task['kind'])} task{regression}; use --loss lm to fine-tune on its text")
     if permute_labels and not (head or loss == "label"):
         raise LlmattrError("--permute-labels permutes the labels a model learns: give --loss label or --head")
     mask_rate(mask_augment, "--mask-augment")
@@ -260,7 +260,7 @@ def file_labels(task: Mapping, labels: str) -> tuple[tuple[str, ...], dict]:
     """``--labels`` of a file's rows for ``task`` (:func:`task_facts`; a classification task only) as
     :func:`llmattr.readers.parse_labels` reads them."""
     if not task["classifies"]:
-        raise LlmattrError(f"--labels applies to classification tasks; {task['name']} is a {task['kind']} task")
+        raise LlmattrError(f"--labels applies to classification tasks; {task['name']} is {article(task['kind'])} task")
     return parse_labels(labels)
 
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from .errors import LlmattrError
+from .errors import LlmattrError, article
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")  # the data files read as rows
 
@@ -24,9 +24,12 @@ def check_file(path: Path, what: str = "data file") -> None:
         raise LlmattrError(f"{what} not found: {path}")
 
 
-def file_text(path: str | Path, what: str = "data file") -> str:
-    """The text of ``path``, refused in one line when it is missing, a folder, empty or not UTF-8 (the line and
-    byte that are not)."""
+FILE_SHAPE = "give a file with a header (CSV/TSV) or one JSON object per row"  # what an empty data file lacks
+
+
+def file_text(path: str | Path, what: str = "data file", shape: str = FILE_SHAPE) -> str:
+    """The text of ``path``, refused in one line when it is missing, a folder, empty (``shape``: what to give
+    instead) or not UTF-8 (the line and byte that are not)."""
     path = Path(path)
     check_file(path, what)
     raw = path.read_bytes()
@@ -37,7 +40,7 @@ def file_text(path: str | Path, what: str = "data file") -> str:
         raise LlmattrError(f"{path}: line {line} is not UTF-8 (byte {raw[err.start]:#04x}); save the file as UTF-8 "
                            "(e.g. iconv -f latin1 -t utf-8)") from None
     if not text.strip():
-        raise LlmattrError(f"{path} is empty; give a file with a header (CSV/TSV) or one JSON object per row")
+        raise LlmattrError(f"{path} is empty; {shape}")
     return text
 
 
@@ -144,7 +147,7 @@ def read_numbered_rows(path: str | Path, what: str = "data file") -> tuple[list[
     where = "line" if path.suffix != ".json" else "row"
     for row, line in zip(rows, lines, strict=True):
         if not isinstance(row, dict):
-            raise LlmattrError(f"{path}: {where} {line} is a {type(row).__name__}, not an object of columns "
+            raise LlmattrError(f"{path}: {where} {line} is {article(type(row).__name__)}, not an object of columns "
                                '(e.g. {"text": "...", "label": "..."})')
     if not rows:
         raise LlmattrError(f"{path}: no rows; add one row per example")

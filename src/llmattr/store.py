@@ -398,6 +398,16 @@ def open_read_only(path: str | Path) -> tuple[sqlite3.Connection, str | None]:
         raise LlmattrError(f"{path} is not an llmattr results store ({err})") from err
 
 
+def shards_hint(path: Path) -> str:
+    """Where a sharded run wrote ``path``'s results (``results.rank0.sqlite``, ...): the shards named and the glob
+    that reads them all, or '' when there are none."""
+    shards = sorted(glob.glob(glob.escape(str(path.with_suffix(""))) + ".rank*" + path.suffix))
+    if not shards:
+        return ""
+    pattern = str(path.with_suffix("")) + ".rank*" + path.suffix
+    return f" (a sharded run wrote {', '.join(Path(s).name for s in shards)}: give {pattern!r})"
+
+
 def expand(paths: Iterable[str | Path]) -> list[Path]:
     """Store paths from a list of files and glob patterns, sorted, each once."""
     found: set[Path] = set()
@@ -408,7 +418,7 @@ def expand(paths: Iterable[str | Path]) -> list[Path]:
             raise LlmattrError(f"no store matches {text!r}")
         for match in matches:
             if not Path(match).is_file():
-                raise LlmattrError(f"store not found: {match}")
+                raise LlmattrError(f"store not found: {match}{shards_hint(Path(match))}")
             found.add(Path(match))
     return sorted(found)
 

@@ -132,7 +132,8 @@ def context_documents(path: Path) -> list[str]:
 
     if path.suffix == ".json":
         return list(check_documents(read_json(path, "--context file")))
-    text = file_text(path, "--context file").replace("\r\n", "\n")
+    text = file_text(path, "--context file", "give the documents as text, separated by blank lines (or a .json "
+                     "list of texts)").replace("\r\n", "\n")
     return [part.strip() for part in text.split("\n\n") if part.strip()]
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import LlmattrError
+from ..errors import LlmattrError, article
 from .spans import GRANULARITIES, Sources
 from .split import sentences
 
@@ -28,7 +28,7 @@ def check_documents(documents: object) -> tuple[str, ...]:
         raise LlmattrError("no documents: give at least one document")
     for i, doc in enumerate(documents, 1):
         if not isinstance(doc, str):
-            raise LlmattrError(f"document {i} is a {type(doc).__name__}, not a text")
+            raise LlmattrError(f"document {i} is {article(type(doc).__name__)}, not a text")
         if not doc.strip():
             raise LlmattrError(f"document {i} is empty: every document must hold some text")
     return tuple(documents)
