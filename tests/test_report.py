@@ -219,3 +219,38 @@ def test_pi_curve_title_names_the_dataset_and_the_model_apart(tmp_path, monkeypa
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: titles.append(fig.get_suptitle()) or save(fig, *a, **k))
     build_report([tmp_path / "r.sqlite"], tmp_path / "out", parse_formats("md"), catalog=catalog())
     assert {"SST2, model sst2, dynamic routing (n = 8)", "IMDb, model sst2, dynamic routing (n = 8)"} <= set(titles)
+
+
+def test_report_prints_accuracy_and_table_1_rendered_at_80_columns(tmp_path):
+    """Issue 51 item 5: ``llmattr report`` prints the accuracy table and Table 1, rendered by rich (no markdown
+    pipes), every line within 80 columns, then where the files went."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from llmattr.cli import app
+
+    store = tmp_path / "r.sqlite"
+    shutil.copy("tests/data/report_store.sqlite", store)
+    result = CliRunner().invoke(app, ["report", str(store), "--out", str(tmp_path / "rep"), "--format", "md"],
+                                env={"COLUMNS": "80", "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "Task accuracy of the model" in lines[0] and any("Table 1: AUC of π-Soft-NC/NS" in line for line in lines)
+    assert not any(line.startswith("|") for line in lines) and all(len(line) <= 80 for line in lines)
+    assert any("0.493 ± 0.032¹" in line for line in lines) and any(line.startswith("wrote ") for line in lines[-3:])
+
+
+def test_a_table_without_any_p_value_says_why_instead_of_a_grid_of_dashes(tmp_path):
+    """n = 1 (or the control alone): no p-value grid of dashes, one line saying why."""
+    path = tmp_path / "one.sqlite"
+    with Store(path) as store:
+        store.check_settings("tiny", {"seed": 0})
+        store.write(Unit("tiny", "sst2", "ex-1", "random", "{}"), "{}", 0.1,
+                    [MetricOutput("soft", "dynamic", 0.1, [Row("soft_ns", 0.2), Row("soft_nc", 0.4)])])
+    results = Results([path], catalog().method_defaults)
+    known = catalog()
+    table = next(t for t in paper_tables(results, "tiny", 200, tables=known.tables, controls=known.controls)
+                 if t.name == "table2_soft")
+    assert table.tests is None and "No p-values: a paired test needs two methods" in to_markdown(table)
+    assert "p-values." not in to_markdown(table)

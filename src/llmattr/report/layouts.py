@@ -53,6 +53,10 @@ TESTS_CAPTION = ("Paired two-sided sign-flip permutation test over the examples 
                  "comparisons.")
 
 
+NO_TESTS = ("No p-values: a paired test needs two methods (or a method and the control) that hold at least two "
+            "examples in common.")
+
+
 def _tests_table(name: str, corner: str, columns: list[str], sections: list[Section], by_row: bool,
                  best: dict, control: tuple[str, ...]) -> Table:
     """The p-value grid under a table: the table's cells (control removed) hold their p vs control; the
@@ -231,9 +235,12 @@ def metric_table(results: Results, model: str, spec: TableSpec, cfg: Stats) -> T
     layout = LAYOUTS[spec.layout]
     corner, columns, sections, best, by_row = layout(grid, rows, cfg, spec.mark_all_rows)
     control = tuple(filter(cfg.is_control, grid[2]))
+    tests = _tests_table(spec.name, corner, columns, sections, by_row, best, control)
+    tested = any(cell.text not in ("–", "") for section in tests.sections for _, cells in section.rows
+                 for cell in cells)
     return Table(spec.name, spec.title, spec.caption, corner, columns, sections, control=control,
-                 tests=_tests_table(spec.name, corner, columns, sections, by_row, best, control),
-                 notes=mc_notes(results, model, rows, spec.routing))
+                 tests=tests if tested else None,
+                 notes=mc_notes(results, model, rows, spec.routing) + ([] if tested else [NO_TESTS]))
 
 
 LAYOUTS = {"datasets_by_methods": datasets_by_methods, "metrics_by_methods": metrics_by_methods,
