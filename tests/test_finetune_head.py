@@ -150,15 +150,21 @@ def test_the_folder_round_trips_into_explain_with_each_head_task(tiny_tokenizer,
     lm = load_model(str(tmp_path / "ft"), device="cpu")
     explained = llmattr.explain(text, model=lm, method=list(HEAD_METHODS), task=task, progress=False)
     assert [e.method for e in explained] == list(HEAD_METHODS)
-    ids = torch.tensor([get_task(task).head_input_ids(lm.tokenizer, get_task(task).example_from_text(text))])
+    example = get_task(task).example_from_text(text)
+    ids = torch.tensor([get_task(task).head_input_ids(lm.tokenizer, example)])
+    offsets = lm.tokenizer(get_task(task).user_content(example)[0], return_offsets_mapping=True)["offset_mapping"]
+    span = get_task(task).head_span(offsets, example)
     for e in explained:
-        assert e.token_ids == ids[0].tolist() and e.task == task and len(e.steps[0].raw) == ids.shape[1]
+        assert e.token_ids == ids[0].tolist() and e.task == task and tuple(e.span) == span
+        assert len(e.steps[0].raw) == span[1] - span[0] < ids.shape[1]  # the template's words are not attributed
+    if head == "classification":  # issue 51 item 4: "Text:" stays out, the text's own tokens are the span
+        assert "".join(explained[0].tokens[span[0]: span[1]]).strip() == text
     normx = explained[0]
     expected, label, output = classifier_scores(lm.model, ids, method="normxlogit")
-    assert normx.steps[0].raw == pytest.approx(expected.tolist())
+    assert normx.steps[0].raw == pytest.approx(expected[span[0]: span[1]].tolist())
     assert normx.steps[0].token == ("score" if head == "regression" else get_task(task).label_words[label])
     rows = llmattr.faithfulness.evaluate(normx, lm, metrics=("comp-suff",))["comp-suff"]
-    faithful = head_faithfulness(lm.model, ids, torch.tensor(normx.steps[0].raw))
+    faithful = head_faithfulness(lm.model, ids, torch.tensor(normx.steps[0].raw), span=span)
     for key in ("comprehensiveness", "sufficiency"):  # a regression head: its outputs per K (Pearson r: the report)
         stored = [r.value for r in rows if r.metric == (f"{key}_output" if head == "regression" else key)]
         assert stored == pytest.approx(getattr(faithful, f"{key}_pred" if head == "regression" else key))
@@ -180,7 +186,8 @@ def test_evaluate_and_report_take_a_head_folder_with_comp_suff(tiny_tokenizer, t
     lm = load_model(str(tmp_path / "ft"), device="cpu")
     expl = llmattr.explain("the dog was terrific", model=lm, method="normxlogit", task="sentiment-head")
     rows = llmattr.faithfulness.evaluate(expl, lm, metrics=("comp-suff",))["comp-suff"]
-    expected = head_faithfulness(lm.model, torch.tensor([expl.token_ids]), expl.score_matrix(raw=True)[0])
+    expected = head_faithfulness(lm.model, torch.tensor([expl.token_ids]), expl.score_matrix(raw=True)[0],
+                                 span=tuple(expl.span))
     drops = [r.value for r in rows if r.metric == "comprehensiveness"]
     assert drops == pytest.approx(expected.comprehensiveness)
     store = tmp_path / "ev.sqlite"

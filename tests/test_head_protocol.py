@@ -174,3 +174,28 @@ def test_a_regression_head_s_pearson_r_at_every_k_is_stored_and_reported(tmp_pat
     write_model_report(results, "m", tmp_path / "report", ["md"], 200, catalog=cat)
     report = (tmp_path / "report" / "report.md").read_text()
     assert "Pearson r (paper 003 Table 1, STS-B)" in report and "fig2_comp_suff_pearson_stsb.png" in report
+
+
+def test_kept_sequences_delete_only_the_texts_tokens():
+    """Issue 51 item 4: with a span (the example's text), the template's tokens before and after it ("Text:") stay
+    in every comprehensiveness and sufficiency sequence; only the text's tokens are ranked and deleted."""
+    ids = torch.tensor([[90, 91, 10, 11, 12, 13, 14, 92]])  # 90, 91: "Text", ":"; 92: a trailing template token
+    seqs = kept_sequences(ids, torch.tensor([0.1, 0.5, 0.3, 0.9, 0.2]), (0.2, 0.4), span=(2, 7))
+    assert seqs[0].tolist() == ids[0].tolist()
+    assert [s.tolist() for s in seqs[1:3]] == [[90, 91, 10, 11, 12, 14, 92], [90, 91, 10, 12, 14, 92]]  # comp
+    assert [s.tolist() for s in seqs[3:]] == [[90, 91, 13, 92], [90, 91, 11, 13, 92]]  # suff: top tokens alone
+
+
+@pytest.mark.parametrize("name", ["sst2-head", "imdb-head", "sentiment-head", "qnli-head", "boolq-head",
+                                  "stsb-regression"])
+def test_every_head_task_attributes_its_text_and_not_the_template_around_it(tiny_tokenizer, name):
+    """The head's span starts at the first field's first token and ends with the last field's last token: the
+    template's words before the first field and after the last are never attributed."""
+    task = get_task(name)
+    example = {field: f"alpha {field} omega" for field in task.fields}
+    text, (start, end) = task.user_content(example)
+    offsets = tiny_tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
+    first, last = task.head_span(offsets, example)
+    assert offsets[first][0] <= start < offsets[first][1] and offsets[last - 1][0] < end <= offsets[last - 1][1]
+    assert all(b <= start or a >= end for a, b in offsets[:first] + offsets[last:])
+    assert text[offsets[first][0]: offsets[last - 1][1]].strip().startswith("alpha")

@@ -95,22 +95,30 @@ class HeadFaithfulness:
         return asdict(self)
 
 
-def kept_sequences(input_ids: torch.Tensor, scores: torch.Tensor, k_grid) -> list[torch.Tensor]:
+def kept_sequences(input_ids: torch.Tensor, scores: torch.Tensor, k_grid,
+                   span: tuple[int, int] | None = None) -> list[torch.Tensor]:
     """The clean sequence, then per K the sequence without its top K% tokens (comprehensiveness), then per K the
-    top K% tokens alone (sufficiency), in their order; at least one token stays in each."""
+    top K% tokens alone (sufficiency), in their order; at least one token stays in each. ``span``: only the
+    tokens of the example's text (``scores`` has one per token of it) are ranked and deleted; the template's
+    tokens before and after it stay in every sequence (default: every token)."""
     ids = input_ids[0]
-    m = ids.numel()
+    start, end = span or (0, ids.numel())
+    text, before, after = ids[start:end], ids[:start], ids[end:]
+    m = text.numel()
     ks = [min(max(k, 1), m - 1) if m > 1 else 1 for k in counts(list(k_grid), m)]
     top = top_masks(scores, ks)
-    return [ids, *(ids[~row] for row in top), *(ids[row] for row in top)]
+    return [ids, *(torch.cat([before, part, after]) for part in (*(text[~row] for row in top),
+                                                                  *(text[row] for row in top)))]
 
 
 def head_faithfulness(model: torch.nn.Module, input_ids: torch.Tensor, scores: torch.Tensor,
-                      k_grid=K_GRID) -> HeadFaithfulness:
-    """Eqs. 5-8 for one example: every perturbed sequence in one right-padded forward."""
-    if scores.numel() != input_ids.shape[1]:
-        raise LlmattrError(f"scores cover {scores.numel()} tokens but the input has {input_ids.shape[1]}")
-    seqs = kept_sequences(input_ids, scores, k_grid)
+                      k_grid=K_GRID, span: tuple[int, int] | None = None) -> HeadFaithfulness:
+    """Eqs. 5-8 for one example: every perturbed sequence in one right-padded forward; ``span``: the tokens of the
+    example's text, the only ones ranked and deleted (:func:`kept_sequences`)."""
+    start, end = span or (0, input_ids.shape[1])
+    if scores.numel() != end - start:
+        raise LlmattrError(f"scores cover {scores.numel()} tokens but the input's text has {end - start}")
+    seqs = kept_sequences(input_ids, scores, k_grid, span)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     batch = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad)
     mask = torch.nn.utils.rnn.pad_sequence([torch.ones_like(s) for s in seqs], batch_first=True)
@@ -139,8 +147,9 @@ def head_explanation(lm, task, example: dict, method: str, seed: int = 0) -> Exp
     text = task.user_content(example)[0]
     enc = lm.tokenizer(text, return_offsets_mapping=True)
     ids = torch.tensor([enc["input_ids"]], device=lm.device)
+    span = task.head_span([tuple(o) for o in enc["offset_mapping"]], example)
     start = time.perf_counter()
-    scores = head_attribution(lm.model, ids, method, seed)
+    scores = head_attribution(lm.model, ids, method, seed)[span[0]: span[1]]  # the text's tokens (paper 003)
     seconds = time.perf_counter() - start
     with torch.no_grad():
         logits = lm.model(input_ids=ids).logits[0].double().cpu()
@@ -152,7 +161,7 @@ def head_explanation(lm, task, example: dict, method: str, seed: int = 0) -> Exp
         step_ids=[label], positions=[ids.shape[1] - 1], logits=[float(logits[label])],
         step_probs=None if regression else [float(logits.softmax(-1)[label])],
         model=lm.model_id, method=method, params={}, tokens=[lm.tokenizer.decode([i]) for i in enc["input_ids"]],
-        token_ids=list(enc["input_ids"]), span=(0, ids.shape[1]), timings={"attribution_s": seconds},
+        token_ids=list(enc["input_ids"]), span=span, timings={"attribution_s": seconds},
         task=task.name, text=text, offsets=[tuple(o) for o in enc["offset_mapping"]],
         generated="" if regression else task.label_words[label], forced=False, example=example, scope="span",
     )
@@ -166,13 +175,15 @@ def explain_examples(lm, task, examples: list[dict], methods=HEAD_METHODS, progr
     seconds = dict.fromkeys(methods, 0.0)
     gold, clean = [], []
     for i, ex in enumerate(examples):
-        ids = torch.tensor([task.head_input_ids(lm.tokenizer, ex)], device=lm.device)
+        enc = lm.tokenizer(task.user_content(ex)[0], return_offsets_mapping=True)
+        ids = torch.tensor([enc["input_ids"]], device=lm.device)
+        span = task.head_span([tuple(o) for o in enc["offset_mapping"]], ex)
         gold.append(float(ex["label"]) if task.numeric else float(task.label_words.index(ex["label"])))
         for method in methods:
             start = time.perf_counter()
-            scores = head_attribution(lm.model, ids, method, seed=stable_seed(ex["id"], bits=31))
+            scores = head_attribution(lm.model, ids, method, seed=stable_seed(ex["id"], bits=31))[span[0]: span[1]]
             seconds[method] += time.perf_counter() - start
-            result = head_faithfulness(lm.model, ids, scores.cpu())
+            result = head_faithfulness(lm.model, ids, scores.cpu(), span=span)
             by_method[method].append(result)
         clean.append(result.p_original if task.numeric else result.predicted)
         if progress:

@@ -306,7 +306,8 @@ def _head_shared(ctx: MetricContext):
     the same fields per K as :class:`RankingMetrics`."""
     expl = ctx.explanation
     ids = torch.tensor([expl.token_ids], device=ctx.lm.device)
-    return ctx.shared(("head-ranking",), lambda: head_faithfulness(ctx.lm.model, ids, expl.score_matrix(raw=True)[0]))
+    return ctx.shared(("head-ranking",), lambda: head_faithfulness(ctx.lm.model, ids, expl.score_matrix(raw=True)[0],
+                                                                   span=tuple(expl.span)))
 
 
 def gold_index(expl: Explanation) -> int | None:

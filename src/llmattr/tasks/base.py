@@ -237,6 +237,16 @@ class Task:
         or chat template, tokenised as the tokenizer does a plain text; the head reads its last token's state."""
         return tokenizer(self.user_content(example)[0])["input_ids"]
 
+    def head_span(self, offsets: list[tuple[int, int]], example: dict) -> tuple[int, int]:
+        """The tokens of the head's input (``offsets``: each token's characters in the filled user template) that
+        hold the example's text, from the first slot's value to the end of the last's (:meth:`user_content`):
+        what paper 003 attributes and deletes; the template's words before and after ("Text:") stay."""
+        start, end = self.user_content(example)[1]
+        inside = [i for i, (a, b) in enumerate(offsets) if b > a and a < end and b > start]
+        if not inside:
+            raise LlmattrError(f"the {self.name} input holds no token of the example's text")
+        return inside[0], inside[-1] + 1
+
     def check_model(self, lm) -> None:
         """Refuse a model that lacks the output head this task needs, naming the task to use instead."""
         if self.head == "lm":
