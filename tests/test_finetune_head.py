@@ -159,6 +159,12 @@ def test_the_folder_round_trips_into_explain_with_each_head_task(tiny_tokenizer,
         assert len(e.steps[0].raw) == span[1] - span[0] < ids.shape[1]  # the template's words are not attributed
     if head == "classification":  # issue 51 item 4: "Text:" stays out, the text's own tokens are the span
         assert "".join(explained[0].tokens[span[0]: span[1]]).strip() == text
+    from llmattr.api import explain_text
+    from llmattr.request import Request
+
+    steps = []  # issue 51 item 5: each head explanation advances the progress bar (it stayed at 0%)
+    explain_text(lm, text, Request(task, methods=list(HEAD_METHODS)), advance=lambda: steps.append(1))
+    assert len(steps) == len(HEAD_METHODS)
     normx = explained[0]
     expected, label, output = classifier_scores(lm.model, ids, method="normxlogit")
     assert normx.steps[0].raw == pytest.approx(expected[span[0]: span[1]].tolist())

@@ -259,7 +259,12 @@ def explain_text(lm: LoadedModel, text: str | dict, request: Request, skipped: l
             method_obj.explained(lm)  # a foil that is not one token fails before the generation
     if request.task.head != "lm":  # a sequence head (llmattr finetune --head; paper 003)
         example = request.task.example_from_text(text)
-        return [head_explanation(lm, request.task, example, m.name) for m in request.method_objs]
+        explained = []
+        for method_obj in request.method_objs:
+            explained.append(head_explanation(lm, request.task, example, method_obj.name))
+            if advance is not None:
+                advance()
+        return explained
     loaded = time.perf_counter()
     prepared_target = prepare(lm, text, request)
     prepared = time.perf_counter()

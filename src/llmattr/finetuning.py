@@ -28,6 +28,7 @@ import math
 import random
 import shutil
 import time
+import warnings
 from dataclasses import InitVar, asdict, dataclass, replace
 from pathlib import Path
 
@@ -505,7 +506,9 @@ def build_trainer(lm: LoadedModel, rows: list[dict] | MaskAugmented, cfg: Finetu
         # SEQ_CLS: peft keeps the head (``score``) in ``modules_to_save``: a full trainable copy, merged back
         lora = peft.LoraConfig(r=cfg.rank, lora_alpha=2 * cfg.rank, target_modules="all-linear",
                                task_type="SEQ_CLS" if cfg.head else "CAUSAL_LM")
-        model = peft.get_peft_model(model, lora)
+        with warnings.catch_warnings():  # peft asks transformers' deprecated is_gradient_checkpointing: not ours
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            model = peft.get_peft_model(model, lora)
     else:
         model.requires_grad_(True)
     steps = math.ceil(len(rows) / cfg.batch_size) * cfg.epochs
