@@ -27,6 +27,20 @@ def test_the_report_and_status_import_no_model_method_or_evaluation_code():
     assert heavy == []
 
 
+def test_sources_is_the_torch_free_structure_alone():
+    """Sources on one layer (issue 49 item 3): ``llmattr.sources`` (spans, build, split) is a leaf that loads no
+    torch and no llmattr module but errors; what runs the model over sources is ``llmattr.methods.ablation``."""
+    code = ("import json, sys, llmattr.sources, llmattr.sources.build, llmattr.sources.split, llmattr.sources.spans; "
+            "print(json.dumps(sorted(sys.modules)))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                       text=True).stdout)
+    assert "torch" not in loaded and "transformers" not in loaded
+    assert {m for m in loaded if m.startswith("llmattr.")} <= {"llmattr.errors", "llmattr.version", "llmattr.sources",
+                                                               "llmattr.sources.build", "llmattr.sources.spans",
+                                                               "llmattr.sources.split"}
+    assert sorted(p.name for p in (SRC / "sources").glob("*.py")) == ["__init__.py", "build.py", "spans.py", "split.py"]
+
+
 # Imports inside functions, each with its reason. Third-party: optional or heavy dependencies loaded only by
 # the feature that needs them. llmattr modules: only the CLI's command bodies (``llmattr --help`` and every
 # command module are imported at start, so a command loads its implementation when it runs).

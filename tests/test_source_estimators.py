@@ -13,10 +13,10 @@ import torch
 from conftest import ARCHS, build_tiny
 from llmattr import objectives
 from llmattr.errors import LlmattrError
+from llmattr.methods import ablation
+from llmattr.methods.ablation import Ablation, ablated_objective, contextcite_masks, rows_per_pass
 from llmattr.methods.sources import ContextCite, HierarchicalLeaveOneOut, LeaveOneOut
 from llmattr.models.memory import TOKEN_BUDGET
-from llmattr.sources import ablation
-from llmattr.sources.ablation import Ablation, ablated_objective, contextcite_masks, rows_per_pass
 from sources_prompts import TEMPLATE, context_prompt, forced
 
 DOCUMENTS = [" The movie was dull.", " An engrossing film, never boring.", " The plot made no sense at all.",

@@ -21,8 +21,8 @@ from llmattr.faithfulness.sources import (
     source_soft,
     spearman,
 )
+from llmattr.methods.ablation import contextcite_masks
 from llmattr.sources import Sources
-from llmattr.sources.ablation import contextcite_masks
 from sources_prompts import context_prompt, forced
 from test_source_estimators import DOCUMENTS, QUERY, answer_ids, log_probs
 

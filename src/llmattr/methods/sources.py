@@ -36,7 +36,8 @@ from .. import objectives
 from ..errors import LlmattrError
 from ..model_free import WHOLE, WHOLE_OR_AUTO, choice
 from ..models.loading import LoadedModel
-from ..sources.ablation import (
+from ..targets import Target
+from .ablation import (
     AUTO,
     Ablation,
     ablated_objective,
@@ -46,7 +47,6 @@ from ..sources.ablation import (
     prompt_sources,
     rows_per_pass,
 )
-from ..targets import Target
 from .base import AttributionMethod, register, source_features, spread
 
 PREFIX_MODES = ("cached", "none")

@@ -33,8 +33,8 @@ from ..errors import LlmattrError
 from ..models.forward import PrefixLayer, content_key
 from ..models.loading import LoadedModel
 from ..models.memory import forward_batch
+from ..sources.spans import Sources
 from ..targets import Target
-from .spans import Sources
 
 AUTO = "auto"  # the estimators' default batch size: :func:`rows_per_pass`
 
