@@ -422,7 +422,8 @@ def grid_html(explanations: Sequence[Shown], numbers: bool = False, shared_scale
     a row per (explanation, step), each row coloured on its own explanation's scale.
 
     Explanations of the same text and content tokens (methods side by side, one generation) share a
-    grid; each row names its method and model and the value at the ends of its bar.
+    grid; each row names its method and model and the value at the ends of its bar. A grid wider than the page
+    scrolls inside its own box, the page keeps its width.
     """
     groups: dict[tuple, list[Shown]] = {}
     for expl in explanations:
@@ -449,8 +450,8 @@ def grid_html(explanations: Sequence[Shown], numbers: bool = False, shared_scale
                 rows.append(f"<tr><td><b>{html.escape(expl.method)}</b></td><td class='meta'>"
                             f"{html.escape(expl.model)}</td><td><code>{html.escape(repr(step.token))}</code></td>"
                             f"<td class='meta'>{html.escape(end)}</td>{cells}</tr>")
-        tables.append('<table class="grid"><tr><th>method</th><th>model</th><th>step</th><th>scale</th>'
-                      f"{head}</tr>" + "\n".join(rows) + "</table>" + sources_grid_html(members))
+        tables.append('<div class="wide"><table class="grid"><tr><th>method</th><th>model</th><th>step</th>'
+                      f"<th>scale</th>{head}</tr>" + "\n".join(rows) + "</table></div>" + sources_grid_html(members))
     return f'{STYLE}<div class="llmattr">{bars}' + "<br>".join(tables) + "</div>"
 
 
