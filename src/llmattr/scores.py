@@ -51,7 +51,7 @@ def retain_probs(raw: torch.Tensor, signed: bool) -> tuple[torch.Tensor, list[st
 def constant_warnings(raw: torch.Tensor, constant: torch.Tensor, signed: bool) -> list[str]:
     """One line per reason a step's scores could not be ranked (``constant``: per step), naming the steps: signed
     scores with no positive part (their positive part is all zero), all-zero scores, or one value repeated."""
-    rows = raw.reshape(-1, raw.shape[-1]) if raw.dim() else raw.reshape(1, 1)
+    rows = raw.reshape(-1, raw.shape[-1])
     reasons: dict[str, list[int]] = {}
     for step in constant.reshape(-1).nonzero().flatten().tolist():
         row = rows[step]

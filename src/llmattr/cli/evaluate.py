@@ -228,26 +228,20 @@ def settings_checks(values: dict) -> None:
         groups = known["groups"]
         names = [member for name in values.get("datasets") or known["default_datasets"]
                  for member in groups.get(name, (name,))]
-        datasets = ((facts, sample_labels(facts)) for facts in map(known["task_facts"].get, dict.fromkeys(names)))
+        datasets = [(facts, sample_labels(facts)) for facts in map(known["task_facts"].get, dict.fromkeys(names))]
     balance_checks(datasets, examples_wanted(values.get("n")), values.get("model", "default"))
-    work_checks(values, known)
+    work_checks(values, known, [facts for facts, _ in datasets])
 
 
-def work_checks(values: dict, known: dict) -> None:
+def work_checks(values: dict, known: dict, tasks: list[dict]) -> None:
     """What the asked metrics and methods need of the run (:func:`llmattr.evaluation.loop.check_work` checks the
-    same from the registries): each metric's needed options, and sources in every evaluated task where a method or a
-    metric works on them."""
+    same from the registries): each metric's needed options, and sources in every evaluated task (``tasks``: their
+    facts) where a method or a metric works on them."""
     metrics = values.get("metrics") or known["default_metrics"]
     check_needs(metrics, values, known["metric_needs"])
     methods = [split_spec(text)[0] for text in values.get("methods") or known["default_methods"]]
     asked = [*(name for name in methods if name in known["source_methods"]),
              *(name for name in metrics if name in known["source_metrics"])]
-    if values.get("data") is not None:
-        tasks = [known["task_facts"][values.get("task", DATA_TASK)]]
-    else:
-        groups = known["groups"]
-        tasks = [known["task_facts"][member] for name in values.get("datasets") or known["default_datasets"]
-                 for member in groups.get(name, (name,))]
     check_sources_asked(asked, tasks, [name for name in known["datasets"] if known["task_facts"][name]["documents"]])
 
 

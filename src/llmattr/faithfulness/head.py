@@ -137,6 +137,16 @@ def head_faithfulness(model: torch.nn.Module, input_ids: torch.Tensor, scores: t
                             labels[:k].tolist(), labels[k:].tolist())
 
 
+def head_input(lm, task, example: dict) -> tuple[str, dict, torch.Tensor, tuple[int, int]]:
+    """What the head reads of ``example`` (:meth:`Task.head_input_ids`): its text, the tokenizer's encoding with
+    offsets, the ids ``(1, n)`` on the model's device and the span of the example's own text (:meth:`Task.head_span`,
+    what paper 003 attributes and deletes)."""
+    text = task.user_content(example)[0]
+    enc = lm.tokenizer(text, return_offsets_mapping=True)
+    ids = torch.tensor([enc["input_ids"]], device=lm.device)
+    return text, enc, ids, task.head_span([tuple(o) for o in enc["offset_mapping"]], example)
+
+
 def head_explanation(lm, task, example: dict, method: str, seed: int = 0) -> Explanation:
     """``method``'s scores of every token the head reads (:meth:`Task.head_input_ids`) as an Explanation of one
     step: the predicted label (its index, its probability) or, for a regression head, the output (its value in
@@ -144,10 +154,7 @@ def head_explanation(lm, task, example: dict, method: str, seed: int = 0) -> Exp
     task.check_model(lm)
     if method not in HEAD_METHODS:
         raise LlmattrError(f"{method} does not explain a sequence head; use one of {', '.join(HEAD_METHODS)}")
-    text = task.user_content(example)[0]
-    enc = lm.tokenizer(text, return_offsets_mapping=True)
-    ids = torch.tensor([enc["input_ids"]], device=lm.device)
-    span = task.head_span([tuple(o) for o in enc["offset_mapping"]], example)
+    text, enc, ids, span = head_input(lm, task, example)
     start = time.perf_counter()
     scores = head_attribution(lm.model, ids, method, seed)[span[0]: span[1]]  # the text's tokens (paper 003)
     seconds = time.perf_counter() - start
@@ -175,9 +182,7 @@ def explain_examples(lm, task, examples: list[dict], methods=HEAD_METHODS, progr
     seconds = dict.fromkeys(methods, 0.0)
     gold, clean = [], []
     for i, ex in enumerate(examples):
-        enc = lm.tokenizer(task.user_content(ex)[0], return_offsets_mapping=True)
-        ids = torch.tensor([enc["input_ids"]], device=lm.device)
-        span = task.head_span([tuple(o) for o in enc["offset_mapping"]], ex)
+        _, _, ids, span = head_input(lm, task, ex)
         gold.append(float(ex["label"]) if task.numeric else float(task.label_words.index(ex["label"])))
         for method in methods:
             start = time.perf_counter()
