@@ -216,7 +216,17 @@ def explain(
         return explain_text(resolve_model(model, device), text, request)[0]
     texts = list(text) if isinstance(text, list | tuple) else [text]
     check_texts(texts)
-    lm = resolve_model(model, device)
+    out = explain_many(resolve_model(model, device), texts, request, progress)
+    if out.failed:
+        warnings.warn(f"{len(out.failed)} of {len(texts)} item(s) not explained (kept the others): "
+                      + "; ".join(f"item {i}: {why}" for i, why in out.failed.items()),
+                      NotExplainedWarning, stacklevel=2)
+    return out
+
+
+def explain_many(lm: LoadedModel, texts: list, request: Request, progress: bool) -> Explanations:
+    """Each text explained with each of ``request``'s methods on one model, a progress bar over the (text, method)
+    explanations; a text that fails, or a method that fails on it, is named in ``.failed`` and the rest kept."""
     out = Explanations()
     units = len(texts) * len(request.method_objs)  # the bar counts (text, method) explanations
     with Progress(console=progress_console(), disable=not progress or units < 2) as bar:
@@ -234,10 +244,6 @@ def explain(
                 out.failed[i] = "; ".join(skipped)
             out.extend(explained)
             out.examples += [i] * len(explained)
-    if out.failed:
-        warnings.warn(f"{len(out.failed)} of {len(texts)} item(s) not explained (kept the others): "
-                      + "; ".join(f"item {i}: {why}" for i, why in out.failed.items()),
-                      NotExplainedWarning, stacklevel=2)
     return out
 
 
