@@ -17,6 +17,7 @@ from .display import span_display
 from .errors import LlmattrError, NotExplainedWarning
 from .explanation import Explanation, Explanations
 from .faithfulness.head import head_explanation
+from .model_free import task_asked
 from .models import memory
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
@@ -200,7 +201,7 @@ def explain(
     method_params = {**(method_params or {}), **params}
     if target in ("probability", "logit"):  # the objective's earlier spelling
         method_params["objective"], target = target, "label"
-    task = task if task is not None else "context" if documents is not None else "sentiment"
+    task = task_asked(task, documents)
     asked = Request.of(method, task, method_params, objective, foil, max_new_tokens=max_new_tokens, answer=answer,
                        shots=shots, shots_seed=shots_seed, demonstrations=demonstrations, shots_from=shots_from,
                        target=target, gold=gold, scope=scope, checkpointing=checkpointing, documents=documents,
