@@ -11,16 +11,19 @@ import pytest
 import torch
 
 from conftest import build_tiny
+from llmattr.errors import LlmattrError
 from llmattr.faithfulness.head import (
     HEAD_METHODS,
     HeadFaithfulness,
     head_attribution,
     head_faithfulness,
     kept_sequences,
-    last_token_logits,
     summarize,
 )
 from llmattr.finetuning import head_model
+from llmattr.methods import REGISTRY
+from llmattr.methods.base import explains_head
+from llmattr.methods.gradient import last_token_logits
 from llmattr.tasks import get_task
 
 
@@ -199,3 +202,24 @@ def test_every_head_task_attributes_its_text_and_not_the_template_around_it(tiny
     assert offsets[first][0] <= start < offsets[first][1] and offsets[last - 1][0] < end <= offsets[last - 1][1]
     assert all(b <= start or a >= end for a, b in offsets[:first] + offsets[last:])
     assert text[offsets[first][0]: offsets[last - 1][1]].strip().startswith("alpha")
+
+
+def test_head_methods_dispatch_through_the_method_registry(monkeypatch):
+    """Paper 003's methods are the registered methods that define ``head_scores`` (no list of names beside the
+    registry); a method without it is refused in one line naming those that have it; a newly registered method
+    with ``head_scores`` is called as they are."""
+    assert sorted(HEAD_METHODS) == sorted(name for name, cls in REGISTRY.items() if explains_head(cls))
+    assert [name for name in HEAD_METHODS if REGISTRY[name].head_signed] == ["normxlogit", "logat"]
+    with pytest.raises(LlmattrError, match=r"^lime does not explain a sequence head; use one of .*normxlogit"):
+        head_attribution(None, torch.zeros((1, 3), dtype=torch.long), "lime")
+
+    class Toy(REGISTRY["random"]):
+        name = "toy-head"
+
+        @classmethod
+        def head_scores(cls, model, input_ids, seed=0):
+            return torch.arange(input_ids.shape[1], dtype=torch.float64) + seed
+
+    monkeypatch.setitem(REGISTRY, "toy-head", Toy)
+    assert torch.equal(head_attribution(None, torch.zeros((1, 3), dtype=torch.long), "toy-head", seed=2),
+                       torch.tensor([2.0, 3.0, 4.0], dtype=torch.float64))

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).parents[1] / "src" / "llmattr"
+ROOT = Path(__file__).parents[1]
+SRC = ROOT / "src" / "llmattr"
 HEAVY = ("torch", "captum", "transformers", "llmattr.evaluation", "llmattr.methods", "llmattr.faithfulness",
          "llmattr.api", "llmattr.models")
 
@@ -125,3 +126,50 @@ def test_no_import_cycles(type_checking):
                     seen.add(nxt)
                     stack.append((nxt, (*trail, nxt)))
     assert cycles == []
+
+
+def layer_table() -> dict[str, int]:
+    """``{package: layer}`` from docs/architecture.md's table of layers (its rows ``| n | a, b | notes |``)."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = text[text.index("| layer | packages | notes |"):].split("\n\n")[0].splitlines()[2:]
+    layers = {}
+    for row in rows:
+        number, packages = (cell.strip() for cell in row.strip("|").split("|")[:2])
+        for package in packages.split(","):
+            assert package.strip().strip("`") not in layers, f"{package} is on two layers"
+            layers[package.strip().strip("`")] = int(number)
+    return layers
+
+
+def package_of(module: str) -> str:
+    """``llmattr.methods.sources`` -> ``methods``; the package's ``__init__`` is ``llmattr``."""
+    return module.split(".")[1] if "." in module else module
+
+
+def against_the_layering(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    """Each import of a module on the importer's own layer or above, as a line."""
+    return [f"{a} (layer {layers[package_of(a)]}) imports {b} (layer {layers[package_of(b)]})"
+            for a, targets in sorted(graph.items()) for b in sorted(targets)
+            if package_of(a) != package_of(b) and layers[package_of(b)] >= layers[package_of(a)]]
+
+
+@pytest.mark.parametrize("type_checking", [False, True], ids=["runtime", "with-type-checking-imports"])
+def test_imports_go_down_the_layers(type_checking):
+    """docs/architecture.md's table is the layering: every module is on one layer, and imports only modules on
+    layers below its own (none on its own layer: so no circle between folders either)."""
+    layers, graph = layer_table(), import_graph(type_checking)
+    assert sorted({package_of(m) for m in graph} - set(layers)) == []
+    assert sorted(set(layers) - {package_of(m) for m in graph}) == []
+    assert against_the_layering(graph, layers) == []
+
+
+def test_the_layer_check_sees_an_import_against_the_layering():
+    """The check above is not vacuous: an import up the layers (sources -> targets, one that issue 49 found) and
+    one within a layer (tasks -> objectives) are each found, named with their layers."""
+    layers, graph = layer_table(), import_graph()
+    graph["llmattr.sources.build"] = graph["llmattr.sources.build"] | {"llmattr.targets"}
+    graph["llmattr.tasks.base"] = graph["llmattr.tasks.base"] | {"llmattr.objectives"}
+    assert layers["sources"] < layers["targets"] and layers["tasks"] == layers["objectives"]
+    assert against_the_layering(graph, layers) == [
+        f"llmattr.sources.build (layer {layers['sources']}) imports llmattr.targets (layer {layers['targets']})",
+        f"llmattr.tasks.base (layer {layers['tasks']}) imports llmattr.objectives (layer {layers['objectives']})"]

@@ -112,3 +112,18 @@ def test_one_request_explains_as_the_keywords_do(tiny_llama):
     by_request = llmattr.explain(TEXT, model=tiny_llama, request=Request("generate", "input-x-gradient",
                                                                          answer=" it was", scope="prompt"))
     assert by_request.to_dict() | {"timings": None} == by_keywords.to_dict() | {"timings": None}
+
+
+def test_the_cli_and_the_api_default_to_the_same_task(tiny_llama, monkeypatch):
+    """Without a task, both take the one rule (``model_free.task_asked``): ``context`` where documents are given,
+    else ``sentiment``."""
+    seen = captured_request(monkeypatch)
+    monkeypatch.setattr("llmattr.models.loading.load_model", lambda *args, **kwargs: tiny_llama)
+    question, document = "Who wrote it?", "Ann wrote the letter."
+    for args in (["explain", TEXT, "--method", "random"],
+                 ["explain", question, "--method", "random", "--document", document]):
+        CliRunner().invoke(app, args)
+    llmattr.explain(TEXT, model=tiny_llama, method=["random"])
+    llmattr.explain(question, model=tiny_llama, method=["random"], documents=[document])
+    assert [request.task.name for request in seen] == ["sentiment", "context", "sentiment", "context"]
+    assert seen[1] == seen[3] and seen[0] == seen[2]

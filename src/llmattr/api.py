@@ -17,6 +17,7 @@ from .display import span_display
 from .errors import LlmattrError, NotExplainedWarning
 from .explanation import Explanation, Explanations
 from .faithfulness.head import head_explanation
+from .model_free import task_asked
 from .models import memory
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
@@ -200,7 +201,7 @@ def explain(
     method_params = {**(method_params or {}), **params}
     if target in ("probability", "logit"):  # the objective's earlier spelling
         method_params["objective"], target = target, "label"
-    task = task if task is not None else "context" if documents is not None else "sentiment"
+    task = task_asked(task, documents)
     asked = Request.of(method, task, method_params, objective, foil, max_new_tokens=max_new_tokens, answer=answer,
                        shots=shots, shots_seed=shots_seed, demonstrations=demonstrations, shots_from=shots_from,
                        target=target, gold=gold, scope=scope, checkpointing=checkpointing, documents=documents,
@@ -216,7 +217,17 @@ def explain(
         return explain_text(resolve_model(model, device), text, request)[0]
     texts = list(text) if isinstance(text, list | tuple) else [text]
     check_texts(texts)
-    lm = resolve_model(model, device)
+    out = explain_many(resolve_model(model, device), texts, request, progress)
+    if out.failed:
+        warnings.warn(f"{len(out.failed)} of {len(texts)} item(s) not explained (kept the others): "
+                      + "; ".join(f"item {i}: {why}" for i, why in out.failed.items()),
+                      NotExplainedWarning, stacklevel=2)
+    return out
+
+
+def explain_many(lm: LoadedModel, texts: list, request: Request, progress: bool) -> Explanations:
+    """Each text explained with each of ``request``'s methods on one model, a progress bar over the (text, method)
+    explanations; a text that fails, or a method that fails on it, is named in ``.failed`` and the rest kept."""
     out = Explanations()
     units = len(texts) * len(request.method_objs)  # the bar counts (text, method) explanations
     with Progress(console=progress_console(), disable=not progress or units < 2) as bar:
@@ -234,10 +245,6 @@ def explain(
                 out.failed[i] = "; ".join(skipped)
             out.extend(explained)
             out.examples += [i] * len(explained)
-    if out.failed:
-        warnings.warn(f"{len(out.failed)} of {len(texts)} item(s) not explained (kept the others): "
-                      + "; ".join(f"item {i}: {why}" for i, why in out.failed.items()),
-                      NotExplainedWarning, stacklevel=2)
     return out
 
 

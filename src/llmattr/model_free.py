@@ -75,6 +75,12 @@ def check_method_params(name: str, params: Mapping, takes: Iterable[str], object
     return params
 
 
+def task_asked(task: object, documents: object) -> object:
+    """The task a request names, or the default one: ``context`` where documents are given (``documents=``,
+    ``--document``, ``--context``), else ``sentiment``."""
+    return task if task is not None else "context" if documents is not None else "sentiment"
+
+
 def check_sources(task: str, takes_documents: bool, sources: str | None, documents: object,
                   spans: object) -> tuple[tuple[str, ...] | None, tuple[tuple[int, int], ...] | None]:
     """The sources a request asks for (``documents``, ``spans``: None when not given) checked: ``sources`` one of

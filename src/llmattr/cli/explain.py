@@ -34,6 +34,7 @@ from ..model_free import (
     check_target,
     example_fields,
     request_params,
+    task_asked,
 )
 from ..readers import read_rows, row_texts
 from .app import DERIVED, app, plugin_command
@@ -232,7 +233,7 @@ def explain(
     if data is not None and (documents is not None or span):
         raise LlmattrError("--document, --context and --span go with one TEXT; with --data each row holds its "
                            "documents (--documents-field)")
-    task = task if task is not None else "context" if documents is not None else "sentiment"
+    task = task_asked(task, documents)
     facts = check_task(task)
     member(target, TARGET_MODES, "target")
     member(scope, SCOPES, "scope")

@@ -1,12 +1,14 @@
 """Paper 003's protocol on a model with a sequence head (``llmattr finetune --head``): sec. 4.1-4.2, Tables 1, 4-6.
 
-Attributions (sec. 4.1) of the head's output for the predicted label (a regression head: its output):
+Attributions (sec. 4.1) of the head's output for the predicted label (a regression head: its output), each the
+``head_scores`` of its registered method (:func:`llmattr.methods.base.explains_head`; :data:`HEAD_METHODS` are the
+paper's, in its tables' order):
 
 - ``normxlogit``, ``logat``, ``l2-norm``: :func:`llmattr.methods.logit.classifier_scores` (eqs. 2-4);
 - ``saliency`` (Grad. Norm), ``input-x-gradient`` (G x I), ``integrated-gradients`` (IG, zero baseline,
-  :data:`IG_STEPS` Gauss-Legendre points: the paper's 25 steps for LLaMA-2): gradients of the predicted label's
-  probability (a regression head: its output) w.r.t. the input embeddings, each token's vector reduced by the
-  l1 norm ("using the l1 norm for aggregation");
+  :data:`~llmattr.methods.integrated.HEAD_STEPS` Gauss-Legendre points: the paper's 25 steps for LLaMA-2):
+  gradients of the predicted label's probability (a regression head: its output) w.r.t. the input embeddings, each
+  token's vector reduced by the l1 norm ("using the l1 norm for aggregation"), :mod:`llmattr.methods.gradient`;
 - ``random``: a seeded random ranking.
 
 Faithfulness (sec. 4.2), with the tokens deleted (auto-regressive models: "deletions are employed"), at each
@@ -31,52 +33,27 @@ import torch
 
 from ..errors import LlmattrError
 from ..explanation import Explanation
-from ..methods.gradient import embedding_gradients, reduce_tokens
-from ..methods.integrated import integrate, path_alphas
-from ..methods.logit import classifier_scores
+from ..methods import REGISTRY, AttributionMethod
+from ..methods.base import explains_head
 from ..stats import paired_test, pearson_columns, stable_seed
 from .ranks import K_GRID, counts, top_masks
 
 HEAD_METHODS = ("normxlogit", "logat", "l2-norm", "saliency", "input-x-gradient", "integrated-gradients", "random")
-IG_STEPS = 25  # paper 003 app. A: "for LLaMA2, we reduced the number of steps to 25"
 BOOTSTRAP = 2000
 
 
-def last_token_logits(model: torch.nn.Module, embeds: torch.Tensor) -> torch.Tensor:
-    """The head's logits ``(B, labels)`` on the last token's state of unpadded ``embeds`` ``(B, S, D)``: what
-    transformers' ``*ForSequenceClassification`` reads when given ``inputs_embeds`` (it cannot look for padding
-    there, and warns so), computed from the base model and the ``score`` layer, for the last position only."""
-    hidden = getattr(model, model.base_model_prefix)(inputs_embeds=embeds).last_hidden_state
-    return model.score(hidden[:, -1])
-
-
-def head_function(model: torch.nn.Module, label: int | None):
-    """``F(embeds (B, S, D)) -> (B, 1)``: the head's probability of ``label``, or a regression head's output."""
-    def f(embeds: torch.Tensor) -> torch.Tensor:
-        logits = last_token_logits(model, embeds).float()
-        return logits[:, :1] if label is None else logits.softmax(-1)[:, [label]]
-    return f
+def head_method(method: str) -> type[AttributionMethod]:
+    """The registered method ``method`` where it explains a sequence head; otherwise one line naming those that do."""
+    cls = REGISTRY.get(method)
+    if cls is None or not explains_head(cls):
+        valid = [name for name, each in REGISTRY.items() if explains_head(each)]
+        raise LlmattrError(f"{method} does not explain a sequence head; use one of {', '.join(valid)}")
+    return cls
 
 
 def head_attribution(model: torch.nn.Module, input_ids: torch.Tensor, method: str, seed: int = 0) -> torch.Tensor:
-    """Scores ``(S,)`` of every token of ``input_ids`` ``(1, S)`` by ``method`` (:data:`HEAD_METHODS`)."""
-    if method not in HEAD_METHODS:
-        raise LlmattrError(f"unknown head method {method!r}; valid: {', '.join(HEAD_METHODS)}")
-    if method in ("normxlogit", "logat", "l2-norm"):
-        return classifier_scores(model, input_ids, method=method)[0].double()
-    if method == "random":
-        return torch.rand(input_ids.shape[1], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    with torch.no_grad():
-        logits = model(input_ids=input_ids).logits[0]
-    f = head_function(model, None if logits.numel() == 1 else int(logits.argmax()))
-    x = model.get_input_embeddings()(input_ids).detach()
-    if method == "integrated-gradients":
-        alphas, weights = path_alphas("gausslegendre", IG_STEPS)
-        total, _ = integrate(f, x, torch.zeros_like(x), alphas, weights, batch_size=IG_STEPS)
-        return reduce_tokens((total[0] * x[0]).float(), "l1").double()
-    _, grads = embedding_gradients(f, x)
-    attr = grads[0, 0] if method == "saliency" else grads[0, 0] * x[0]
-    return reduce_tokens(attr.float(), "l1").double()
+    """Scores ``(S,)`` of every token of ``input_ids`` ``(1, S)`` by ``method``'s ``head_scores``."""
+    return head_method(method).head_scores(model, input_ids, seed)
 
 
 @dataclass
@@ -152,8 +129,7 @@ def head_explanation(lm, task, example: dict, method: str, seed: int = 0) -> Exp
     step: the predicted label (its index, its probability) or, for a regression head, the output (its value in
     ``logit``; token ``score``)."""
     task.check_model(lm)
-    if method not in HEAD_METHODS:
-        raise LlmattrError(f"{method} does not explain a sequence head; use one of {', '.join(HEAD_METHODS)}")
+    signed = head_method(method).head_signed  # the gradient methods' l1 norms are >= 0
     text, enc, ids, span = head_input(lm, task, example)
     start = time.perf_counter()
     scores = head_attribution(lm.model, ids, method, seed)[span[0]: span[1]]  # the text's tokens (paper 003)
@@ -162,9 +138,8 @@ def head_explanation(lm, task, example: dict, method: str, seed: int = 0) -> Exp
         logits = lm.model(input_ids=ids).logits[0].double().cpu()
     regression = logits.numel() == 1
     label = 0 if regression else int(logits.argmax())
-    signed = method in ("logat", "normxlogit") and not regression  # the gradient methods' l1 norms are >= 0
     return Explanation.from_raw(
-        scores[None].cpu(), signed, step_tokens=["score" if regression else task.label_words[label]],
+        scores[None].cpu(), signed and not regression, step_tokens=["score" if regression else task.label_words[label]],
         step_ids=[label], positions=[ids.shape[1] - 1], logits=[float(logits[label])],
         step_probs=None if regression else [float(logits.softmax(-1)[label])],
         model=lm.model_id, method=method, params={}, tokens=[lm.tokenizer.decode([i]) for i in enc["input_ids"]],
@@ -266,4 +241,4 @@ def summarize(by_method: dict[str, list[HeadFaithfulness]], gold: list[float], r
     return out
 
 
-__all__ = ["HEAD_METHODS", "IG_STEPS", "HeadFaithfulness", "head_attribution", "head_faithfulness", "summarize"]
+__all__ = ["HEAD_METHODS", "HeadFaithfulness", "head_attribution", "head_faithfulness", "summarize"]

@@ -77,6 +77,7 @@ class AttributionMethod:
     layer_sweep: ClassVar[str | None] = None
     control: ClassVar[bool] = False
     granularity: ClassVar[str] = "token"  # "source": scores whole sources and needs a prompt with them
+    head_signed: ClassVar[bool] = False  # its scores of a sequence head's label (head_scores) take both signs
 
     def __init__(self, **params):
         scored = self.defaults.get("objective", self.objective) if self.objective else None  # the default's
@@ -145,6 +146,13 @@ def layer_parameter(cls: type[AttributionMethod]) -> str | None:
     """The parameter of ``cls`` that picks one layer's reading (``layer_param`` where its defaults have it), or
     ``None`` for a method without per-layer scores."""
     return cls.layer_param if cls.layer_param in cls.defaults else None
+
+
+def explains_head(cls: type[AttributionMethod]) -> bool:
+    """Whether ``cls`` explains a sequence head (paper 003, ``llmattr finetune --head``): it defines
+    ``head_scores(model, input_ids (1, S), seed) -> (S,)`` float64, the scores of every token for the head's
+    predicted label (a regression head: its output)."""
+    return callable(getattr(cls, "head_scores", None))
 
 
 def register(cls: type[AttributionMethod]) -> type[AttributionMethod]:

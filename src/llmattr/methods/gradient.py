@@ -166,6 +166,39 @@ def endpoint_delta(lm: LoadedModel, target: Target, explained: objectives.Object
     return ends[0] - ends[1].to(ends[0])
 
 
+def last_token_logits(model: torch.nn.Module, embeds: torch.Tensor) -> torch.Tensor:
+    """The head's logits ``(B, labels)`` on the last token's state of unpadded ``embeds`` ``(B, S, D)``: what
+    transformers' ``*ForSequenceClassification`` reads when given ``inputs_embeds`` (it cannot look for padding
+    there, and warns so), computed from the base model and the ``score`` layer, for the last position only."""
+    hidden = getattr(model, model.base_model_prefix)(inputs_embeds=embeds).last_hidden_state
+    return model.score(hidden[:, -1])
+
+
+def head_function(model: torch.nn.Module, label: int | None) -> ScoreFn:
+    """``F(embeds (B, S, D)) -> (B, 1)``: the head's probability of ``label``, or a regression head's output."""
+    def f(embeds: torch.Tensor) -> torch.Tensor:
+        logits = last_token_logits(model, embeds).float()
+        return logits[:, :1] if label is None else logits.softmax(-1)[:, [label]]
+    return f
+
+
+def head_inputs(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[torch.Tensor, ScoreFn]:
+    """The input embeddings ``(1, S, D)`` of a sequence head's model and what paper 003's gradient methods
+    differentiate: the probability of the predicted label (a regression head: its output), :func:`head_function`."""
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits[0]
+    f = head_function(model, None if logits.numel() == 1 else int(logits.argmax()))
+    return model.get_input_embeddings()(input_ids).detach(), f
+
+
+def head_gradient_scores(model: torch.nn.Module, input_ids: torch.Tensor, times_input: bool) -> torch.Tensor:
+    """Paper 003's Grad. Norm (``times_input=False``) or G x I of a sequence head: ``dF/dx_i`` (or ``x_i * dF/dx_i``)
+    reduced by the l1 norm ("using the l1 norm for aggregation"), ``(S,)`` float64."""
+    x, f = head_inputs(model, input_ids)
+    _, grads = embedding_gradients(f, x)
+    return reduce_tokens((grads[0, 0] * x[0] if times_input else grads[0, 0]).float(), "l1").double()
+
+
 def span_scores(attr: torch.Tensor, target: Target, reduction: str) -> torch.Tensor:
     """Reduce ``(T, S, D)`` attributions to tokens and keep the content span: ``(T, n_span)`` float32."""
     a, b = target.span
@@ -208,6 +241,11 @@ class Saliency(EmbeddingGradientMethod):
         _, grads = self.gradients(lm, target)
         return span_scores(grads[:, 0], target, self.params["reduction"])
 
+    @classmethod
+    def head_scores(cls, model: torch.nn.Module, input_ids: torch.Tensor, seed: int = 0) -> torch.Tensor:
+        """Paper 003's Grad. Norm: ``||dF/dx_i||_1``."""
+        return head_gradient_scores(model, input_ids, times_input=False)
+
 
 @register
 class InputXGradient(EmbeddingGradientMethod):
@@ -222,3 +260,8 @@ class InputXGradient(EmbeddingGradientMethod):
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         embeds, grads = self.gradients(lm, target)
         return span_scores(embeds * grads[:, 0], target, self.params["reduction"])
+
+    @classmethod
+    def head_scores(cls, model: torch.nn.Module, input_ids: torch.Tensor, seed: int = 0) -> torch.Tensor:
+        """Paper 003's G x I: ``||x_i * dF/dx_i||_1``."""
+        return head_gradient_scores(model, input_ids, times_input=True)

@@ -30,12 +30,14 @@ from .gradient import (
     convergence,
     embedding_gradients,
     endpoint_delta,
+    head_inputs,
     reduce_tokens,
     span_scores,
     suffix_score_fn,
 )
 
 PATH_METHODS = ("riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid", "gausslegendre")
+HEAD_STEPS = 25  # paper 003 app. A, on a sequence head: "for LLaMA2, we reduced the number of steps to 25"
 
 
 def path_alphas(method: str, n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,6 +222,15 @@ class IntegratedGradients(PathMethod):
     family = "gradient (path)"
     summary = "Integrated Gradients: (x - 0) * mean path gradient, n_steps points batched as rows"
     cost = "n_steps forwards + backwards as batch rows (all steps share them)"
+
+    @classmethod
+    def head_scores(cls, model: torch.nn.Module, input_ids: torch.Tensor, seed: int = 0) -> torch.Tensor:
+        """Paper 003's IG of a sequence head: zero baseline, :data:`HEAD_STEPS` Gauss-Legendre points, each token's
+        ``x_i * integral of dF/dx_i`` reduced by the l1 norm."""
+        x, f = head_inputs(model, input_ids)
+        alphas, weights = path_alphas("gausslegendre", HEAD_STEPS)
+        total, _ = integrate(f, x, torch.zeros_like(x), alphas, weights, batch_size=HEAD_STEPS)
+        return reduce_tokens((total[0] * x[0]).float(), "l1").double()
 
 
 @register

@@ -79,6 +79,11 @@ class _LogitFamily(AttributionMethod):
     def attribute(self, lm: LoadedModel, target: Target) -> torch.Tensor:
         return self.layer_scores(lm, target, [self.params.get("layer")])[0]
 
+    @classmethod
+    def head_scores(cls, model: torch.nn.Module, input_ids: torch.Tensor, seed: int = 0) -> torch.Tensor:
+        """Eqs. 2-4 on a sequence head's own output layer (:func:`classifier_scores`)."""
+        return classifier_scores(model, input_ids, method=cls.name)[0].double()
+
     def layer_scores(self, lm: LoadedModel, target: Target, layers: list[int | None]) -> torch.Tensor:
         """``(len(layers), n_steps, n_span)``: the head applied to each layer's output, all from one forward."""
         a, b = target.span
@@ -112,6 +117,7 @@ class LogAt(_LogitFamily):
     name = "logat"
     summary = "LogAt: target-token logit of the LM head applied to each token's final state (eq. 2)"
     signed = True
+    head_signed = True
     cost = "1 forward (all steps share it)"
     use_norm = False
 
@@ -123,6 +129,7 @@ class NormXLogit(_LogitFamily):
     name = "normxlogit"
     summary = "NormXLogit: ||x_i^0|| * LogAt(x_i) (paper 003 eq. 4)"
     signed = True
+    head_signed = True
     cost = "1 forward (all steps share it)"
 
 

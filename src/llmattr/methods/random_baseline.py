@@ -37,3 +37,8 @@ class RandomBaseline(AttributionMethod):
         if owner is None:
             return torch.rand((target.n_steps, b - a), generator=generator)
         return spread(torch.rand((target.n_steps, int(owner.max()) + 1), generator=generator), owner)
+
+    @classmethod
+    def head_scores(cls, model: torch.nn.Module, input_ids: torch.Tensor, seed: int = 0) -> torch.Tensor:
+        """A sequence head's random ranking (paper 003): ``U(0, 1)`` per token, seeded by ``seed`` alone."""
+        return torch.rand(input_ids.shape[1], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
