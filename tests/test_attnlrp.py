@@ -20,7 +20,7 @@ from llmattr import methods
 from llmattr.api import prepare
 from llmattr.errors import LlmattrError
 from llmattr.methods.gradient import embedding_gradients, score_fn
-from llmattr.methods.lrp import SOFTMAX, relevance, relevance_rules
+from llmattr.methods.lrp import calls, relevance, relevance_rules
 from llmattr.models.forward import logits_at
 from llmattr.models.memory import LIMIT_ENV, Shapes, activation_bytes, checkpointed, plan
 from llmattr.models.probe import eager_attention
@@ -78,7 +78,7 @@ class SoftmaxBias(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func in SOFTMAX and args[0].requires_grad:
+        if func in calls().softmax and args[0].requires_grad:
             s = out.detach()
             z = torch.where(s > 0, args[0].detach().to(s.dtype), 0)  # masked scores: s = 0, no term
             leaf = (s - s * (z - (s * z).sum(-1, keepdim=True))).requires_grad_(True)

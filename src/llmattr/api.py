@@ -7,7 +7,6 @@ import warnings
 from collections.abc import Sequence
 from functools import lru_cache
 
-import torch
 from rich.progress import Progress, track
 
 from . import faithfulness, methods
@@ -17,6 +16,7 @@ from .display import span_display
 from .errors import LlmattrError, NotExplainedWarning
 from .explanation import Explanation, Explanations
 from .faithfulness.head import head_explanation
+from .lazy import torch
 from .model_free import task_asked
 from .models import memory
 from .models.loading import LoadedModel, load_model

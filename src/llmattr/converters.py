@@ -10,11 +10,10 @@ the other tool explained.
 
 from __future__ import annotations
 
-import torch
-
 from .api import from_scores, resolve_model
 from .errors import LlmattrError
 from .explanation import Explanation
+from .lazy import torch
 
 
 def _matrix(values, what: str) -> torch.Tensor:

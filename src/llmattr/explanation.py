@@ -11,12 +11,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from . import render
 from .declarations import current_params
 from .display import display_tokens, span_display
 from .errors import LlmattrError
+from .lazy import torch
 from .scores import retain_probs
 from .sources import Sources
 

@@ -32,15 +32,11 @@ import warnings
 from dataclasses import InitVar, asdict, dataclass, replace
 from pathlib import Path
 
-import scipy.stats
-import torch
-import transformers
-from transformers.trainer_utils import get_last_checkpoint
-
 from .declarations import held_out_summary
 from .errors import LlmattrError
 from .evaluation.accuracy import label_predictions
 from .faithfulness.ffidelity import augment_mask
+from .lazy import derived, lazy, torch
 from .model_card import CARD_NAME, card_path, content_hash
 from .model_free import (
     FINETUNE_DATA,
@@ -63,6 +59,10 @@ from .tasks.catalog import HEAD_TASKS, STSB_REGRESSION, head_version
 from .tasks.datasets import sample
 from .tasks.files import read_file_examples
 from .version import __version__
+
+transformers = lazy("transformers")
+trainer_utils = lazy("transformers.trainer_utils")
+scipy_stats = lazy("scipy.stats")
 
 LOSSES = ("label", "lm")
 HEADS = ("classification", "regression")  # --head: a sequence head on the last token's state (paper 003)
@@ -200,7 +200,7 @@ def lm_sequence(tokenizer, task: Task, example: dict) -> dict:
     return {"input_ids": bos + ids, "labels": [-100] * len(bos) + ids}
 
 
-class MaskAugmented(torch.utils.data.Dataset):
+class MaskAugmentedBody:
     """The label rows with F-Fidelity's random-mask augmentation (Zheng et al., ICLR 2025; docs/trust.md).
 
     Each time row ``i`` is read in epoch ``e`` its content span (the text: never a token of the template) loses
@@ -225,15 +225,21 @@ class MaskAugmented(torch.utils.data.Dataset):
         return {"input_ids": [row["input_ids"][j] for j in keep], "labels": row["labels"]}
 
 
-class EpochCallback(transformers.TrainerCallback):
+MaskAugmented = derived("MaskAugmented", MaskAugmentedBody, lambda: torch.utils.data.Dataset)
+
+
+class EpochCallbackBody:
     """Tells :class:`MaskAugmented` which epoch is read (``state.epoch`` is the epochs done, fractional on a run
     resumed inside an epoch), so each epoch draws new masks."""
 
-    def __init__(self, dataset: MaskAugmented):
+    def __init__(self, dataset: MaskAugmentedBody):
         self.dataset = dataset
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self.dataset.epoch = int(state.epoch or 0)
+
+
+EpochCallback = derived("EpochCallback", EpochCallbackBody, lambda: transformers.TrainerCallback)
 
 
 @dataclass
@@ -345,7 +351,7 @@ def held_out_head(lm: LoadedModel, task: Task, held: list[dict], train: list[dic
         return class_accuracy(task, held, pred)
     pred = out[:, 0].double().numpy()
     gold = [float(ex["label"]) for ex in held]
-    r = scipy.stats.pearsonr(pred, gold)
+    r = scipy_stats.pearsonr(pred, gold)
     ci = r.confidence_interval(0.95)
     mean = sum(float(ex["label"]) for ex in train) / len(train)
     return {"n": len(held), "pearson": float(r.statistic), "low": float(ci.low), "high": float(ci.high),
@@ -471,7 +477,7 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
         rows = [lm_sequence(tokenizer, task, cap(task, ex, tokenizer, cfg.max_tokens)) for ex in train]
     start = time.perf_counter()
     trainer = build_trainer(lm, rows, cfg, out / CHECKPOINTS, progress, callbacks)
-    last = get_last_checkpoint(str(out / CHECKPOINTS)) if (out / CHECKPOINTS).is_dir() else None
+    last = trainer_utils.get_last_checkpoint(str(out / CHECKPOINTS)) if (out / CHECKPOINTS).is_dir() else None
     trainer.train(resume_from_checkpoint=last)
     trained = trainer.model.merge_and_unload() if cfg.rank else trainer.model
     trained.eval()
@@ -493,7 +499,7 @@ def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned"
     return card
 
 
-def build_trainer(lm: LoadedModel, rows: list[dict] | MaskAugmented, cfg: FinetuneConfig, checkpoints: Path,
+def build_trainer(lm: LoadedModel, rows: list[dict] | MaskAugmentedBody, cfg: FinetuneConfig, checkpoints: Path,
                   progress: bool, callbacks: tuple) -> transformers.Trainer:
     """transformers' Trainer over ``rows`` (AdamW, linear decay, no warm-up, no weight decay, no dropout change)."""
     transformers.set_seed(cfg.seed)

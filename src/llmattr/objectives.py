@@ -22,13 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from .checks import register_once
+from .lazy import torch
 from .model_free import check_objective
 
-ObjectiveFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+if TYPE_CHECKING:
+    from torch import Tensor
+
+ObjectiveFn = Callable[["Tensor", "Tensor", "Tensor | None"], "Tensor"]
 
 
 @dataclass(frozen=True)

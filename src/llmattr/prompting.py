@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from .errors import LlmattrError
+from .lazy import torch
 from .sources import Sources
 from .sources.build import build_sources, check_documents, check_spans, context_text
 from .tasks import Task

@@ -6,9 +6,8 @@ method's paper says otherwise, raw scores of one step are mapped by :func:`retai
 
 from __future__ import annotations
 
-import torch
-
 from .errors import LlmattrError
+from .lazy import torch
 
 UNIFORM = "retain probability 0.5 for every token (no token ranks above another)"
 

@@ -22,7 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
+
+from .lazy import lazy
+
+sps = lazy("scipy.stats")
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000  # bootstrap resamples per interval (``llmattr report --bootstrap N``)

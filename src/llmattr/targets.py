@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
-
 from .checks import SCOPES, TARGET_MODES, member
 from .errors import LlmattrError
+from .lazy import no_grad, torch
 from .model_free import check_gold_word, forced_answer, gold_label_word, new_tokens
 from .models.loading import LoadedModel
 from .objectives import probability
@@ -72,7 +71,7 @@ def _stop_ids(lm: LoadedModel) -> set[int]:
     return ids
 
 
-@torch.no_grad()
+@no_grad
 def generate_with_logits(lm: LoadedModel, prompt: Prompt, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy continuation, without the closing end-of-turn token (kept if it is the only one), and the
     raw next-token logits ``(max(T, 1), V)`` at each kept answer position (from the same generation: the first
@@ -96,7 +95,7 @@ def generate(lm: LoadedModel, prompt: Prompt, max_new_tokens: int) -> torch.Tens
     return generate_with_logits(lm, prompt, max_new_tokens)[0]
 
 
-@torch.no_grad()
+@no_grad
 def step_probabilities(lm: LoadedModel, target: Target) -> torch.Tensor:
     """The model's probability of each explained token at its step: read off the generation that chose the
     tokens (``target.step_probs``: the label word's and the free answer's, no second pass), else (a forced

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
 from ..errors import LlmattrError
+from ..lazy import torch
 from ..models.forward import padded_last_probs
 from ..prompting import build_prompt
 from ..tasks import Task

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from rich import progress as rp
 
 from .. import methods
@@ -26,6 +25,7 @@ from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..faithfulness import Metric, MetricContext, get_metrics, metric_needs
 from ..faithfulness.head import head_explanation
+from ..lazy import torch
 from ..model_free import check_needs, check_sources_asked, task_facts
 from ..models.card import card_facts, read_card
 from ..models.loading import LoadedModel, load_model

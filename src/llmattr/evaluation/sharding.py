@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 from ..errors import LlmattrError
+from ..lazy import torch
 from ..model_free import check_shard, parse_shard
 from ..tasks import Task
 from .config import EvalConfig

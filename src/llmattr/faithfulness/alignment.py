@@ -20,12 +20,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import torch
-
 from .. import methods
 from ..declarations import MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
+from ..lazy import torch
 from ..scores import check_finite, pos_norm
 from ..store import Row
 from ..tasks import TASKS

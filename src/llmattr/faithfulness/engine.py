@@ -18,10 +18,9 @@ with the square of the length.
 
 from __future__ import annotations
 
-import torch
-
 from ..checks import ROUTINGS, one_of
 from ..errors import LlmattrError
+from ..lazy import no_grad, torch
 from ..models.forward import content_key, logits_and_prefix
 from ..models.loading import LoadedModel
 from ..models.memory import forward_batch, is_oom
@@ -60,7 +59,7 @@ class PerturbationEngine:
         self.key = ("perturbed-probs", routing, self.prefix_len, self.n_span, content_key(ids))  # :meth:`probs`
         self._clean_pass(ids)
 
-    @torch.no_grad()
+    @no_grad
     def _clean_pass(self, ids: torch.Tensor) -> None:
         """One clean forward: clean distribution, prefix key/values, (fixed routing) every layer's q and k."""
         rows = torch.arange(self.prefix_len, ids.numel(), device=ids.device)  # the perturbed rows
@@ -78,7 +77,7 @@ class PerturbationEngine:
         span = embeds[:, : self.n_span] * factor
         return torch.cat([span, embeds[:, self.n_span:]], dim=1)
 
-    @torch.no_grad()
+    @no_grad
     def _forward(self, keep: torch.Tensor) -> torch.Tensor:
         with Probe(replay=self.replay):
             logits = self.prefix.logits_at(self.lm, self._masked_embeds(keep), self.last)

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from ..checks import mask_rate
 from ..declarations import FigureSpec, MetricRow, TableSpec
 from ..errors import LlmattrError
+from ..lazy import no_grad, torch
 from ..model_free import ffid_beta
 from ..models.forward import SharedPrefix, padded_last_probs
 from ..stats import stable_seed
@@ -98,7 +97,7 @@ def removal_sets(scores: torch.Tensor, ratios, beta: float, samples: int,
     return plus, minus, most
 
 
-@torch.no_grad()
+@no_grad
 def deleted_after_prefix(lm, target: Target, step: int, removed: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
     """Next-token probabilities ``(N, V)`` at ``step`` with the span tokens where ``removed`` ``(N, m)`` is True
     deleted: :func:`~.ranking.deleted_probs` with the template before the span run once

@@ -29,10 +29,10 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import torch
 
 from ..errors import LlmattrError
 from ..explanation import Explanation
+from ..lazy import torch
 from ..methods import REGISTRY, AttributionMethod
 from ..methods.base import explains_head
 from ..stats import paired_test, pearson_columns, stable_seed

@@ -5,11 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 
-import torch
-
 from ..checks import member
 from ..errors import LlmattrError
 from ..explanation import Explanation
+from ..lazy import torch
 from ..models.loading import LoadedModel
 from ..prompting import Prompt
 from ..targets import SCOPES, Target

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-import torch
-
 from ..declarations import FigureSpec, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
+from ..lazy import torch
 from ..models.forward import padded_last_probs
 from ..models.loading import LoadedModel
 from ..scores import check_finite

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch
+from ..lazy import torch
 
 K_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # paper 003's perturbation ratios
 

@@ -31,11 +31,11 @@ from collections import defaultdict
 from dataclasses import replace
 
 import numpy as np
-import torch
 
 from ..declarations import DISRUPTIVE, MINOR, PERTURBED_SEP, RETAIN_RULE, UNPERTURBED
 from ..errors import LlmattrError
 from ..explanation import Explanation
+from ..lazy import torch
 from ..model_free import metric_list
 from ..stats import mc_standard_error, stable_seed
 from ..store import Row

@@ -35,12 +35,11 @@ from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
-import torch
-from scipy import stats as sps
 
 from .. import methods
 from ..declarations import FAIL_RHO, MetricRow, TableSpec
 from ..explanation import Explanation
+from ..lazy import lazy, torch
 from ..model_free import check_permuted_model
 from ..models.anatomy import decoder_blocks
 from ..models.loading import LoadedModel, load_model
@@ -49,6 +48,8 @@ from ..store import Row
 from .inputs import check_tokenizer, evaluated_steps, example_key, target_from_explanation
 from .registry import Metric, MetricContext, Option, register
 from .soft import STEP_STRIDE
+
+sps = lazy("scipy.stats")
 
 SANITY_STRIDE = Option("sanity_stride", 1, "Model randomisation: randomise every k-th block (the top block and "
                        "block 0 always)", positive=True)

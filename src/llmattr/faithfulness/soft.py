@@ -26,12 +26,11 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import torch
-
 from ..checks import ROUTINGS, one_of, positive_int
 from ..declarations import RETAIN_RULE, FigureSpec, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
+from ..lazy import torch
 from ..models.loading import LoadedModel
 from ..scores import check_finite
 from ..stats import mc_standard_error, stable_seed

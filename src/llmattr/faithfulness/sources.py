@@ -30,13 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-import torch
-from scipy import stats as sps
 
 from .. import objectives
 from ..declarations import RETAIN_RULE, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
+from ..lazy import lazy, torch
 from ..methods.ablation import AUTO, Ablation, ablated_objective, clean_pass, contextcite_masks, logit_response
 from ..models.loading import LoadedModel
 from ..scores import retain_probs
@@ -47,6 +46,8 @@ from .alignment import average_precision
 from .inputs import check_explanation, check_tokenizer, evaluated_steps, example_key, target_from_explanation
 from .registry import Metric, MetricContext, Option, register
 from .soft import SOFT_OPTIONS, evaluate_target, soft_options
+
+sps = lazy("scipy.stats")
 
 TOP_K = Option("source_top_k", 5, "Source-level metrics: top-k source removal for k = 1..K", positive=True)
 LDS_ABLATIONS = Option("lds_ablations", 32, "Held-out random source ablations of the LDS", positive=True)

@@ -25,11 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from transformers.cache_utils import Cache, DynamicCache
 
 from .. import objectives
 from ..errors import LlmattrError
+from ..lazy import cache_utils, no_grad, torch
 from ..models.forward import PrefixLayer, content_key
 from ..models.loading import LoadedModel
 from ..models.memory import forward_batch
@@ -99,10 +98,10 @@ class Ablation:
         return torch.where(tokens, width, index).min(dim=1).values
 
 
-@torch.no_grad()
+@no_grad
 def clean_pass(lm: LoadedModel, ablation: Ablation) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """One forward of the unablated input: ``F_t`` ``(T,)`` and every layer's keys and values."""
-    cache = DynamicCache()
+    cache = cache_utils.DynamicCache()
     steps = ablation.steps
     ids = ablation.ids.to(lm.device)[None]
     keep = torch.arange(len(ablation.ids) - steps, len(ablation.ids), device=lm.device)
@@ -111,7 +110,7 @@ def clean_pass(lm: LoadedModel, ablation: Ablation) -> tuple[torch.Tensor, list[
     return value.cpu(), [(layer.keys, layer.values) for layer in cache.layers]
 
 
-@torch.no_grad()
+@no_grad
 def batch_objective(lm: LoadedModel, ablation: Ablation, rows: list[torch.Tensor], start: int,
                     layers: list[tuple[torch.Tensor, torch.Tensor]] | None) -> torch.Tensor:
     """``F_t`` ``(B, T)`` of ``rows`` (each the kept token ids after position ``start``), after the clean keys and
@@ -127,7 +126,7 @@ def batch_objective(lm: LoadedModel, ablation: Ablation, rows: list[torch.Tensor
         positions[k, width - len(row):] = torch.arange(start, start + len(row))
     kwargs = {}
     if start:
-        kwargs = {"cache": Cache(layers=[PrefixLayer(k[:, :, :start], v[:, :, :start]) for k, v in layers]),
+        kwargs = {"cache": cache_utils.Cache(layers=[PrefixLayer(k[:, :, :start], v[:, :, :start]) for k, v in layers]),
                   "use_cache": True}
     steps = ablation.steps
     keep = torch.arange(width - steps, width, device=lm.device)
@@ -156,7 +155,7 @@ def rows_per_pass(lm: LoadedModel, batch_size: int | str, tokens: int) -> int:
     return 1 if lm.device.type == "cpu" else forward_batch(lm, tokens)
 
 
-@torch.no_grad()
+@no_grad
 def ablated_objective(lm: LoadedModel, ablation: Ablation, keep: torch.Tensor, batch_size: int | str = AUTO,
                       reuse_prefix: bool = True, clean: tuple | None = None) -> torch.Tensor:
     """``F_t`` ``(R, T)`` of each row of ``keep`` ``(R, n_sources)`` (module docstring), ``batch_size`` rows per

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
+from ..lazy import torch
 from ..model_free import choice
 from ..models.forward import logits_at
 from ..models.loading import LoadedModel

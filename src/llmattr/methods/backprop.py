@@ -4,7 +4,7 @@ per-head gradients in :mod:`.grad_ellm`)."""
 
 from __future__ import annotations
 
-import torch
+from ..lazy import torch
 
 
 def step_gradients(outputs: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -5,12 +5,11 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import ClassVar
 
-import torch
-
 from .. import objectives
 from ..checks import register_once
 from ..declarations import RENAMED_PARAMS
 from ..errors import LlmattrError
+from ..lazy import torch
 from ..model_free import check_method_params, check_param_values
 from ..models import memory
 from ..models.loading import LoadedModel

@@ -55,9 +55,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-import torch
-
 from ..errors import LlmattrError
+from ..lazy import torch
 from ..model_free import choice
 from ..models.anatomy import attention_parts, decoder_blocks, final_norm, output_head
 from ..models.intercept import Patched

@@ -25,16 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from fractions import Fraction
-from functools import partial
+from functools import cache, partial
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
-from torch.autograd import forward_ad
-from torch.autograd.graph import saved_tensors_hooks
-from torch.overrides import TorchFunctionMode
-from torch.utils.checkpoint import checkpoint
-
+from ..lazy import F, checkpointing, derived, forward_ad, torch
 from ..models.intercept import Rules, patched_blocks
 from ..models.loading import LoadedModel
 from ..models.memory import MemoryProfile, register_profile
@@ -44,17 +40,9 @@ from .backprop import step_gradients
 from .base import register
 from .gradient import EmbeddingGradientMethod, ScoreFn, baseline_embeds, convergence, span_scores
 
-T = torch.Tensor
-UNARY = {
-    F.silu, F.gelu, F.relu, torch.relu, T.relu, torch.tanh, T.tanh, torch.sigmoid, T.sigmoid, F.sigmoid,
-    torch.exp, T.exp, torch.rsqrt, T.rsqrt, torch.sqrt, T.sqrt, torch.pow, T.pow, T.__pow__,
-    torch.reciprocal, T.reciprocal, torch.erf, T.erf,
-}
-ELEMENTWISE = {T.__mul__, T.__rmul__, torch.mul, T.mul}
-PRODUCT = ELEMENTWISE | {torch.matmul, T.__matmul__, T.matmul, torch.bmm, T.bmm}
-DIVIDE = {T.__truediv__, torch.div, T.div, torch.true_divide}
-SOFTMAX = {torch.softmax, T.softmax, F.softmax}
-NORMALISERS = {torch.rsqrt, T.rsqrt, torch.reciprocal, T.reciprocal}
+if TYPE_CHECKING:
+    from torch import Tensor as T
+
 NEAR_ZERO = 1e-7  # relative, about one float32 step: x and x0 equal or adjacent -> the gradient
 SCALE = "_llmattr_deeplift_scale"  # marks a normaliser's output (rsqrt / reciprocal)
 ATTENTION_BLOCK = 2**22  # score elements (batch x heads x rows x keys) per block of the attention multipliers
@@ -62,6 +50,32 @@ ATTENTION_BLOCK = 2**22  # score elements (batch x heads x rows x keys) per bloc
 
 def _grad_arg(x) -> bool:
     return isinstance(x, torch.Tensor) and x.requires_grad
+
+
+@dataclass(frozen=True)
+class Calls:
+    """The torch calls the rules tell apart (read on first use: they are torch's objects)."""
+
+    unary: frozenset
+    elementwise: frozenset
+    product: frozenset  # element-wise and matrix products
+    divide: frozenset
+    softmax: frozenset
+    normalisers: frozenset
+
+
+@cache
+def calls() -> Calls:
+    T = torch.Tensor
+    elementwise = frozenset({T.__mul__, T.__rmul__, torch.mul, T.mul})
+    return Calls(
+        unary=frozenset({F.silu, F.gelu, F.relu, torch.relu, T.relu, torch.tanh, T.tanh, torch.sigmoid, T.sigmoid,
+                         F.sigmoid, torch.exp, T.exp, torch.rsqrt, T.rsqrt, torch.sqrt, T.sqrt, torch.pow, T.pow,
+                         T.__pow__, torch.reciprocal, T.reciprocal, torch.erf, T.erf}),
+        elementwise=elementwise, product=elementwise | {torch.matmul, T.__matmul__, T.matmul, torch.bmm, T.bmm},
+        divide=frozenset({T.__truediv__, torch.div, T.div, torch.true_divide}),
+        softmax=frozenset({torch.softmax, T.softmax, F.softmax}),
+        normalisers=frozenset({torch.rsqrt, T.rsqrt, torch.reciprocal, T.reciprocal}))
 
 
 def rescale(func, x: T, x0: T, *rest, **kwargs) -> tuple[T, T]:
@@ -88,7 +102,7 @@ def _linearised(value: T, inputs: list[T], multipliers: list[T], op) -> T:
     return value.detach() + (lin - lin.detach())
 
 
-class DeepLiftMode(TorchFunctionMode):
+class DeepLiftModeBody:
     """Records (``reference=None``) or replays the reference operands of every input-dependent
     non-linear call, in call order (both passes run the same code on same-shaped inputs). Replaying consumes
     the list: each call's reference operands are released once its multipliers are computed, so the input
@@ -102,17 +116,17 @@ class DeepLiftMode(TorchFunctionMode):
         self.paused = False  # inside a block that runs its own rules (:func:`blockwise_attributions`)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        kwargs, known = kwargs or {}, calls()
         if self.paused:
             return func(*args, **kwargs)
-        if func in UNARY and _grad_arg(args[0]):
+        if func in known.unary and _grad_arg(args[0]):
             kind = "unary"
-        elif func in PRODUCT and _grad_arg(args[0]) and len(args) > 1 and _grad_arg(args[1]):
+        elif func in known.product and _grad_arg(args[0]) and len(args) > 1 and _grad_arg(args[1]):
             kind = "product"
-        elif func in DIVIDE and len(args) > 1 and _grad_arg(args[1]) and not kwargs.get("rounding_mode"):
+        elif func in known.divide and len(args) > 1 and _grad_arg(args[1]) and not kwargs.get("rounding_mode"):
             kind = "divide"
-        elif (func in SOFTMAX or func is F.layer_norm) and _grad_arg(args[0]):
-            kind = "softmax" if func in SOFTMAX else "layer_norm"
+        elif (func in known.softmax or func is F.layer_norm) and _grad_arg(args[0]):
+            kind = "softmax" if func in known.softmax else "layer_norm"
         elif func is F.scaled_dot_product_attention and _grad_arg(args[0]):
             kind = "attention"
         else:
@@ -134,7 +148,7 @@ class DeepLiftMode(TorchFunctionMode):
         x = args[0]
         y, m = rescale(func, x.detach(), ref[0], *args[1:], **kwargs)
         out = _linearised(y, [x], [m], lambda i, c: i[0] * c[0])
-        if func in NORMALISERS:
+        if func in calls().normalisers:
             setattr(out, SCALE, True)
         return out
 
@@ -152,7 +166,7 @@ class DeepLiftMode(TorchFunctionMode):
         below the shared shift), and the terms cancel to a delta orders of magnitude smaller than each.
         """
         a, b = args[0], args[1]
-        scaled = func in ELEMENTWISE and (getattr(b, SCALE, False) or getattr(a, SCALE, False))
+        scaled = func in calls().elementwise and (getattr(b, SCALE, False) or getattr(a, SCALE, False))
         if scaled and getattr(b, SCALE, False):
             anchor = b.detach() <= ref[1]
             coef_b, coef_a = torch.where(anchor, b.detach(), ref[1]), torch.where(anchor, ref[0], a.detach())
@@ -211,6 +225,9 @@ class DeepLiftMode(TorchFunctionMode):
         y = self.product(torch.mul, [xc, r], [xc0, torch.rsqrt(var0)], {})
         y = y * weight if weight is not None else y
         return y + bias if bias is not None else y
+
+
+DeepLiftMode = derived("DeepLiftMode", DeepLiftModeBody, lambda: torch.overrides.TorchFunctionMode)
 
 
 def visible_block(mask: T | None, is_causal: bool, rows: slice, n_keys: int, device) -> T | None:
@@ -279,7 +296,7 @@ def attention_multipliers_vjp(grad: T, q: T, k: T, v: T, q0: T, k0: T, v0: T, ma
     return torch.cat(g_q, dim=2).to(dtype), g_k.to(dtype), g_v.to(dtype)
 
 
-class LinearisedAttention(torch.autograd.Function):
+class LinearisedAttentionBody:
     """sdpa attention forward (memory-efficient), DeepLIFT multipliers backward (:func:`attention_multipliers_vjp`).
 
     ``forward(q, k, v, q0, k0, v0, mask, is_causal, scale)``: ``q`` ``(B, H, S, D)``, ``k``, ``v``
@@ -301,6 +318,9 @@ class LinearisedAttention(torch.autograd.Function):
         return g_q, g_k, g_v, None, None, None, None, None, None
 
 
+LinearisedAttention = derived("LinearisedAttention", LinearisedAttentionBody, lambda: torch.autograd.Function)
+
+
 def deeplift_attributions(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepLIFT attributions ``(x - x0) * m`` ``(T, *x.shape[1:])`` and ``F(x) - F(x0)`` ``(T,)``.
 
@@ -312,7 +332,7 @@ def deeplift_attributions(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> tupl
     through the rules instead: every layer's ``(S, S)`` probabilities, the same multipliers.
     """
     ref_mode = DeepLiftMode()
-    with torch.enable_grad(), Rules(ref_mode), saved_tensors_hooks(_drop, _drop):
+    with torch.enable_grad(), Rules(ref_mode), torch.autograd.graph.saved_tensors_hooks(_drop, _drop):
         f0 = f(x0.detach().requires_grad_(True)).detach()  # requires_grad marks the input-dependent calls
     xg = x.detach().requires_grad_(True)
     with torch.enable_grad():
@@ -335,14 +355,14 @@ def blockwise_attributions(f: ScoreFn, x: torch.Tensor, x0: torch.Tensor, model:
     """
     ref_inputs: list[torch.Tensor] = []
     ref_mode = DeepLiftMode()
-    with torch.enable_grad(), Rules(ref_mode), saved_tensors_hooks(_drop, _drop), \
+    with torch.enable_grad(), Rules(ref_mode), torch.autograd.graph.saved_tensors_hooks(_drop, _drop), \
             patched_blocks(model, lambda _, forward: partial(_reference_block, ref_mode, forward, ref_inputs)):
         f0 = f(x0.detach().requires_grad_(True)).detach()
     xg = x.detach().requires_grad_(True)
     mode = DeepLiftMode(ref_mode.operands)
     with torch.enable_grad():
         with Rules(mode), patched_blocks(model, lambda k, forward: partial(
-                checkpoint, _linearised_block, mode, forward, ref_inputs[k], use_reentrant=False)):
+                checkpointing.checkpoint, _linearised_block, mode, forward, ref_inputs[k], use_reentrant=False)):
             out = f(xg)
         (multipliers,) = step_gradients(out.sum(0), [xg])
     return ((x - x0) * multipliers[:, 0]).detach(), (out.detach() - f0)[0]
@@ -358,19 +378,19 @@ def _paused(mode: DeepLiftMode) -> Iterator[None]:
         mode.paused = False
 
 
-def _reference_block(mode: DeepLiftMode, forward, inputs: list, hidden: T, *args, **kwargs):
+def _reference_block(mode: DeepLiftModeBody, forward, inputs: list, hidden: T, *args, **kwargs):
     """A block of the reference pass: its input kept, its calls left to :func:`_linearised_block`."""
     inputs.append(hidden.detach())
     with _paused(mode):
         return forward(hidden, *args, **kwargs)
 
 
-def _linearised_block(mode: DeepLiftMode, forward, h0: T, hidden: T, *args, **kwargs):
+def _linearised_block(mode: DeepLiftModeBody, forward, h0: T, hidden: T, *args, **kwargs):
     """One block of the input pass with its own DeepLIFT rules: the block's reference operands recorded from
     ``h0``, then replayed on ``hidden`` (the pass-wide ``mode`` steps aside meanwhile)."""
     block_ref = DeepLiftMode()
     with _paused(mode):
-        with Rules(block_ref), saved_tensors_hooks(_drop, _drop):
+        with Rules(block_ref), torch.autograd.graph.saved_tensors_hooks(_drop, _drop):
             forward(h0.detach().requires_grad_(True), *args, **kwargs)
         with Rules(DeepLiftMode(block_ref.operands)):
             return forward(hidden, *args, **kwargs)

@@ -3,9 +3,8 @@ evaluated. Not registered (it has no name of its own until given one); one insta
 
 from __future__ import annotations
 
-import torch
-
 from ..errors import LlmattrError
+from ..lazy import torch
 from ..models.loading import LoadedModel
 from ..targets import Target
 from .base import AttributionMethod

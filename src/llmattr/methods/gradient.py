@@ -16,12 +16,11 @@ Embedding-level attributions ``(..., D)`` are reduced to one score per token by 
 from __future__ import annotations
 
 from collections.abc import Callable
-
-import torch
-from transformers.cache_utils import Cache
+from typing import TYPE_CHECKING
 
 from .. import objectives
 from ..errors import LlmattrError
+from ..lazy import no_grad, torch
 from ..model_free import choice
 from ..models.forward import logits_at, prefix_cache, zero_input_logits
 from ..models.loading import LoadedModel
@@ -30,10 +29,14 @@ from ..targets import Target
 from .backprop import step_gradients
 from .base import AttributionMethod, register
 
+if TYPE_CHECKING:
+    from torch import Tensor
+    from transformers.cache_utils import Cache
+
 REDUCTIONS = ("l2", "sum", "l1")
 BASELINES = ("all", "span", "unk")  # the path baseline x0: which input embeddings it zeroes, or unk (not a scope)
 
-ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # embeddings (B, S, D) -> F (B, T)
+ScoreFn = Callable[["Tensor"], "Tensor"]  # embeddings (B, S, D) -> F (B, T)
 
 
 def reduce_tokens(attr: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -145,7 +148,7 @@ def convergence(attr: torch.Tensor, target_delta: torch.Tensor, rest: torch.Tens
     return {"target_delta": target_delta.tolist(), "convergence_delta": (total - target_delta).tolist()}
 
 
-@torch.no_grad()
+@no_grad
 def endpoint_delta(lm: LoadedModel, target: Target, explained: objectives.Objective, foil_ids: torch.Tensor | None,
                    f: ScoreFn, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
     """``F(x) - F(x0)`` per step ``(T,)``, running only the endpoints whose value is not known already.

@@ -12,9 +12,9 @@ unknown token's embedding (``baseline="unk"``: Inseq's, through which paper 000 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..errors import LlmattrError
+from ..lazy import torch
 from ..model_free import COUNT, COUNT_OR_AUTO, choice
 from ..models.forward import PathPrefix, content_key
 from ..models.loading import LoadedModel

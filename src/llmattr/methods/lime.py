@@ -18,15 +18,15 @@ so the forwards run once.
 
 from __future__ import annotations
 
-import torch
-from captum.attr import Lime
-
 from .. import objectives
+from ..lazy import lazy, torch
 from ..model_free import COUNT
 from ..models.forward import SharedPrefix
 from ..models.loading import LoadedModel
 from ..targets import Target
 from .base import AttributionMethod, register, source_features, spread
+
+captum_attr = lazy("captum.attr")
 
 
 class WeightedRidge:
@@ -114,7 +114,7 @@ def lime_step(forward, span_embeds: torch.Tensor, n_samples: int, batch_size: in
     mask = features.to(span_embeds.device)[None, :, None].expand(1, n, d)
     baselines = 0.0 if owner is None else torch.where((owner >= 0).to(span_embeds.device)[None, :, None],
                                                       torch.zeros_like(span_embeds), span_embeds)
-    lime = Lime(forward, interpretable_model=WeightedRidge(alpha))
+    lime = captum_attr.Lime(forward, interpretable_model=WeightedRidge(alpha))
     gpu = [span_embeds.device] if span_embeds.device.type == "cuda" else []
     with torch.random.fork_rng(devices=gpu):  # the seed leaves the caller's generators (CPU and GPU) as they were
         torch.manual_seed(seed)

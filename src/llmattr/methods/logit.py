@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from ..errors import LlmattrError
+from ..lazy import torch
 from ..models.anatomy import final_norm, output_head, part
 from ..models.loading import LoadedModel
 from ..targets import Target

@@ -41,14 +41,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import partial
-from typing import ClassVar
+from dataclasses import dataclass
+from functools import cache, partial
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
-from transformers.activations import ACT2CLS
-
+from ..lazy import F, derived, lazy, torch
 from ..models import memory
 from ..models.intercept import Patched, Rules, ruled
 from ..models.loading import LoadedModel
@@ -56,13 +53,31 @@ from ..targets import Target
 from .base import register
 from .gradient import EmbeddingGradientMethod, embedding_gradients, span_scores
 
-T = torch.Tensor
-ELEMENTWISE = {T.__mul__, T.__rmul__, torch.mul, T.mul}
-PRODUCTS = ELEMENTWISE | {torch.matmul, T.__matmul__, T.matmul, torch.bmm, T.bmm}
-SOFTMAX = {torch.softmax, T.softmax, F.softmax}
-NORMALISERS = {torch.rsqrt, T.rsqrt}  # RMSNorm's 1 / rms(x)
-ACTIVATIONS = tuple({c[0] if isinstance(c, tuple) else c for c in ACT2CLS.values()} | {torch.nn.GELU})
+if TYPE_CHECKING:
+    from torch import Tensor as T
+
+activations = lazy("transformers.activations")
 GATE = "_llmattr_lrp_gate"  # marks an activation module's output (a gate where it multiplies another branch)
+
+
+@dataclass(frozen=True)
+class Calls:
+    """The torch calls the rules tell apart (read on first use: they are torch's and transformers' objects)."""
+
+    elementwise: frozenset
+    products: frozenset  # element-wise and matrix products
+    softmax: frozenset
+    normalisers: frozenset  # RMSNorm's 1 / rms(x)
+    activations: tuple  # the activation modules' classes
+
+
+@cache
+def calls() -> Calls:
+    T = torch.Tensor
+    elementwise = frozenset({T.__mul__, T.__rmul__, torch.mul, T.mul})
+    return Calls(elementwise, elementwise | {torch.matmul, T.__matmul__, T.matmul, torch.bmm, T.bmm},
+                 frozenset({torch.softmax, T.softmax, F.softmax}), frozenset({torch.rsqrt, T.rsqrt}),
+                 tuple({c[0] if isinstance(c, tuple) else c for c in activations.ACT2CLS.values()} | {torch.nn.GELU}))
 
 
 def _relevant(x) -> bool:
@@ -70,7 +85,7 @@ def _relevant(x) -> bool:
     return isinstance(x, torch.Tensor) and x.requires_grad
 
 
-class ScaledGradient(torch.autograd.Function):
+class ScaledGradientBody:
     """Identity forward; the backward multiplies the gradient by ``factor`` (the uniform rule's share)."""
 
     @staticmethod
@@ -83,7 +98,7 @@ class ScaledGradient(torch.autograd.Function):
         return grad * ctx.factor, None
 
 
-class IdentityRule(torch.autograd.Function):
+class IdentityRuleBody:
     """``y = sigma(x)`` forward; backward ``g_x = g_y sigma(x) / x`` (0 where ``x = 0``): ``R_x = R_y``."""
 
     @staticmethod
@@ -96,6 +111,10 @@ class IdentityRule(torch.autograd.Function):
     def backward(ctx, grad: T):
         (ratio,) = ctx.saved_tensors
         return None, grad * ratio
+
+
+ScaledGradient = derived("ScaledGradient", ScaledGradientBody, lambda: torch.autograd.Function)
+IdentityRule = derived("IdentityRule", IdentityRuleBody, lambda: torch.autograd.Function)
 
 
 def scaled(x: T, factor: float) -> T:
@@ -128,7 +147,7 @@ def rms_norm(x: T, shape, weight: T | None = None, eps: float | None = None) -> 
     return y * weight if weight is not None else y
 
 
-class RelevanceRules(TorchFunctionMode):
+class RelevanceRulesBody:
     """The rules of the module docstring on the torch calls of a forward pass (``constant_attention``: CP-LRP,
     attention probabilities and gates held constant).
 
@@ -140,25 +159,26 @@ class RelevanceRules(TorchFunctionMode):
         self.constant_attention = constant_attention
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        kwargs, known = kwargs or {}, calls()
         if func is F.scaled_dot_product_attention and len(args) >= 3:
             return func(*self.attention_operands(*args[:3]), *args[3:], **kwargs)
-        if func in PRODUCTS and len(args) > 1 and _relevant(args[0]) and _relevant(args[1]):
+        if func in known.products and len(args) > 1 and _relevant(args[0]) and _relevant(args[1]):
             return func(*self.product_operands(func, *args[:2]), *args[2:], **kwargs)
-        if func in NORMALISERS and _relevant(args[0]):
+        if func in known.normalisers and _relevant(args[0]):
             return func(*args, **kwargs).detach()
         if func is F.layer_norm and _relevant(args[0]):
             return layer_norm(*args, **kwargs)
         if func is F.rms_norm and _relevant(args[0]):
             return rms_norm(*args, **kwargs)
-        if func in SOFTMAX and self.constant_attention and _relevant(args[0]):
+        if func in known.softmax and self.constant_attention and _relevant(args[0]):
             return func(*args, **kwargs).detach()  # the eager path's attention probabilities
         return func(*args, **kwargs)
 
     def product_operands(self, func, a: T, b: T) -> tuple[T, T]:
         """Two relevant factors: halves of the gradient each (uniform rule), or under CP-LRP an element-wise
         product with a gate (an activation's output) keeps the gate constant."""
-        if self.constant_attention and func in ELEMENTWISE and (getattr(a, GATE, False) or getattr(b, GATE, False)):
+        gated = getattr(a, GATE, False) or getattr(b, GATE, False)
+        if self.constant_attention and func in calls().elementwise and gated:
             return (a.detach() if getattr(a, GATE, False) else a), (b.detach() if getattr(b, GATE, False) else b)
         return scaled(a, 0.5), scaled(b, 0.5)
 
@@ -170,11 +190,14 @@ class RelevanceRules(TorchFunctionMode):
         return tuple(scaled(t, share) if _relevant(t) else t for t, share in ((q, 0.25), (k, 0.25), (v, 0.5)))
 
 
+RelevanceRules = derived("RelevanceRules", RelevanceRulesBody, lambda: torch.overrides.TorchFunctionMode)
+
+
 @contextmanager
 def relevance_rules(model: torch.nn.Module, constant_attention: bool = False) -> Iterator[None]:
     """For the duration, ``model``'s forward runs under :class:`RelevanceRules` and its activation modules under
     the identity rule; a backward pass then propagates relevance (``input x gradient = R``)."""
-    activations = [m for m in model.modules() if isinstance(m, ACTIVATIONS)]
+    activations = [m for m in model.modules() if isinstance(m, calls().activations)]
     with Patched(activations, lambda _, forward: partial(identity_rule, forward), transparent=True), \
             ruled(model, partial(RelevanceRules, constant_attention)):
         yield

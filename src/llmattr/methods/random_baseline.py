@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import zlib
 
-import torch
-
+from ..lazy import torch
 from ..models.loading import LoadedModel
 from ..targets import Target
 from .base import AttributionMethod, register, source_features, spread

@@ -29,10 +29,9 @@ distribution.
 
 from __future__ import annotations
 
-import torch
-
 from .. import objectives
 from ..errors import LlmattrError
+from ..lazy import no_grad, torch
 from ..model_free import COUNT, choice
 from ..models.forward import SharedPrefix, logits_and_prefix
 from ..models.loading import LoadedModel
@@ -73,7 +72,7 @@ def causal_sampler(input_ids: torch.Tensor, span: tuple[int, int], logits: torch
     return TokenSampler(input_ids[0, a:b].cpu(), logits.shape[-1], torch.softmax(logits.float(), -1).cpu())
 
 
-@torch.no_grad()
+@no_grad
 def clean_pass(lm: LoadedModel, input_ids: torch.Tensor, span: tuple[int, int], positions: torch.Tensor,
                causal: bool):
     """One forward of the clean sequence: the template prefix's key/values (shared by every probe row), the

@@ -30,10 +30,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
-
 from .. import objectives
 from ..errors import LlmattrError
+from ..lazy import torch
 from ..model_free import WHOLE, WHOLE_OR_AUTO, choice
 from ..models.loading import LoadedModel
 from ..targets import Target

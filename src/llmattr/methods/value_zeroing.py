@@ -25,9 +25,8 @@ from __future__ import annotations
 
 from functools import partial
 
-import torch
-
 from ..errors import LlmattrError
+from ..lazy import torch
 from ..model_free import COUNT
 from ..models.anatomy import decoder_blocks
 from ..models.forward import logits_and_prefix

@@ -31,10 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-import torch
-
 from ..checks import register_once
 from ..errors import LlmattrError
+from ..lazy import torch
 
 Paths = tuple[str, ...]
 

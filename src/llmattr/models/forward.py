@@ -10,13 +10,14 @@ is never mutated).
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
-import torch
-import torch.autograd.forward_ad as fwad
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
-
+from ..lazy import cache_utils, derived, forward_ad, no_grad, torch
 from .loading import LoadedModel
 from .probe import eager_attention
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import Cache, DynamicCache
 
 
 def logits_at(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -43,10 +44,10 @@ def prefix_cache(lm: LoadedModel, prefix_embeds: torch.Tensor) -> Cache:
     (activation checkpointing) sees the same prefix."""
     layers = lm.kept.fetch(lm.model, ("prefix-cache", content_key(prefix_embeds)),
                            lambda: prefix_key_values(lm, prefix_embeds))
-    return Cache(layers=[PrefixLayer(k, v) for k, v in layers])
+    return cache_utils.Cache(layers=[PrefixLayer(k, v) for k, v in layers])
 
 
-@torch.no_grad()
+@no_grad
 def zero_input_logits(lm: LoadedModel, positions: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Logits ``(1, T, V)`` at the increasing ``positions`` ``(T,)`` of an input whose every embedding is zero.
 
@@ -64,7 +65,7 @@ def zero_input_logits(lm: LoadedModel, positions: torch.Tensor, like: torch.Tens
     layers = lm.kept.get(lm.model, key)
     if layers is None or layers[0][0].shape[-2] < start:
         layers = lm.kept.keep(lm.model, key, prefix_key_values(lm, zeros[:, :start]))
-    cache = Cache(layers=[PrefixLayer(k[:, :, :start], v[:, :, :start]) for k, v in layers])
+    cache = cache_utils.Cache(layers=[PrefixLayer(k[:, :, :start], v[:, :, :start]) for k, v in layers])
     return logits_at(lm, zeros[:, start:], positions - start, cache=cache, use_cache=True)
 
 
@@ -77,13 +78,13 @@ def content_key(*tensors: torch.Tensor) -> tuple:
 
 def prefix_key_values(lm: LoadedModel, prefix_embeds: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each layer's keys and values ``(B, kv_heads, P, head_dim)`` of ``prefix_embeds``: one no-gradient forward."""
-    cache = DynamicCache()
+    cache = cache_utils.DynamicCache()
     with torch.no_grad():
         lm.model(inputs_embeds=prefix_embeds.detach(), cache=cache, use_cache=True, logits_to_keep=1)
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-class PrefixLayer(DynamicLayer):
+class PrefixLayerBody:
     """Cache layer with a fixed ``(1 or B, kv_heads, P, D)`` prefix: ``update`` prepends it and stores nothing."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor):
@@ -97,6 +98,9 @@ class PrefixLayer(DynamicLayer):
         keys = torch.cat([self.keys.expand(batch, -1, -1, -1), key_states], dim=-2)
         values = torch.cat([self.values.expand(batch, -1, -1, -1), value_states], dim=-2)
         return keys, values
+
+
+PrefixLayer = derived("PrefixLayer", PrefixLayerBody, lambda: cache_utils.DynamicLayer)
 
 
 class SharedPrefix:
@@ -115,7 +119,7 @@ class SharedPrefix:
         return cls([(layer.keys[:1, :, :length], layer.values[:1, :, :length]) for layer in cache.layers], length)
 
     @classmethod
-    @torch.no_grad()
+    @no_grad
     def compute(cls, lm: LoadedModel, input_ids: torch.Tensor, length: int) -> SharedPrefix:
         """Run the first ``length`` tokens of ``input_ids`` ``(1, S)`` once (no prefix when ``length`` is 0)."""
         if not length:
@@ -123,7 +127,7 @@ class SharedPrefix:
         return logits_and_prefix(lm, lm.embed(input_ids[:1, :length]), torch.tensor([length - 1]), length)[1]
 
     def cache(self) -> Cache:
-        return Cache(layers=[PrefixLayer(k, v) for k, v in self.layers])
+        return cache_utils.Cache(layers=[PrefixLayer(k, v) for k, v in self.layers])
 
     def logits_at(self, lm: LoadedModel, suffix_embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """:func:`logits_at` for rows of ``prefix + suffix_embeds``; ``positions`` count from the sequence start."""
@@ -154,13 +158,13 @@ class PathPrefix:
         self.layers, self.tangents, self.length = layers, tangents, length
 
     @classmethod
-    @torch.no_grad()
+    @no_grad
     def compute(cls, lm: LoadedModel, x: torch.Tensor, x0: torch.Tensor, alphas: torch.Tensor,
                 batch_size: int) -> PathPrefix:
         """The prefix ``x``, ``x0`` ``(1, P, D)`` at ``alphas`` ``(n,)``, ``batch_size`` points per forward."""
         length = x.shape[1]
         if torch.equal(x, x0):
-            cache = DynamicCache()
+            cache = cache_utils.DynamicCache()
             lm.model(inputs_embeds=x, cache=cache, use_cache=True, logits_to_keep=1)
             return cls([(layer.keys, layer.values) for layer in cache.layers], None, length)
         parts = []
@@ -176,19 +180,21 @@ class PathPrefix:
         values ``K + scale dK``."""
         if self.tangents is None or scale is None:
             pick = (lambda t: t) if self.tangents is None else (lambda t: t[rows])
-            return Cache(layers=[PrefixLayer(pick(k), pick(v)) for k, v in self.layers])
+            return cache_utils.Cache(layers=[PrefixLayer(pick(k), pick(v)) for k, v in self.layers])
         s = scale[:, None, None, None]
-        return Cache(layers=[PrefixLayer(k[rows] + s * dk[rows].to(k.dtype), v[rows] + s * dv[rows].to(v.dtype))
-                             for (k, v), (dk, dv) in zip(self.layers, self.tangents, strict=True)])
+        return cache_utils.Cache(layers=[
+            PrefixLayer(k[rows] + s * dk[rows].to(k.dtype), v[rows] + s * dv[rows].to(v.dtype))
+            for (k, v), (dk, dv) in zip(self.layers, self.tangents, strict=True)])
 
 
 def _kv_derivatives(lm: LoadedModel, points: torch.Tensor, direction: torch.Tensor):
     """Keys/values of ``points`` ``(n, P, D)`` and their forward-mode derivatives along ``direction``."""
-    with fwad.dual_level(), eager_attention():
-        cache = DynamicCache()
-        lm.model(inputs_embeds=fwad.make_dual(points, direction), cache=cache, use_cache=True,
+    with forward_ad.dual_level(), eager_attention():
+        cache = cache_utils.DynamicCache()
+        lm.model(inputs_embeds=forward_ad.make_dual(points, direction), cache=cache, use_cache=True,
                  logits_to_keep=1)
-        unpacked = [(fwad.unpack_dual(layer.keys), fwad.unpack_dual(layer.values)) for layer in cache.layers]
+        unpacked = [(forward_ad.unpack_dual(layer.keys), forward_ad.unpack_dual(layer.values))
+                    for layer in cache.layers]
     return ([(k.primal, v.primal) for k, v in unpacked], [(k.tangent, v.tangent) for k, v in unpacked])
 
 
@@ -196,13 +202,13 @@ def logits_and_prefix(lm: LoadedModel, inputs_embeds: torch.Tensor, positions: t
                       length: int) -> tuple[torch.Tensor, SharedPrefix]:
     """:func:`logits_at` of one sequence ``(1, S, D)``, keeping its first ``length`` tokens as a :class:`SharedPrefix`
     (a clean pass whose prefix the perturbed rows then reuse)."""
-    cache = DynamicCache()
+    cache = cache_utils.DynamicCache()
     logits = logits_at(lm, inputs_embeds, positions, cache=cache, use_cache=True)
     return logits, SharedPrefix.from_cache(cache, length)
 
 
 
-@torch.no_grad()
+@no_grad
 def padded_last_probs(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, batch_size: int = 64,
                       prefix: SharedPrefix | None = None) -> torch.Tensor:
     """Next-token probabilities ``(N, V)`` after each row of a left-padded ``(N, S)`` batch (mask 0 = pad);

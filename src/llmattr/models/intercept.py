@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import torch
-from torch.overrides import TorchFunctionMode
-
+from ..lazy import torch
 from .anatomy import decoder_blocks
+
+if TYPE_CHECKING:
+    from torch.overrides import TorchFunctionMode
 
 _STACK: list[Interception] = []
 I = TypeVar("I", bound="Interception")  # noqa: E741

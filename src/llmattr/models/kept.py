@@ -28,8 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import torch
-
+from ..lazy import torch
 from .intercept import intercepted
 
 KEPT_BYTES = 2**30  # every kept entry of a model together (tensor bytes), the least recently used evicted first

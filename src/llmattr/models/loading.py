@@ -19,10 +19,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from ..checks import DTYPES, check_model_path, dtype_name
 from ..errors import LlmattrError
+from ..lazy import torch
 from ..sizes import parse_max_memory
 from .anatomy import output_head
 from .kept import Kept

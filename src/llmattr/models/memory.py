@@ -38,11 +38,10 @@ from fractions import Fraction
 from functools import partial
 
 import psutil
-import torch
-from torch.utils.checkpoint import checkpoint
 
 from ..checks import check_checkpointing, register_once
 from ..errors import LlmattrError
+from ..lazy import checkpointing, torch
 from ..sizes import parse_size
 from .anatomy import output_head
 from .intercept import patched_blocks
@@ -257,6 +256,6 @@ def checkpointed(lm: LoadedModel, enable: bool = True,
         yield
         return
     options = {} if recompute is None else {"context_fn": lambda: (nullcontext(), recompute())}
-    with patched_blocks(lm.model, lambda _, forward: partial(checkpoint, forward, use_reentrant=False, **options),
-                        transparent=True):
+    wrap = partial(checkpointing.checkpoint, use_reentrant=False, **options)
+    with patched_blocks(lm.model, lambda _, forward: partial(wrap, forward), transparent=True):
         yield

@@ -27,10 +27,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import torch
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+from ..lazy import lazy, no_grad, torch
 from .intercept import Interception, innermost
+
+sdpa = lazy("transformers.integrations.sdpa_attention")
 
 PROBE_NAME = "llmattr_probe"
 FIELDS = ("q", "k", "v", "probs", "out")
@@ -196,14 +196,14 @@ def probe_attention(
         weights = attention_probs(query, repeat_heads(key, n_heads), visible, scaling, softcap)
         out = torch.matmul(weights, repeat_heads(value, n_heads)).transpose(1, 2).contiguous()
     else:
-        out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+        out, weights = sdpa.sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                               scaling=scaling, **kwargs)
     if probe is not None and probe.records(layer):
         probe.layers[layer] = _record(probe, query, key, value, attention_mask, out, scaling, softcap)
     return out, weights
 
 
-@torch.no_grad()
+@no_grad
 def _record(probe: Probe, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             attention_mask: torch.Tensor | None, out: torch.Tensor, scaling: float,
             softcap: float | None) -> LayerRecord:

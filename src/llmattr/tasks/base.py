@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from ..errors import LlmattrError
+from ..lazy import torch
 from ..model_free import example_fields, gold_label, task_facts
 from ..models.anatomy import output_head, part
 from ..sources.build import check_documents, context_text
