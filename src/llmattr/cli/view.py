@@ -1,31 +1,18 @@
-"""A torch-free view of the registries for the CLI's help, derived options and model-free refusals: each registered
-method parameter's help, each method's default objective and the objectives, the tasks with what reading a file for
-each needs, the datasets and their groups, the metrics with their outputs and each option a metric declares, and
+"""What the CLI's help, derived options and model-free refusals read of the registries: each registered method
+parameter's help, each method's default objective and the objectives, the tasks with what reading a file for each
+needs, the datasets and their groups, the metrics with their outputs and each option a metric declares, and
 finetune's losses and heads.
 
-The registries themselves import torch (a method, a metric and a task are code). So the view has two sources:
-the registries, when they are already loaded in this process (an installed ``llmattr.plugins`` entry point, a
-test or a notebook that registered its own method, metric or task imported them: what it registered must be
-seen), and otherwise :data:`llmattr.cli._registered.VIEW`, the same view written from the registries of this
-source tree, so that ``--help`` answers without importing torch. ``tests/test_cli_fast.py`` fails when the two
-disagree; after registering a method, metric or task, ``python tests/test_cli_fast.py --regen`` rewrites it
-(and then the help goldens).
-"""
+The registries are read where they are declared (methods, metrics, tasks: with what a plugin registered), and
+importing them loads no torch (:mod:`llmattr.lazy`): so ``--help`` and a refusal answer without it."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-from pprint import pformat
 
 from .. import model_free
 from ..checks import one_of, option_value
 from ..errors import LlmattrError, method_refusal, metric_refusal, unknown_name
 from ..model_free import check_method_params, check_param_values, check_training, task_facts
-from ._registered import VIEW
 
-REGISTRIES = ("llmattr.methods", "llmattr.faithfulness", "llmattr.tasks")  # the packages that hold them
-WRITTEN = Path(__file__).with_name("_registered.py")
 TYPES = {"bool": bool, "int": int, "float": float, "str": str}  # a metric option's type, by its name in the view
 
 
@@ -113,9 +100,8 @@ def check_option(name: str, value: object) -> None:
 
 
 def view() -> dict:
-    """The registries' view when they are loaded in this process (what a plugin registered is in them), else the
-    written one (no torch)."""
-    return registered() if any(name in sys.modules for name in REGISTRIES) else VIEW
+    """The registries' view (:func:`registered`)."""
+    return registered()
 
 
 def check_methods(names: list[str]) -> None:
@@ -177,10 +163,3 @@ def check_metrics(names: list[str]) -> None:
     refusal = metric_refusal(names, [*known["metrics"], *known["outputs"]])
     if refusal is not None:
         raise LlmattrError(refusal)
-
-
-def written_text() -> str:
-    """The source of ``_registered.py`` for the registries of this process."""
-    return ('"""Written by ``python tests/test_cli_fast.py --regen`` from the registries (see '
-            ':mod:`llmattr.cli.view`); do not edit."""\n# ruff: noqa: E501\n\nVIEW = '
-            + pformat(registered(), width=120, sort_dicts=False) + "\n")
