@@ -1,31 +1,25 @@
 """Issue 35 item 7, finetune's and the file labels' refusals before torch: a label value of a user's file that the
 task cannot read, a finetune task without sample data, ``--held-out`` against the rows, ``--out`` holding another
-run. The library and the CLI call the same :mod:`llmattr.model_free` functions; these tests hold the two to the
-same answer (the lines themselves are in ``tests/test_cli_fast.py``'s REFUSALS, compared with the lines printed
-before the checks moved), and check what changed in the library: a regression label that is not a number is one
-line, not a traceback."""
+run. The CLI calls the library's own checks (:func:`llmattr.finetuning.plan`, :func:`llmattr.evaluation.plan`: one
+path, issue 49); these tests hold them to the answer of the code that would fail later (the lines themselves are in
+``tests/test_cli_fast.py``'s REFUSALS, compared with the lines printed before the checks moved), and check what
+changed in the library: a regression label that is not a number is one line, not a traceback."""
 
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
-from collections import Counter
 
 import pytest
 
-from llmattr.cli.finetune import model_free_checks as finetune_checks
-from llmattr.cli.view import registered
 from llmattr.errors import LlmattrError
-from llmattr.finetuning import FinetuneConfig, check_out, head_task, split
+from llmattr.finetuning import FinetuneConfig, check_out, head_task, plan, split
 from llmattr.model_free import (
-    check_file_examples,
     gold_label,
     head_name,
     held_out_split,
     resumable_card,
-    sample_labels,
     task_facts,
 )
 from llmattr.tasks import TASKS, get_task, load_examples
@@ -77,27 +71,11 @@ def random_file(path, rng):
                                                           for row in rows), encoding="utf-8")
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_the_cli_check_and_the_library_agree_on_every_file(seed, tmp_path):
-    """:func:`check_file_examples` (the CLI, from the view) refuses a file in the line that
-    :func:`read_file_examples` (the library) refuses it in, and otherwise reads each example's gold label."""
-    rng = random.Random(seed)
-    path = tmp_path / f"data{seed}{rng.choice(['.jsonl', '.csv'])}"
-    random_file(path, rng)
-    task = rng.choice(["sentiment", "imdb", "sst2-head", "stsb", "stsb-regression", "generate"])
-    labels = rng.choice([None, None, "Positive,Negative", "0=Negative,1=Positive", "positive=Good,negative=Bad"])
-    text_field = None if task.startswith("stsb") else "review"
-    view = registered()
-    try:
-        _, examples = read_file_examples(task, path, text_field, "label", labels)
-        expected = [ex["label"] for ex in examples]
-    except LlmattrError as err:
-        expected = str(err)
-    try:
-        got = check_file_examples(view["task_facts"][task], path, text_field, "label", labels)[1]
-    except LlmattrError as err:
-        got = str(err)
-    assert got == expected
+def finetune_checks(task, loss, objective, settings, data, text_field, label_field, labels, out):
+    """What ``llmattr finetune`` refuses before the model loads: the library's :func:`llmattr.finetuning.plan`."""
+    plan("default", out, FinetuneConfig(task=task, loss=loss, objective=objective, data=None if data is None
+                                        else str(data), text_field=text_field, label_field=label_field,
+                                        labels=labels, **settings))
 
 
 def test_gold_label_reads_a_label_as_the_task_does():
@@ -107,23 +85,6 @@ def test_gold_label_reads_a_label_as_the_task_does():
         gold_label(sentiment, None, "r1")
     assert gold_label(stsb, "4") == 4.0 and gold_label(stsb, None) is None
     assert gold_label(generate, "anything") == "anything" and gold_label(generate, None) is None
-
-
-def test_the_sample_data_read_without_torch_is_what_finetune_trains_on():
-    """The CLI's gold labels of a task's sample data (:func:`sample_labels`: the sample file's rows, those a task
-    selects, each label as the task reads it) are those of the examples :func:`llmattr.tasks.load_examples` gives,
-    as many and as often each (they are shuffled), for every registered task with sample data (None: a task that
-    composes its rows, read once they are composed; a minimal pair's label comes from the pair: None each)."""
-    for name, task in sorted(TASKS.items()):
-        facts = task_facts(task)
-        if facts["sample_data"]:
-            gold = sample_labels(facts)
-            if task.compose:
-                assert gold is None, name
-                continue
-            examples = load_examples(task)
-            expected = [None] * len(examples) if task.pairing else [ex["label"] for ex in examples]
-            assert Counter(map(repr, gold)) == Counter(map(repr, expected)), name
 
 
 def test_a_finetune_holds_rows_out_only_where_it_measures_them():

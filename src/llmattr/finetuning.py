@@ -439,28 +439,53 @@ def new_card(cfg: FinetuneConfig, task: Task, data: dict, settings: dict, train:
     }
 
 
-def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned", config: FinetuneConfig | None = None,
-             *, device: str = "auto", progress: bool = True, callbacks: tuple = (), **options) -> dict:
-    """Fine-tune ``model`` on ``config.task`` (or ``**options``, the config's fields) into folder ``out``.
+@dataclass
+class Plan:
+    """What a finetune trains, checked and read before its model loads (:func:`plan`): the task (``--labels`` or
+    ``--head`` applied), the training and held-out rows, the data's description and the settings of the card, and
+    the card of the unfinished run it resumes (None: a new run)."""
 
-    Returns the model card. Everything the user gave is checked before the model loads. Interrupted, the same
-    call resumes from the last checkpoint in ``out/checkpoints``; ``callbacks`` are extra Trainer callbacks.
-    """
-    cfg = replace(config or FinetuneConfig(), **options)
+    task: Task
+    train: list[dict]
+    held: list[dict]
+    data: dict
+    settings: dict
+    resumed: dict | None
+
+
+def plan(model: str | LoadedModel, out: str | Path, cfg: FinetuneConfig) -> Plan:
+    """Every check of ``cfg`` that needs no model, in one order, and the rows it trains on: the settings
+    (:meth:`FinetuneConfig.validate`), the data (a file's rows, columns and labels, else the task's sample data),
+    the held-out split and ``out`` (an unfinished run there must have the same settings). Imports no torch:
+    ``llmattr finetune`` calls it before the model loads, as :func:`finetune` does."""
     task = cfg.validate()
     task, examples, data = read_examples(cfg, task)
     train, held = (split(task, examples, cfg.held_out, cfg.seed) if held_out_split(task_facts(task), cfg.head)
                    else (examples, []))
     if cfg.permute_labels:
         train = permuted(train, cfg.seed)  # the held-out rows keep their true labels: accuracy near chance
-    out = Path(out)
     base = model.model_id if isinstance(model, LoadedModel) else str(model)
     data["sha256"] = content_hash(json.dumps([[ex["id"], task.user_content(ex)[0], ex.get("label")]
                                               for ex in examples]))
     settings = {"base_model": base, **cfg.settings(), "data_sha256": data["sha256"]}
-    resumed = check_out(out, settings)
+    return Plan(task, train, held, data, settings, check_out(Path(out), settings))
+
+
+def finetune(model: str | LoadedModel = "default", out: str | Path = "finetuned", config: FinetuneConfig | None = None,
+             *, device: str = "auto", progress: bool = True, callbacks: tuple = (), planned: Plan | None = None,
+             **options) -> dict:
+    """Fine-tune ``model`` on ``config.task`` (or ``**options``, the config's fields) into folder ``out``.
+
+    Returns the model card. Everything the user gave is checked before the model loads (:func:`plan`; ``planned``:
+    its result where the caller has it). Interrupted, the same call resumes from the last checkpoint in
+    ``out/checkpoints``; ``callbacks`` are extra Trainer callbacks.
+    """
+    cfg = replace(config or FinetuneConfig(), **options)
+    planned = planned or plan(model, out, cfg)
+    task, train, held, resumed = planned.task, planned.train, planned.held, planned.resumed
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    card = new_card(cfg, task, data, settings, train, held)
+    card = new_card(cfg, task, planned.data, planned.settings, train, held)
     if resumed is None:
         write_card(out, card)
     lm = model if isinstance(model, LoadedModel) else load_model(model, device=device, load_in_4bit=cfg.load_in_4bit)
@@ -538,4 +563,4 @@ def build_trainer(lm: LoadedModel, rows: list[dict] | MaskAugmentedBody, cfg: Fi
     return trainer
 
 
-__all__ = ["FinetuneConfig", "finetune", "split", "LOSSES"]
+__all__ = ["FinetuneConfig", "Plan", "finetune", "plan", "split", "LOSSES"]

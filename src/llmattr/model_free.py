@@ -30,7 +30,7 @@ from .checks import (
 from .declarations import current_params
 from .errors import LlmattrError, article
 from .model_card import CARD_NAME, read_card
-from .readers import data_path, parse_labels, read_rows, shaped_rows
+from .readers import parse_labels, read_rows
 from .sources.build import check_documents, check_spans
 from .sources.spans import GRANULARITIES
 
@@ -536,19 +536,6 @@ def file_rows(task: Mapping, path: Path, rows: Sequence[Mapping], where: Sequenc
     return rows, gold
 
 
-def check_file_examples(task: Mapping, path: str | Path, text_field: str | None = None,
-                        label_field: str | None = None, labels: str | None = None) -> tuple[Mapping, list]:
-    """What :func:`llmattr.tasks.files.read_file_examples` refuses of a user's file ``path`` for ``task``
-    (:func:`task_facts`), in its order and with its lines: ``--labels`` (:func:`file_labels`), the rows and their
-    columns, each row's label (:func:`file_rows`). Returns the task's facts with ``--labels`` applied and the gold
-    label of each row (each one example)."""
-    if labels is not None:
-        words, mapping = file_labels(task, labels)
-        task = {**task, "label_words": list(words), "label_map": mapping}
-    rows, where, columns = shaped_rows(task, path, text_field, label_field)
-    return task, file_rows(task, Path(path), rows, where, columns["label"])[1]
-
-
 def selected_rows(rows: Sequence[Mapping], select: Mapping) -> list:
     """The ``rows`` whose columns hold every value of a task's ``select`` (BLiMP's paradigms share a file)."""
     return [row for row in rows if all(row.get(key) == value for key, value in select.items())]
@@ -565,19 +552,6 @@ def head_name(task: Mapping) -> str:
 FINETUNE_DATA = "--data FILE"  # what a finetune without sample data is given instead
 
 
-def sample_labels(task: Mapping, fix: str = FINETUNE_DATA) -> list | None:
-    """The gold label of each example ``task``'s sample data gives (:func:`llmattr.tasks.load_examples`: the rows
-    of its file, those it selects, each read by :func:`example_of_row`; None for every row of a task whose rows hold
-    minimal pairs), read without torch; None where they are known only once code has run (rows the task composes,
-    or a Hugging Face dataset). A task without sample data is refused, saying to pass ``fix``."""
-    source = sample_data(task, fix)
-    if task["composed"] or source == "hf" or source.startswith("hf:"):
-        return None
-    rows = selected_rows(read_rows(data_path(source)), task["select"])
-    return [None] * len(rows) if task["paired"] else [example_of_row(task, row, i)["label"]
-                                                       for i, row in enumerate(rows)]
-
-
 def per_class(n: int, k: int, i: int) -> int:
     """How many of a balanced sample of ``n`` the ``i``-th of ``k`` classes gives: ``n // k``, one more for the
     first ``n % k`` classes."""
@@ -589,11 +563,6 @@ def balanced_limit(sizes: list[int]) -> int:
     remainder goes to the first classes, so 4 Positive + 1 Negative give 3 (2 + 1), not 2 x 1."""
     return max(n for n in range(sum(sizes) + 1)
                if all(per_class(n, len(sizes), i) <= size for i, size in enumerate(sizes)))
-
-
-def class_sizes(classes: Sequence[str], labels: Sequence) -> dict[str, int]:
-    """How many of ``labels`` each of ``classes`` (a classification task's label words, in order) holds."""
-    return {label: sum(value == label for value in labels) for label in classes}
 
 
 def check_balanced(sizes: Mapping[str, int], n: int) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-from collections.abc import Iterable
 from pathlib import Path
 
 import typer
@@ -12,57 +11,38 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..checks import (
-    DATA_TASK,
-    ROUTINGS,
-    check_texts,
-    dtype_name,
     examples_wanted,
-    one_of,
-    one_source,
-    split_spec,
-    writable_file,
 )
 from ..errors import LlmattrError
-from ..model_card import read_card
 from ..model_free import (
-    check_balanced,
-    check_evaluation,
-    check_file_examples,
-    check_needs,
-    check_shard,
     check_shards,
-    check_sources_asked,
-    class_sizes,
-    config_values,
-    parse_shard,
-    read_toml,
-    sample_labels,
-    swept_texts,
 )
-from ..readers import shaped_rows, shaped_texts
-from ..sizes import parse_max_memory
 from .app import DERIVED, app, plugin_command
-from .view import TYPES, check_datasets, check_methods, check_metrics, check_option, check_params, check_task, view
 
 
 def registered_help() -> dict[str, str]:
     """``--datasets``' and ``--metrics``' help, naming every registered task with a sample file, every group of them
     with its datasets (``Task.group``) and every metric."""
-    known = view()
-    groups = [f"{group} ({', '.join(names)})" for group, names in known["groups"].items()]
-    return {"datasets": f"Comma-separated datasets (default sst2): {', '.join([*known['datasets'], *groups])}.",
-            "metrics": f"Comma-separated metrics (default pi-soft): {', '.join(known['metrics'])}."}
+    from ..evaluation.run_datasets import dataset_groups, dataset_names  # the registries, importing no torch
+    from ..faithfulness import METRICS
+
+    groups = [f"{group} ({', '.join(names)})" for group, names in dataset_groups().items()]
+    return {"datasets": f"Comma-separated datasets (default sst2): {', '.join([*dataset_names(), *groups])}.",
+            "metrics": f"Comma-separated metrics (default pi-soft): {', '.join(sorted(METRICS))}."}
 
 
 def metric_options() -> list[inspect.Parameter]:
     """An option ``--NAME`` per option a registered metric declares (``Metric.declares``: the built-in metrics'
     samples, step_stride, coupling and removal, and any plugin's), typed by its default."""
+    from ..faithfulness import declared_options
+
     return [inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY, annotation=TYPES[option["type"]],
-        default=typer.Option(None, option["flag"], rich_help_panel="Metric options",
-                             help=f"{option['help']} (default {option['default'] or 'none'}"
-                                  + (f"; one of {', '.join(option['valid'])})" if option["valid"] else ")")))
-        for name, option in view()["metric_options"].items()]
+        name, inspect.Parameter.KEYWORD_ONLY,
+        annotation=type(option.default) if isinstance(option.default, int | float | str) else str,
+        default=typer.Option(None, option.flag, rich_help_panel="Metric options",
+                             help=f"{option.help} (default {str(option.default) or 'none'}"
+                                  + (f"; one of {', '.join(map(str, option.valid))})" if option.valid else ")")))
+        for name, option in sorted(declared_options().items())]
 
 
 @app.command(cls=plugin_command(metric_options, registered_help))
@@ -126,37 +106,30 @@ def evaluate(
 ) -> None:
     """Evaluate attribution methods on datasets; every finished example is stored at once, reruns resume. Exits 1
     when a unit failed (every good one is stored; the same command again retries the failed ones)."""
-    examples_wanted(n)  # a bad --n is refused before the evaluation (and torch) loads; EvalConfig checks it again
+    examples_wanted(n)  # a bad --n is refused before the config file is read; EvalConfig checks it again
     cli = {"model": model, "datasets": datasets, "methods": methods, "metrics": metrics, "routing": routing,
            "n": n, "seed": seed, "layers": layers, "max_new_tokens": max_new_tokens, "target": target,
            "scope": scope, "out": None if out is None else str(out), "shard": shard,
            "device": device, "dtype": dtype, "device_map": device_map, "max_memory": max_memory,
            "load_in_4bit": load_in_4bit, "data": None if data is None else str(data), "task": task,
            "text_field": text_field, "label_field": label_field, "labels": labels, **ctx.meta.get(DERIVED, {})}
-    keys = [*view()["config_keys"], *view()["metric_options"]]
-    given = config_values(cli, keys)
-    model_free_checks(given, rows=config is None)  # a --config file may set --data's task: its rows are read below
-    values = {**(config_values(read_toml(config), keys) if config is not None else {}), **given}
-    if config is not None:
-        model_free_checks(values)
     launch = {"shards": shards, "partition": partition, "gpus": gpus, "time": time, "mem": mem, "account": account,
               "wait": wait, "submitit_folder": submitit_folder}
     launched = launcher != "none" or any(value is not None for value in launch.values())
     if launched:
         launch_checks(launcher, **launch)
-    settings_checks(values)
-    if launched:  # what launch_shards refuses before it submits
-        check_shards(shards, values.get("shard"))
-    from ..evaluation import EvalConfig, run
+    from ..evaluation import EvalConfig, plan, run  # the library's, importing no torch (llmattr.lazy)
 
-    base = EvalConfig.from_toml(config) if config is not None else None
-    cfg = EvalConfig.from_mapping(cli, base)
+    cfg = EvalConfig.from_mapping(cli, EvalConfig.from_toml(config) if config is not None else None)
+    planned = plan(cfg)  # every check that needs no model, the library's own, in its order: no torch yet
+    if launched:  # what launch_shards refuses before it submits
+        check_shards(shards, cfg.shard)
     console = Console(stderr=True)
     if launched:
         launch_shards(cfg, launcher, console, **launch)
         return
     try:
-        summary = run(cfg, progress=not quiet)
+        summary = run(cfg, progress=not quiet, planned=planned)
     except KeyboardInterrupt:
         console.print(f"interrupted: every finished example is stored in {cfg.out}; rerun the same command "
                       "to resume", highlight=False, soft_wrap=True)
@@ -173,88 +146,6 @@ def evaluate(
         console.print(f"{len(summary.failed)} unit(s) failed; every other one is in {summary.out}: fix the cause "
                       "and run the same command again to retry only the failed ones", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
-
-
-def model_free_checks(values: dict, rows: bool = True) -> None:
-    """The names given (``values``: :func:`llmattr.model_free.config_values`) checked from the registries' view
-    before torch is imported (``EvalConfig`` and the evaluation check them again): datasets, methods, metrics,
-    routing and, where ``rows``, the ``--data`` file's task and rows, each holding the task's columns and a text."""
-    datasets, methods, data = values.get("datasets"), values.get("methods"), values.get("data")
-    if datasets is not None:
-        one_source(data, datasets)
-        check_datasets(datasets)
-    if methods is not None:
-        check_methods([split_spec(text)[0] for text in methods])
-    if values.get("metrics") is not None:
-        check_metrics(values["metrics"])
-    if values.get("routing") is not None:
-        one_of(values["routing"], (*ROUTINGS, "both"), "routing")
-    if data is not None and rows:
-        facts = check_task(values.get("task", DATA_TASK))
-        found, _, columns = shaped_rows(facts, data, values.get("text_field"), values.get("label_field"))
-        if not facts["documents"]:
-            check_texts(shaped_texts(facts, [{name: row[column] for name, column in columns.items()}
-                                             for row in found]), first=1, noun="row")
-
-
-def settings_checks(values: dict) -> None:
-    """The other settings given (``values``, the ``--config`` file's included) that need no model, in the order
-    :meth:`llmattr.evaluation.EvalConfig.validate` and the evaluation check them: ``--n``, ``--max-new-tokens``,
-    ``--seed``, ``--target``, ``--scope`` (:func:`llmattr.model_free.check_evaluation`), the metrics' options
-    (:func:`llmattr.cli.view.check_option`: a metric's own check hook too where it needs no model),
-    ``--max-memory``, ``--dtype``, ``--out``, each method's parameters, ``--data``'s ``--labels`` and each
-    row's label value (:func:`llmattr.model_free.check_file_examples`), and ``--n`` examples balanced per class of
-    each dataset (:func:`balance_checks`)."""
-    known = view()
-    check_evaluation(values)
-    for name in known["metric_options"]:
-        if name in values:
-            check_option(name, values[name])
-    parse_max_memory(values.get("max_memory"))
-    dtype_name(values.get("dtype"))
-    if "out" in values:
-        writable_file(values["out"], "--out")
-    if values.get("shard"):
-        check_shard(*parse_shard(values["shard"]))
-    for text in values.get("methods") or known["default_methods"]:  # each item as it runs, with --layers' values
-        name = split_spec(text)[0]
-        for item in swept_texts(text, values.get("layers"), known["layer_sweeps"].get(name)):
-            check_params([name], split_spec(item)[1])
-    if values.get("data") is not None:
-        task = values.get("task", DATA_TASK)
-        datasets = [check_file_examples(check_task(task), values["data"], values.get("text_field"),
-                                        values.get("label_field"), values.get("labels"))]
-    else:
-        groups = known["groups"]
-        names = [member for name in values.get("datasets") or known["default_datasets"]
-                 for member in groups.get(name, (name,))]
-        datasets = [(facts, sample_labels(facts)) for facts in map(known["task_facts"].get, dict.fromkeys(names))]
-    balance_checks(datasets, examples_wanted(values.get("n")), values.get("model", "default"))
-    work_checks(values, known, [facts for facts, _ in datasets])
-
-
-def work_checks(values: dict, known: dict, tasks: list[dict]) -> None:
-    """What the asked metrics and methods need of the run (:func:`llmattr.evaluation.loop.check_work` checks the
-    same from the registries): each metric's needed options, and sources in every evaluated task (``tasks``: their
-    facts) where a method or a metric works on them."""
-    metrics = values.get("metrics") or known["default_metrics"]
-    check_needs(metrics, values, known["metric_needs"])
-    methods = [split_spec(text)[0] for text in values.get("methods") or known["default_methods"]]
-    asked = [*(name for name in methods if name in known["source_methods"]),
-             *(name for name in metrics if name in known["source_metrics"])]
-    check_sources_asked(asked, tasks, [name for name in known["datasets"] if known["task_facts"][name]["documents"]])
-
-
-def balance_checks(datasets: Iterable[tuple[dict, list | None]], n: int | str | None, model: str) -> None:
-    """``--n`` examples balanced per class of each dataset (its task's facts and each example's gold label: None
-    where only code knows them), refused where a class has too few, as :func:`llmattr.tasks.datasets.sample`
-    refuses it (:func:`llmattr.model_free.check_balanced`); not for a finetune's folder (``model``): the rows it was
-    trained on are left out first, which only the task's prompts tell."""
-    if not isinstance(n, int) or read_card(model) is not None:
-        return
-    for facts, gold in datasets:
-        if gold is not None and facts["classifies"]:
-            check_balanced(class_sizes(facts["label_words"], gold), n)
 
 
 def launch_checks(launcher: str, *, shards: int | None, partition: str | None, gpus: int | None, time: int | None,

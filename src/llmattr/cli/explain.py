@@ -14,13 +14,9 @@ from rich.console import Console
 from ..checks import (
     FIGURE_SUFFIXES,
     ROUTINGS,
-    SCOPES,
-    TARGET_MODES,
-    check_checkpointing,
     check_text,
     check_texts,
     dtype_name,
-    member,
     one_of,
     parse_params,
     positive_int,
@@ -28,17 +24,13 @@ from ..checks import (
 )
 from ..errors import LlmattrError, NotExplainedWarning
 from ..model_free import (
-    check_example,
     check_shots,
-    check_sources,
     check_target,
-    example_fields,
-    request_params,
     task_asked,
+    task_facts,
 )
 from ..readers import read_rows, row_texts
 from .app import DERIVED, app, plugin_command
-from .view import check_methods, check_objectives, check_params, check_task, view
 
 FORMATS = ("text", "json")
 METHOD_PANEL = "Method parameters"
@@ -49,10 +41,15 @@ def method_options() -> list[inspect.Parameter]:
     methods that take it and their defaults. A name that is one of explain's own options wins: ``--objective``
     (with its list of objectives), ``--seed``, ``--method``; give such a method parameter as ``--param
     NAME=VALUE`` where the own option means something else."""
+    from .. import methods  # the registry, importing no torch (llmattr.lazy)
+
+    takers: dict[str, list[str]] = {}
+    for name in methods.available():
+        for key, value in methods.REGISTRY[name].defaults.items():
+            takers.setdefault(key, []).append(f"{name} {value}")
     return [inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, annotation=str, default=typer.Option(
         None, f"--{key.replace('_', '-')}", rich_help_panel=METHOD_PANEL,
-        help=f"Method parameter {key} (default: {', '.join(names)}).")) for key, names in
-        view()["method_params"].items()]
+        help=f"Method parameter {key} (default: {', '.join(names)}).")) for key, names in sorted(takers.items())]
 
 
 def parse_fields(text: str, fields: list[str], valid: tuple[str, ...] = ()) -> str | dict:
@@ -121,8 +118,10 @@ def explanation_data(expl, result: dict | None) -> dict:
 
 def task_help() -> dict[str, str]:
     """``--task``'s help, naming every registered task."""
+    from ..tasks import TASKS
+
     return {"task": f"Prompt recipe (default sentiment; context with --document/--context): "
-                    f"{', '.join(view()['tasks'])}."}
+                    f"{', '.join(sorted(TASKS))}."}
 
 
 def context_documents(path: Path) -> list[str]:
@@ -216,6 +215,8 @@ def explain(
 ) -> None:
     """Explain the model's answer to TEXT (or to every row of --data FILE): answer, token heatmap, optional HTML
     and JSON. Every registered method's parameters are options (the Method parameters panel)."""
+    from ..request import Request  # the library's, importing no torch (llmattr.lazy)
+
     one_of(format, FORMATS, "--format")
     console = Console(stderr=format == "json")
     if (text is None) == (data is None):
@@ -223,8 +224,6 @@ def explain(
     if data is None and (text_field is not None or n is not None or documents_field is not None):
         raise LlmattrError("--text-field, --documents-field and --n go with --data FILE")
     names = [name.strip() for name in method.split(",") if name.strip()] or [method]
-    # every check that needs no model runs first, from the registries' view (llmattr.cli.view): no torch yet
-    check_methods(names)
     given = {key: value for key, value in ctx.meta.get(DERIVED, {}).items() if value is not None}
     params = parse_params(param + [f"{key}={value}" for key, value in given.items()], "--param NAME=VALUE")
     if document and context is not None:
@@ -233,11 +232,12 @@ def explain(
     if data is not None and (documents is not None or span):
         raise LlmattrError("--document, --context and --span go with one TEXT; with --data each row holds its "
                            "documents (--documents-field)")
-    task = task_asked(task, documents)
-    facts = check_task(task)
-    member(target, TARGET_MODES, "target")
-    member(scope, SCOPES, "scope")
-    check_objectives(names, objective if objective is not None else params.get("objective"))
+    # what was asked, checked once by the library's own Request (task, target, scope, checkpointing, sources, every
+    # method with its parameters): the registries import no torch, so neither does this
+    request = Request.of(names, task_asked(task, documents), params, objective, foil, max_new_tokens=max_new_tokens,
+                         answer=answer, shots=shots, shots_from=shots_from, target=target, scope=scope,
+                         checkpointing=checkpointing, documents=documents, spans=parse_spans(span), sources=sources)
+    facts = task_facts(request.task)
     if data is not None:
         content = file_texts(row_texts(facts, data, text_field, documents_field), n, field, target)
     elif not field:
@@ -245,19 +245,13 @@ def explain(
     outputs = {"--html": html, "--json": json, "--eval-json": eval_json, "--plot": plot, "--figure": figure}
     many = len(names) > 1 or data is not None  # an Explanations collection: lists in the JSON, a grid page
     model_free_checks(evaluate, routing, samples, shots_from, data, many, outputs)
-    # then what Request checks again, in its order, and the text's fields and spans and --dtype: still no torch
-    spans = parse_spans(span)
-    check_checkpointing(checkpointing)
-    check_sources(task, facts["documents"], sources, documents, spans)
-    check_params(names, request_params(params, objective, foil))
     if data is None:
         gold_field = ("label",) if facts["has_gold_word"] else ()  # --target gold's word
         content = parse_fields(text, field, (*facts["fields"], *gold_field))
     dtype_name(dtype)
     if isinstance(content, dict):
         content = {facts["fields"][0]: content.pop("__text__"), **content}
-    example_checks(facts, content if data is not None else [content], names, documents, spans, sources,
-                   target == "gold" and answer is None, data)
+    text_checks(request, content if data is not None else [content], data)
     try:  # what the explanation refuses of each text: one line for one method and one text
         check_target(facts, target, max_new_tokens, answer, content.get("label") if isinstance(content, dict) else None)
         check_shots(facts, shots, shots_from)
@@ -267,11 +261,7 @@ def explain(
     from ..api import explain as run_explain
     from ..models.loading import load_model
     from ..render import print_explanation, progress_console
-    from ..request import Request
 
-    request = Request.of(names, task, params, objective, foil, max_new_tokens=max_new_tokens, answer=answer,
-                         shots=shots, shots_from=shots_from, target=target, scope=scope, checkpointing=checkpointing,
-                         documents=documents, spans=spans, sources=sources)
     if request.has_sources:  # a source that tokenises to nothing, a context too long: the tokenizer says so
         check_prompts(request, model, content if data is not None else [content], data)
     spinner = progress_console()  # stderr; drawn only where stderr is a terminal
@@ -326,18 +316,13 @@ def model_free_checks(evaluate: bool, routing: str, samples: int, shots_from: Pa
         raise LlmattrError("--plot draws one text's curves; with --data, --eval-json holds every row's")
 
 
-def example_checks(task: dict, texts: list, names: list[str], documents: list[str] | None,
-                   spans: list | None, sources: str | None, gold: bool, data: Path | None) -> None:
-    """Each text (``--data``'s rows, named by number) checked as :meth:`llmattr.request.Request.check_text` checks
-    it, from the view (``task``: its :func:`llmattr.model_free.task_facts`): its fields, documents and spans, sources
-    for a method that scores them, and where the gold word is explained (``gold``), the word."""
-    scoring = [name for name in names if name in view()["source_methods"]]
+def text_checks(request, texts: list, data: Path | None) -> None:
+    """Each text (``--data``'s rows, named by number) checked by :meth:`llmattr.request.Request.check_text`: its
+    fields, documents and spans, sources for a method that scores them, and where the gold word is explained, the
+    word."""
     for row, text in enumerate(texts, 1):
         try:
-            example = {**example_fields(task["name"], task["fields"], text),
-                       **{key: value for key, value in (("documents", documents), ("spans", spans))
-                          if value is not None}}
-            check_example(task, example, scoring, sources, example.get("label") if gold else False)
+            request.check_text(text)
         except LlmattrError as err:
             raise LlmattrError(f"{data}: row {row}: {err}" if data is not None else str(err)) from None
 

@@ -7,62 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..checks import one_of
-from ..model_free import (
-    check_balanced,
-    check_file_examples,
-    check_schedule,
-    class_sizes,
-    head_name,
-    held_out_rows,
-    held_out_split,
-    lora_rank,
-    resumable_card,
-    sample_labels,
-    training_loss,
-)
 from .app import app
-from .view import check_finetune, check_task, view
-
-
-def trained_task(task: str, head: str | None) -> dict:
-    """The facts (:func:`llmattr.model_free.task_facts`) of the task a finetune trains, from the view: ``task``, or
-    with ``--head`` its head version (:func:`llmattr.finetuning.head_task`; one that is not registered: the task's
-    own, renamed)."""
-    facts = view()["task_facts"]
-    if head is None:
-        return facts[task]
-    name = head_name(facts[task])
-    return facts.get(name, {**facts[task], "name": name})
-
-
-def model_free_checks(task: str, loss: str, objective: str | None, settings: dict, data: Path | None,
-                      text_field: str | None, label_field: str | None, labels: str | None, out: Path) -> None:
-    """What needs no model, checked from the registries' view before torch is imported, in the order of
-    :func:`llmattr.finetuning.finetune`, with its lines: the task, ``--loss`` (or its old name ``--objective``),
-    ``--head``, ``--permute-labels`` and ``--mask-augment`` against the task
-    (:func:`llmattr.model_free.check_training`), the counts, learning rate and LoRA rank (``settings``:
-    :func:`llmattr.model_free.check_schedule`), the data (``--data``'s ``--labels``, rows, columns and label
-    values: :func:`llmattr.model_free.check_file_examples`; else the task's sample data), ``--held-out`` against
-    the rows and their classes where they are split, and ``--out`` (:func:`llmattr.model_free.resumable_card`; an
-    unfinished run's other settings are compared once the examples are read, after torch)."""
-    check_task(task)
-    known, head = view(), settings["head"]
-    one_of(loss if objective is None else objective, known["losses"], "--loss")
-    if head is not None:
-        one_of(head, known["heads"], "--head")
-    check_finetune(task, training_loss(loss, objective, known["losses"][0]), head, settings["permute_labels"],
-                   settings["mask_augment"])
-    check_schedule({**settings, "lora_r": lora_rank(settings["lora_r"], head)})
-    facts = trained_task(task, head)
-    if data is None:
-        gold = sample_labels(facts)
-    else:
-        facts, gold = check_file_examples(facts, data, text_field, label_field, labels)
-    if gold is not None and held_out_split(facts, head):  # finetuning.split's rows, balanced over the classes
-        held_out_rows(settings["held_out"], len(gold))
-        check_balanced(class_sizes(facts["label_words"] if facts["classifies"] else (), gold), settings["held_out"])
-    resumable_card(out)
 
 
 @app.command()
@@ -106,16 +51,16 @@ def finetune(
     settings = {"held_out": held_out, "epochs": epochs, "learning_rate": learning_rate, "batch_size": batch_size,
                 "max_tokens": max_tokens, "lora_r": lora_r, "save_steps": save_steps, "load_in_4bit": load_in_4bit,
                 "head": head, "permute_labels": permute_labels, "mask_augment": mask_augment}
-    model_free_checks(task, loss, objective, settings, data, text_field, label_field, labels, out)
     from ..declarations import held_out_summary
-    from ..finetuning import FinetuneConfig
+    from ..finetuning import FinetuneConfig, plan  # the library's, importing no torch (llmattr.lazy)
     from ..finetuning import finetune as run_finetune
 
     cfg = FinetuneConfig(task=task, data=None if data is None else str(data), text_field=text_field,
                          label_field=label_field, labels=labels, loss=loss, objective=objective, seed=seed, **settings)
+    planned = plan(model, out, cfg)  # every check that needs no model, the library's own, in its order
     console = Console(stderr=True)
     try:
-        card = run_finetune(model, out, cfg, device=device, progress=not quiet)
+        card = run_finetune(model, out, cfg, device=device, progress=not quiet, planned=planned)
     except KeyboardInterrupt:
         console.print(f"interrupted: rerun the same command to resume from the last checkpoint in {out}/checkpoints",
                       highlight=False, soft_wrap=True)

@@ -8,13 +8,13 @@ from pathlib import Path
 from ..checks import (
     DATA_TASK,
     ROUTINGS,
+    dtype_name,
     examples_wanted,
     one_of,
     writable_file,
 )
 from ..faithfulness.registry import MetricOptions, declared_options
 from ..model_free import check_evaluation, config_values, read_toml
-from ..models.loading import resolve_dtype
 from ..sizes import parse_max_memory
 
 
@@ -79,7 +79,7 @@ class EvalConfig:
         declared = declared_options()
         self.options = {name: declared[name].check(value) for name, value in self.options.items()}
         parse_max_memory(self.max_memory)
-        resolve_dtype(self.dtype, "cpu")
+        dtype_name(self.dtype)
         writable_file(self.out, "--out")
 
     def dataset_names(self) -> list[str]:

@@ -82,7 +82,7 @@ def run_settings(cfg: EvalConfig, metrics: list[Metric], lm: LoadedModel, card: 
             **({"model_card": card_facts(card)} if card else {})}
 
 
-def _plan(store: Store, model_id: str, data: list[Dataset], specs: list[MethodSpec],
+def _pending(store: Store, model_id: str, data: list[Dataset], specs: list[MethodSpec],
           metrics: list[Metric], routings: tuple[str, ...]) -> tuple[list[_Pending], dict, int]:
     """Units still to do, the per-(dataset, method) totals, and how many are already done."""
     pending, totals, done = [], {}, 0
@@ -127,22 +127,31 @@ def _progress(disable: bool) -> rp.Progress:
                        disable=disable, console=progress_console())  # stderr; redrawn only on a terminal
 
 
-def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = load_dataset,
-        progress: bool = True) -> Summary:
-    """Evaluate ``cfg``: every (dataset, example, method, metric, routing) not yet in the store.
+@dataclass
+class Plan:
+    """What a run is, checked and read before its model loads (:func:`plan`): this process's shard ``rank`` of
+    ``world``, the metrics, the method specs, the finetune's card of the model (None: not a finetune's folder) and
+    the sampled datasets."""
 
-    Names are validated before the model loads. This process is shard ``rank`` of ``world`` (``--shard``,
-    torchrun/accelerate's or Slurm's environment), writes its own store file and takes the examples its store's
-    shard rule gives it (:func:`~llmattr.evaluation.sharding.shard_examples`: balanced by estimated cost; ``i::n``
-    in a store written before balancing).
-    """
-    start = time.perf_counter()
+    rank: int
+    world: int
+    metrics: list[Metric]
+    specs: list[MethodSpec]
+    card: dict | None
+    loaded: list[Dataset]
+
+
+def plan(cfg: EvalConfig, loader: DatasetLoader = load_dataset) -> Plan:
+    """Every check of ``cfg`` that needs no model, in one order, and the datasets it samples: the settings
+    (:meth:`EvalConfig.validate`), the shard, the metric and method names with each method's parameters, the
+    datasets (a file's rows and labels, ``n`` examples balanced per class; never a row the finetune in
+    ``cfg.model`` was trained on) and what the metrics and methods need of them (:func:`check_work`). Imports no
+    torch: ``llmattr evaluate`` calls it before the model loads, as :func:`run` does."""
     cfg.validate()
     rank, world = shard_of(cfg)
-    routings = cfg.routings
     metrics = get_metrics(cfg.metrics)
     specs = expand_methods(cfg.methods, cfg.layers)
-    card = read_card(cfg.model)  # a finetune's folder: never evaluate a row it was trained on
+    card = read_card(cfg.model)
     exclude = trained_rows(card)
     n = cfg.sample_size()
     if cfg.data is not None:
@@ -152,15 +161,32 @@ def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = 
         loaded = [loader(name, n, cfg.seed, **({"exclude": exclude} if exclude else {}))
                   for name in expand_datasets(cfg.dataset_names())]
     check_work(cfg, metrics, specs, loaded)
+    return Plan(rank, world, metrics, specs, card, loaded)
+
+
+def run(cfg: EvalConfig, lm: LoadedModel | None = None, loader: DatasetLoader = load_dataset,
+        progress: bool = True, planned: Plan | None = None) -> Summary:
+    """Evaluate ``cfg``: every (dataset, example, method, metric, routing) not yet in the store.
+
+    Everything is checked before the model loads (:func:`plan`; ``planned``: its result where the caller has it).
+    This process is shard ``rank`` of ``world`` (``--shard``, torchrun/accelerate's or Slurm's environment), writes
+    its own store file and takes the examples its store's shard rule gives it
+    (:func:`~llmattr.evaluation.sharding.shard_examples`: balanced by estimated cost; ``i::n`` in a store written
+    before balancing).
+    """
+    start = time.perf_counter()
+    planned = planned or plan(cfg, loader)
+    rank, world, metrics, specs, loaded = planned.rank, planned.world, planned.metrics, planned.specs, planned.loaded
+    routings = cfg.routings
     summary = Summary(out=shard_path(cfg.out, rank, world), excluded={ds.name: ds.excluded for ds in loaded})
     fresh = not summary.out.exists()
     with Store(summary.out) as store:  # refuses a foreign file or a store another run writes, before the load
         if lm is None:
             lm = _load(cfg, summary.out if fresh else None, store)
         rule = shard_rule(store.settings(lm.model_id))
-        store.check_settings(lm.model_id, {**run_settings(cfg, metrics, lm, card), **rule_setting(rule)})
+        store.check_settings(lm.model_id, {**run_settings(cfg, metrics, lm, planned.card), **rule_setting(rule)})
         data = shard_examples(loaded, rank, world, rule)
-        pending, totals, summary.skipped = _plan(store, lm.model_id, data, specs, metrics, routings)
+        pending, totals, summary.skipped = _pending(store, lm.model_id, data, specs, metrics, routings)
         store.plan(lm.model_id, [(d.name, s.name, s.key, len(d.examples)) for d in data for s in specs],
                    [(m.name, r) for m in metrics for r in m.routings(routings)])  # llmattr status's totals
         left = {key: 0 for key in totals}

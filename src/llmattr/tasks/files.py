@@ -50,11 +50,10 @@ def read_file_examples(task: str | Task, path: str | Path, text_field: str | Non
     column, or a label that is none of the label words (a regression task's: not a number); the CLI refuses the
     same before torch loads (:func:`llmattr.model_free.check_file_examples`).
     """
-    task = file_task(task, labels)
     path = Path(path)
-    facts = task_facts(task)
-    rows, where, columns = shaped_rows(facts, path, text_field, label_field)
-    rows, _ = file_rows(facts, path, rows, where, columns["label"])
+    rows, where, columns = shaped_rows(task_facts(get_task(task)), path, text_field, label_field)  # the file first
+    task = file_task(task, labels)
+    rows, _ = file_rows(task_facts(task), path, rows, where, columns["label"])
     examples = []
     for i, (row, at) in enumerate(zip(rows, where, strict=True)):
         try:
