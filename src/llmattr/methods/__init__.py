@@ -7,6 +7,7 @@ import pkgutil
 
 from ..checks import parse_params
 from ..errors import LlmattrError, method_refusal
+from ..model_free import COUNT, COUNT_OR_AUTO, choice  # a parameter's rules, for a plugin's method
 from .base import NOT_DEFINED, REGISTRY, AttributionMethod, layer_parameter, register
 from .given import GivenScores
 
@@ -27,5 +28,5 @@ def get(name: str, **params) -> AttributionMethod:
     return REGISTRY[name](**params)
 
 
-__all__ = ["AttributionMethod", "GivenScores", "REGISTRY", "available", "get", "layer_parameter", "parse_params",
-           "register"]
+__all__ = ["AttributionMethod", "COUNT", "COUNT_OR_AUTO", "GivenScores", "REGISTRY", "available", "choice", "get",
+           "layer_parameter", "parse_params", "register"]
