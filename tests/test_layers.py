@@ -173,3 +173,19 @@ def test_the_layer_check_sees_an_import_against_the_layering():
     assert against_the_layering(graph, layers) == [
         f"llmattr.sources.build (layer {layers['sources']}) imports llmattr.targets (layer {layers['targets']})",
         f"llmattr.tasks.base (layer {layers['tasks']}) imports llmattr.objectives (layer {layers['objectives']})"]
+
+
+def test_every_module_imports_without_torch():
+    """Issue 49 item 1: what a user can ask (the method, metric and task registries, the Request, the configs of
+    evaluate and finetune) is importable without torch, so the CLI checks it with the library's own code before any
+    model: every module of ``src/llmattr`` is imported and none of the heavy libraries is (``llmattr.lazy`` binds
+    them; the first attribute read imports them)."""
+    code = ("import importlib, json, pkgutil, sys, llmattr\n"
+            "for m in pkgutil.walk_packages(llmattr.__path__, 'llmattr.'):\n"
+            "    if not m.name.endswith('__main__'):\n"
+            "        importlib.import_module(m.name)\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                       text=True).stdout)
+    assert "llmattr.methods.deeplift" in loaded and "llmattr.finetuning" in loaded
+    assert [m for m in loaded if m.split(".")[0] in ("torch", "transformers", "scipy", "captum", "peft")] == []

@@ -265,7 +265,7 @@ def explain_text(lm: LoadedModel, text: str | dict, request: Request, skipped: l
         if method_obj.objective:
             method_obj.explained(lm)  # a foil that is not one token fails before the generation
     if request.task.head != "lm":  # a sequence head (llmattr finetune --head; paper 003)
-        example = request.task.example_from_text(text)
+        example = request.example(text)
         explained = []
         for method_obj in request.method_objs:
             explained.append(head_explanation(lm, request.task, example, method_obj.name))

@@ -7,6 +7,7 @@ Every check of a request's values runs when it is built, before any model loads,
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,7 @@ class Request:
     sources: str | None = None
     language: str = "en"
     method_objs: tuple[AttributionMethod, ...] = field(init=False, repr=False, compare=False)
+    examples: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # each text's, made once
 
     def __post_init__(self) -> None:
         """The one check: task, target, scope, checkpointing and every method with its parameters."""
@@ -93,10 +95,14 @@ class Request:
         object.__setattr__(self, "spans", spans)
 
     def example(self, text: str | dict) -> dict:
-        """The example of ``text`` (:meth:`Task.example_from_text`) with the request's documents or spans."""
-        example = self.task.example_from_text(text)
-        extra = {"documents": self.documents, "spans": self.spans}
-        return {**example, **{key: value for key, value in extra.items() if value is not None}}
+        """The example of ``text`` (:meth:`Task.example_from_text`) with the request's documents or spans: made once
+        per text, whether the CLI checks it, the request checks it or an explanation reads it."""
+        key = json.dumps(text, sort_keys=True, default=str)
+        if key not in self.examples:
+            example = self.task.example_from_text(text)
+            extra = {"documents": self.documents, "spans": self.spans}
+            self.examples[key] = {**example, **{name: value for name, value in extra.items() if value is not None}}
+        return self.examples[key]
 
     @property
     def has_sources(self) -> bool:
