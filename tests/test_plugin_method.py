@@ -43,7 +43,7 @@ class EveryKth(AttributionMethod):
         return scores.expand(target.n_steps, b - a).clone()
 '''
 
-RUN = """import json, sys
+RUN = f"""import json, sys
 from llmattr.cli import main
 sys.argv = ["llmattr", *json.loads(sys.argv[1])]
 code = 0
@@ -52,8 +52,8 @@ try:
 except SystemExit as exit:
     code = exit.code
 sys.stdout.flush()
-print("\\n@@" + json.dumps({"code": code, "heavy": [m for m in %r if m in sys.modules]}), file=sys.stderr)
-""" % (HEAVY,)
+print("\\n@@" + json.dumps({{"code": code, "heavy": [m for m in {HEAVY!r} if m in sys.modules]}}), file=sys.stderr)
+"""
 
 
 @pytest.fixture(scope="module")

@@ -23,10 +23,7 @@ class Lazy:
         object.__setattr__(self, "_name", name)
 
     def __getattr__(self, attr: str):
-        module = sys.modules.get(self._name)
-        if module is None or getattr(module, "__spec__", None) is None:
-            module = importlib.import_module(self._name)
-        return getattr(module, attr)
+        return getattr(sys.modules.get(self._name) or importlib.import_module(self._name), attr)
 
     def __setattr__(self, attr: str, value) -> None:
         raise AttributeError(f"set {attr} on the module {self._name} itself, not on its lazy binding")

@@ -1,9 +1,9 @@
 """The checks of what a user asks that need no model, written once for the library and the CLI.
 
 The library runs them where the values are built (a method with its parameters, a :class:`~llmattr.request.Request`
-with its sources, a finetune's config), reading its registries; ``llmattr`` runs the same functions before torch is
-imported, reading the registries' view (:mod:`llmattr.cli.view`), so that each refusal is the same line and comes
-at once. Nothing here imports torch.
+with its sources, a finetune's or an evaluation's config and plan), reading its registries; ``llmattr`` builds the
+same objects before any model loads (nothing in llmattr imports torch until a model runs: :mod:`llmattr.lazy`), so
+each refusal is the same line and comes at once.
 """
 
 from __future__ import annotations

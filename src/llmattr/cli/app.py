@@ -5,8 +5,8 @@ is built with :func:`plugin_command`: its further options are derived from the r
 command parses its arguments or prints its help, not when the application starts (so ``llmattr --help`` stays
 light). A method, metric or task registered before that moment, by an installed package's ``llmattr.plugins``
 entry point (loaded by :func:`load_plugins` before the CLI runs) or by a module imported in the same process,
-has its options in the help and on the command line; no CLI module names it. The registries are read through
-:mod:`llmattr.cli.view` (a written copy of them while they are not loaded, so that ``--help`` imports no torch).
+has its options in the help and on the command line; no CLI module names it. The registries import no torch
+(:mod:`llmattr.lazy`), so reading them keeps ``--help`` and the refusals free of it.
 """
 
 from __future__ import annotations

@@ -47,8 +47,9 @@ def read_file_examples(task: str | Task, path: str | Path, text_field: str | Non
     """The task (with ``--labels`` applied) and every row of ``path`` as one of its examples, in file order.
 
     Raises :class:`LlmattrError` (one line) for a missing file, an empty file, a row without the text or label
-    column, or a label that is none of the label words (a regression task's: not a number); the CLI refuses the
-    same before torch loads (:func:`llmattr.model_free.check_file_examples`).
+    column, or a label that is none of the label words (a regression task's: not a number), the file's columns
+    before ``--labels``; the CLI calls it before any model loads (:func:`llmattr.evaluation.plan`,
+    :func:`llmattr.finetuning.plan`).
     """
     path = Path(path)
     rows, where, columns = shaped_rows(task_facts(get_task(task)), path, text_field, label_field)  # the file first
