@@ -22,7 +22,7 @@ from .models import memory
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
 from .render import progress_console
-from .request import Request
+from .request import KEYWORDS, Request, field_docs
 from .targets import Target, label_target, make_target, step_probabilities, with_scope, word_target
 from .tasks import TASKS, Task, get_task
 
@@ -119,96 +119,39 @@ def attribute(lm: LoadedModel, target: Target, method: methods.AttributionMethod
     )
 
 
-UNASKED = Request.of()  # the request of explain's keywords left as they are: request= goes alone
-
-
-def explain(
-    text: str | dict | list,
-    model: str | LoadedModel = "default",
-    method: str | methods.AttributionMethod | list = "grad-ellm",
-    task: str | Task | None = None,
-    max_new_tokens: int | None = None,
-    answer: str | None = None,
-    device: str = "auto",
-    shots: int = 0,
-    shots_seed: int = 0,
-    demonstrations: str = "",
-    shots_from: str | None = None,
-    progress: bool = True,
-    target: str = "label",
-    gold: str | None = None,
-    scope: str = "span",
-    checkpointing: str = "auto",
-    method_params: dict | None = None,
-    objective: str | None = None,
-    foil: str | int | None = None,
-    request: Request | None = None,
-    documents: list[str] | None = None,
-    spans: list | None = None,
-    sources: str | None = None,
-    language: str = "en",
-    **params,
-) -> Explanation | Explanations:
+def explain(text: str | dict | list, model: str | LoadedModel = "default",
+            method: str | methods.AttributionMethod | list = "grad-ellm", task: str | Task | None = None, *,
+            device: str = "auto", progress: bool = True, request: Request | None = None,
+            method_params: dict | None = None, **keywords) -> Explanation | Explanations:
     """Explain the model's answer to ``text`` with ``method``.
 
-    ``text`` is the content (for multi-field tasks such as BoolQ, a dict of fields); ``answer`` forces
-    the explained tokens instead of greedy generation. ``shots`` few-shot demonstrations (drawn with
-    ``shots_seed`` from the task's sample data, never ``text`` itself) or an explicit ``demonstrations``
-    text are placed before the content span, so they are neither attributed nor perturbed; ``shots_from``
-    draws them from a JSONL/CSV/TSV file instead of the task's sample data. A run that would not fit in
-    memory is refused before the model runs; ``checkpointing`` is ``auto``, ``on`` or ``off`` (see
-    :mod:`llmattr.models.memory`).
+    ``text`` is the content (for multi-field tasks such as BoolQ, a dict of fields); ``task`` the prompt recipe
+    (default ``sentiment``; ``context`` with ``documents``). The other keywords are the fields of a
+    :class:`~llmattr.request.Request` (below; the same list ``llmattr explain`` takes its options from), and any
+    other keyword is a method parameter, as are the entries of ``method_params`` (``objective`` and ``foil`` are
+    method parameters too, recorded in the Explanation's ``params``; ``target="probability"`` or ``"logit"`` is the
+    objective's earlier spelling). A run that would not fit in memory is refused before the model runs.
 
-    ``target``: for a task with label words, which token is explained: ``"label"`` (the predicted
-    label word, default), ``"generated"`` (the free greedy answer) or ``"gold"`` (the gold label word:
-    ``gold``, or the ``label`` field of a dict ``text``). ``"probability"``/``"logit"`` are passed on to
-    the method as its ``objective`` (an earlier spelling). Method parameters come as keywords or as the dict
-    ``method_params`` (which may hold ``objective``, or ``target``: its earlier name).
+    ``request``: a :class:`~llmattr.request.Request` holding all of that at once, instead of them
+    (``explain(text, model=lm, request=Request("sst2", ["saliency"], target="gold"))``, what ``llmattr explain``
+    passes); a request of several methods explains them side by side. Every value is checked when the request is
+    built, before the model loads.
 
-    ``objective``: what the method explains (:mod:`llmattr.objectives`: ``probability``, ``log-prob``,
-    ``logit``, ``contrast``, ``contrast-prob``; default: the method's own), ``foil``: the single-token word
-    (or token id) a contrastive objective compares the target with, e.g. ``objective="contrast",
-    foil="Negative"`` explains ``logit(Positive) - logit(Negative)``. Both are method parameters (``objective``,
-    ``foil``), so the Explanation records them in ``params``; methods that score no output refuse them.
+    Batch: a list (or tuple) of texts returns :class:`~llmattr.explanation.Explanations` (a list), the model loaded
+    once, with a progress bar (``progress=False`` hides it). Every item is checked before the model loads; an item
+    that fails later (too long for the model, say) is named in ``.failed`` and a warning, and the others are kept.
+    Methods side by side: a list of methods (names or instances) explains each text with each of them on one model
+    load and one generation; the Explanations render as one grid per text (a method that fails on a text is named
+    in ``.failed`` too; the other methods' explanations of it are kept). ``timings["load_s"]`` is the time it took
+    to load the model used (0 for a model built in memory and passed in).
 
-    ``scope``: what is attributed, and later perturbed and zeroed by the metrics: ``"span"`` (the content,
-    default), ``"prompt"`` (every prompt token, template included: paper 000's pipeline) or ``"all"``
-    (prompt and generated prefix: the ReAGent evaluator code).
-
-    ``task``: the prompt recipe (default ``sentiment``; ``context`` with ``documents``).
-
-    Sources (docs/sources.md): ``documents`` (a list of texts; ``text`` is then the question, asked with the
-    ``context`` task by default) makes each document one source, ``spans`` (``[start, end)`` character ranges
-    into ``text``) each range; ``sources="sentence"`` makes each sentence of them one source (split for
-    ``language``). The Explanation's ``sources`` say which tokens form each source and ``source_scores()``
-    sums every method's token scores over them; LIME and the random baseline then perturb (draw) whole sources.
-
-    ``request``: a :class:`~llmattr.request.Request` holding all of the above at once, instead of them
-    (``explain(text, model=lm, request=Request("sst2", ["saliency"], target="gold"))``, what ``llmattr
-    explain`` passes); a request of several methods explains them side by side. Every value is checked when
-    the request is built, before the model loads.
-
-    Batch: a list (or tuple) of texts returns :class:`~llmattr.explanation.Explanations` (a list), the
-    model loaded once, with a progress bar (``progress=False`` hides it). Every item is checked before the
-    model loads; an item that fails later (too long for the model, say) is named in ``.failed`` and a
-    warning, and the others are kept. Methods side by side: a list of methods (names or instances)
-    explains each text with each of them on one model load and one generation; the Explanations render
-    as one grid per text (a method that fails on a text is named in ``.failed`` too; the other methods'
-    explanations of it are kept). ``method`` may also be an :class:`~llmattr.methods.AttributionMethod`
-    instance. ``timings["load_s"]`` is the time it took to load the model used (0 for a model built in
-    memory and passed in).
+    The fields:
     """
-    method_params = {**(method_params or {}), **params}
-    if target in ("probability", "logit"):  # the objective's earlier spelling
-        method_params["objective"], target = target, "label"
-    task = task_asked(task, documents)
-    asked = Request.of(method, task, method_params, objective, foil, max_new_tokens=max_new_tokens, answer=answer,
-                       shots=shots, shots_seed=shots_seed, demonstrations=demonstrations, shots_from=shots_from,
-                       target=target, gold=gold, scope=scope, checkpointing=checkpointing, documents=documents,
-                       spans=spans, sources=sources, language=language)
-    if request is not None and asked != UNASKED:
+    fields_ = {key: keywords.pop(key) for key in list(keywords) if key in KEYWORDS}
+    if request is not None and (fields_ or keywords or method_params or task is not None or method != "grad-ellm"):
         raise LlmattrError("explain(request=...): give the method, task and options to the Request, not beside it")
-    request = asked if request is None else request
+    if request is None:
+        request = asked_request(method, task, {**(method_params or {}), **keywords}, fields_)
     if not request.methods:
         raise LlmattrError("method: give a method name (or a list of them)")
     many_methods = isinstance(method, list | tuple) or len(request.methods) > 1
@@ -223,6 +166,18 @@ def explain(
                       + "; ".join(f"item {i}: {why}" for i, why in out.failed.items()),
                       NotExplainedWarning, stacklevel=2)
     return out
+
+
+def asked_request(method, task: str | Task | None, params: dict, fields_: dict) -> Request:
+    """The :class:`Request` of :func:`explain`'s keywords: the method parameters ``params`` and the Request's
+    ``fields_`` (``target="probability"``/``"logit"``: the objective's earlier spelling); the task by
+    :func:`llmattr.model_free.task_asked`."""
+    if fields_.get("target") in ("probability", "logit"):
+        params["objective"], fields_["target"] = fields_["target"], "label"
+    return Request.of(method, task_asked(task, fields_.get("documents")), params, **fields_)
+
+
+explain.__doc__ += field_docs() + "\n"
 
 
 def explain_many(lm: LoadedModel, texts: list, request: Request, progress: bool) -> Explanations:

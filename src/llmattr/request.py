@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .checks import SCOPES, TARGET_MODES, check_checkpointing, check_text, member
@@ -22,41 +22,57 @@ from .targets import check_length
 from .tasks import Task, few_shot, get_task
 
 
+def asked(default: object = None, help: str = "", option: type | None = None, **kwargs):
+    """A field a user asks for, written once: its default, its ``help`` (``llmattr explain --help``'s where
+    ``option`` is its command-line type, else the Python API's alone); ``llmattr.explain`` takes it as a keyword and
+    ``llmattr explain`` as an option (:data:`FIELDS`). ``kwargs``: ``default_factory``."""
+    if "default_factory" not in kwargs:
+        kwargs["default"] = default
+    return field(metadata={"help": help, "option": option}, **kwargs)
+
+
 @dataclass(frozen=True)
 class Request:
-    """One explanation's question: the task's prompt recipe, the methods (a name or instance, or several) with
-    their ``params`` (``objective`` and ``foil`` among them), what is explained (``target``: ``label``, ``generated``,
-    ``gold``, with ``gold`` the gold word, else the example's ``label``; or a forced ``answer``; at most
-    ``max_new_tokens`` tokens, the task's default if None), what is attributed (``scope``), the few-shot text
-    before the content span (``demonstrations``, plus ``shots`` drawn with ``shots_seed`` from ``shots_from`` or
-    the task's sample data) and ``checkpointing`` (``auto``, ``on``, ``off``).
+    """One explanation's question, checked once when built (:meth:`__post_init__`): each field's meaning is its
+    ``help`` (:data:`FIELDS`, :func:`field_docs`).
 
-    Sources (docs/sources.md): ``documents``, the context every text is asked about (a task that takes
-    documents, such as ``context``; each document one source), or ``spans``, the user's ``[start, end)``
-    character ranges into the text (each one source); ``sources`` says what one source is, ``document`` (a
-    document or span) or ``sentence`` (each sentence of them, split for ``language``). An example's own
-    ``documents``/``spans`` (a ``--data`` row's) stand where the request has none.
+    An example's own ``documents``/``spans`` (a ``--data`` row's) stand where the request has none. A request
+    without methods prepares targets only (:func:`llmattr.api.prepare`: no memory guard); the methods are built,
+    and so checked, with the request (``method_objs``, once for every text)."""
 
-    A request without methods prepares targets only (:func:`llmattr.api.prepare`: no memory guard); the
-    methods are built, and so checked, with the request (``method_objs``, once for every text)."""
-
-    task: Task | str = "sentiment"
-    methods: Sequence[str | AttributionMethod] = ()
-    params: Mapping[str, object] = field(default_factory=dict)
-    target: str = "label"
-    gold: str | None = None
-    scope: str = "span"
-    max_new_tokens: int | None = None
-    answer: str | None = None
-    demonstrations: str = ""
-    shots: int = 0
-    shots_seed: int = 0
-    shots_from: str | Path | None = None
-    checkpointing: str = "auto"
-    documents: Sequence[str] | None = None
-    spans: Sequence[Sequence[int]] | None = None
-    sources: str | None = None
-    language: str = "en"
+    task: Task | str = asked("sentiment", "The prompt recipe (a task name or Task; llmattr.explain's default: "
+                                          "sentiment, or context with documents).")
+    methods: Sequence[str | AttributionMethod] = asked((), "A method name or instance, or several: explained side "
+                                                           "by side on one generation.")
+    params: Mapping[str, object] = asked(help="The methods' parameters ({name: value}).", default_factory=dict)
+    target: str = asked("label", "Tasks with label words: explain the predicted label word (label), the free greedy "
+                                 "answer (generated) or the gold label word (gold; give it as --field label=WORD).",
+                        str)
+    gold: str | None = asked(None, "target='gold': the gold word (default: the example's label).")
+    scope: str = asked("span", "What is attributed, and perturbed/zeroed by --evaluate: span (the content), prompt "
+                               "(every prompt token, template included: paper 000's pipeline) or all (prompt + "
+                               "generated prefix).", str)
+    max_new_tokens: int | None = asked(None, "Tokens to generate and explain (task default if unset).", int)
+    answer: str | None = asked(None, "Force this answer text instead of greedy generation.", str)
+    demonstrations: str = asked("", "A few-shot text before the content span (neither attributed nor perturbed).")
+    shots: int = asked(0, "Few-shot demonstrations (from the task sample data) before the text.", int)
+    shots_seed: int = asked(0, "The seed the shots are drawn with (never the text itself).")
+    shots_from: str | Path | None = asked(None, "--shots: draw the demonstrations from this JSONL/CSV/TSV file (the "
+                                                "task's fields and label) instead of the sample data.", Path)
+    checkpointing: str = asked("auto", "Recompute blocks in the backward pass to save memory: auto (only when "
+                                       "needed), on, off.", str)
+    documents: Sequence[str] | None = asked(None, "The documents the text (the question) is asked about, each one "
+                                                  "source (docs/sources.md).")
+    spans: Sequence[Sequence[int]] | None = asked(None, "Sources as [start, end) character ranges into the text.")
+    sources: str | None = asked(None, "What one source is: document (each document or --span) or sentence (each "
+                                      "sentence of them, or of TEXT).", str)
+    language: str = asked("en", "The language sentences are split for (sources='sentence').")
+    objective: str | None = asked(None, "What the method explains: probability, log-prob, logit, contrast "
+                                        "(logit(target) - logit(foil)) or contrast-prob (default: the method's own; "
+                                        "see docs/methods-gradient.md).", str, compare=False)  # params hold it
+    foil: str | int | None = asked(None, "--objective contrast/contrast-prob: the alternative answer, one token as "
+                                         "written (e.g. Negative: 'why Positive rather than Negative').", str,
+                                   compare=False)
     method_objs: tuple[AttributionMethod, ...] = field(init=False, repr=False, compare=False)
     examples: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # each text's, made once
 
@@ -70,21 +86,19 @@ class Request:
         self.check_sources()
         one = isinstance(self.methods, str | AttributionMethod)
         set_field(self, "methods", (self.methods,) if one else tuple(self.methods))
-        set_field(self, "params", dict(self.params))
+        if (self.objective, self.foil) != (None, None) and any(isinstance(m, AttributionMethod) for m in self.methods):
+            raise LlmattrError("objective= and foil= go with a method name; give them to the method instance's "
+                               "constructor (objective=, foil=)")
+        set_field(self, "params", request_params(self.params, self.objective, self.foil))
         set_field(self, "method_objs", tuple(m if isinstance(m, AttributionMethod)
                                              else get_method(m, **self.params) for m in self.methods))
 
     @classmethod
     def of(cls, method: str | AttributionMethod | Sequence = "grad-ellm", task: str | Task = "sentiment",
-           params: Mapping | None = None, objective: str | None = None, foil: str | int | None = None,
-           **options) -> Request:
-        """The request of :func:`llmattr.explain`'s keywords: ``method`` one name or instance, or a list of them;
-        ``objective`` and ``foil`` join the method parameters ``params`` (refused beside a method instance,
-        whose constructor takes them); ``options`` are the other fields."""
-        if isinstance(method, AttributionMethod) and (objective, foil) != (None, None):
-            raise LlmattrError("objective= and foil= go with a method name; give them to the method instance's "
-                               "constructor (objective=, foil=)")
-        return cls(task, method, request_params(params, objective, foil), **options)
+           params: Mapping | None = None, **fields) -> Request:
+        """The request of :func:`llmattr.explain`'s keywords: ``method`` one name or instance, or a list of them,
+        with the method parameters ``params``; ``fields`` are the other fields."""
+        return cls(task, method, params or {}, **fields)
 
     def check_sources(self) -> None:
         """The sources asked for, refused in one line: documents that are not a non-empty list of non-empty
@@ -140,3 +154,13 @@ class Request:
         scoring = [m.name for m in self.method_objs if m.granularity == "source"]
         check_example(task_facts(self.task), example, scoring, self.sources,
                       self.gold_of(example) if self.target == "gold" and self.answer is None else False)
+
+
+FIELDS = {f.name: f for f in fields(Request) if "help" in f.metadata}  # what a user asks, each written once
+KEYWORDS = tuple(name for name in FIELDS if name not in ("task", "methods", "params"))  # llmattr.explain's
+
+
+def field_docs() -> str:
+    """Each field of :data:`KEYWORDS` as a line of a docstring: its name, default and help."""
+    return "\n".join(f"    ``{name}`` (default ``{FIELDS[name].default!r}``): {FIELDS[name].metadata['help']}"
+                     for name in KEYWORDS)

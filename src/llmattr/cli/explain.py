@@ -7,6 +7,7 @@ import warnings
 from contextlib import nullcontext
 from json import dumps
 from pathlib import Path
+from types import SimpleNamespace
 
 import typer
 from rich.console import Console
@@ -30,6 +31,7 @@ from ..model_free import (
     task_facts,
 )
 from ..readers import read_rows, row_texts
+from ..request import FIELDS
 from .app import DERIVED, app, plugin_command
 
 FORMATS = ("text", "json")
@@ -148,150 +150,170 @@ def parse_spans(items: list[str]) -> list[tuple[int, int]] | None:
     return spans or None
 
 
-@app.command(cls=plugin_command(method_options, task_help))
-def explain(
-    ctx: typer.Context,
-    text: str = typer.Argument(None, help="The text to explain (the content span of the prompt); or --data FILE."),
-    model: str = typer.Option("default", help="'default' (SmolLM2-135M-Instruct), 'gemma-3-270m', a hub id, "
-                                                 "a folder or a .gguf."),
-    task: str = typer.Option(None, help="Prompt recipe: sentiment, boolq, generate, context, ..."),
-    method: str = typer.Option("grad-ellm", help="Attribution method (see `llmattr methods`); several, comma-"
-                                                 "separated, explain one generation side by side (--html: "
-                                                 "one aligned grid)."),
-    max_new_tokens: int = typer.Option(None, help="Tokens to generate and explain (task default if unset)."),
-    answer: str = typer.Option(None, help="Force this answer text instead of greedy generation."),
-    scope: str = typer.Option("span", help="What is attributed, and perturbed/zeroed by --evaluate: span "
-                                           "(the content), prompt (every prompt token, template included: "
-                                           "paper 000's pipeline) or all (prompt + generated prefix)."),
-    target: str = typer.Option("label", help="Tasks with label words: explain the predicted label word "
-                                             "(label), the free greedy answer (generated) or the gold label "
-                                             "word (gold; give it as --field label=WORD)."),
-    field: list[str] = typer.Option([], help="Extra task field NAME=VALUE (e.g. question=... for boolq)."),
-    shots: int = typer.Option(0, help="Few-shot demonstrations (from the task sample data) before the text."),
-    shots_from: Path = typer.Option(None, help="--shots: draw the demonstrations from this JSONL/CSV/TSV file "
-                                               "(the task's fields and label) instead of the sample data."),
-    param: list[str] = typer.Option([], help="Method parameter NAME=VALUE (e.g. layers=4)."),
-    objective: str = typer.Option(None, help="What the method explains: probability, log-prob, logit, contrast "
-                                             "(logit(target) - logit(foil)) or contrast-prob (default: the "
-                                             "method's own; see docs/methods-gradient.md)."),
-    foil: str = typer.Option(None, help="--objective contrast/contrast-prob: the alternative answer, one token "
-                                        "as written (e.g. Negative: 'why Positive rather than Negative')."),
-    device: str = typer.Option("auto", help="cpu, cuda or auto."),
-    dtype: str = typer.Option(None, help="float32, bfloat16, float16 or auto (float32 on a CPU, bfloat16 on a "
-                                         "GPU; bfloat16 pays on CPUs with bf16 matrix units, docs/scale.md)."),
-    html: Path = typer.Option(None, help="Write a self-contained HTML heatmap here."),
-    json: Path = typer.Option(None, help="Write the Explanation JSON here."),
-    verbose: bool = typer.Option(False, "--verbose", help="Say where the model folder is; print each step's "
-                                                       "convergence delta (path methods, DeepLIFT)."),
-    evaluate: bool = typer.Option(False, "--evaluate", help="Score the explanation: pi-Soft-NC/NS AUCs."),
-    routing: str = typer.Option("dynamic", help="--evaluate protocol: dynamic or fixed (clean attention)."),
-    samples: int = typer.Option(15, help="--evaluate: Monte-Carlo samples per pi."),
-    seed: int = typer.Option(0, help="--evaluate: seed of the Monte-Carlo masks."),
-    eval_json: Path = typer.Option(None, help="--evaluate: write the evaluation result JSON here."),
-    checkpointing: str = typer.Option("auto", help="Recompute blocks in the backward pass to save memory: "
-                                      "auto (only when needed), on, off."),
-    plot: Path = typer.Option(None, help="--evaluate: draw pi-Soft-NC/NS vs pi to this image (.png/.svg/.pdf)."),
-    figure: Path = typer.Option(None, help="Draw the source x target attribution matrix to this image "
-                                           "(.png/.svg/.pdf)."),
-    numbers: bool = typer.Option(None, "--numbers/--no-numbers", help="Print each token's value in the heatmaps "
-                                                                       "(default: on when stdout is not a terminal)."),
-    shared_scale: bool = typer.Option(False, "--shared-scale", help="One colour scale for all steps instead of "
-                                                                    "one per step."),
-    format: str = typer.Option("text", "--format", help="text (heatmap) or json (the Explanation JSON on stdout, "
-                                                        "messages on stderr)."),
-    data: Path = typer.Option(None, help="Explain every row of your own JSONL/JSON/CSV/TSV file instead of TEXT "
-                                         "(--json: a list, --html: one grid per row)."),
-    text_field: str = typer.Option(None, help="--data: the column holding the text (default: the task's field)."),
-    n: int = typer.Option(None, help="--data: explain the first N rows only."),
-    document: list[str] = typer.Option([], help="A document of the context TEXT (the question) is asked about; "
-                                                "repeat for several. Each is one source (docs/sources.md)."),
-    context: Path = typer.Option(None, help="The documents from a file: its paragraphs (blank-line separated), "
-                                            "or a .json list of texts."),
-    span: list[str] = typer.Option([], help="A source as START:END character offsets into TEXT; repeat."),
-    sources: str = typer.Option(None, help="What one source is: document (each document or --span) or "
-                                           "sentence (each sentence of them, or of TEXT)."),
-    documents_field: str = typer.Option(None, help="--data with a task that takes documents: the column "
-                                                   "holding each row's list of documents (default documents)."),
-) -> None:
+def own(name: str, annotation: type, default: object, help: str, *decls: str) -> inspect.Parameter:
+    """An option of ``llmattr explain`` itself (not a field of the request)."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                             default=typer.Option(default, *decls, help=help))
+
+
+def asked(name: str) -> inspect.Parameter:
+    """The option of the request's field ``name``: its default, type and help from :data:`llmattr.request.FIELDS`,
+    the one list ``llmattr.explain`` takes its keywords from."""
+    declared = FIELDS[name]
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=declared.metadata["option"],
+                             default=typer.Option(declared.default, help=declared.metadata["help"]))
+
+
+OPTIONS = [  # in the order of the help
+    inspect.Parameter("text", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str, default=typer.Argument(
+        None, help="The text to explain (the content span of the prompt); or --data FILE.")),
+    own("model", str, "default", "'default' (SmolLM2-135M-Instruct), 'gemma-3-270m', a hub id, a folder or a .gguf."),
+    own("task", str, None, "Prompt recipe: sentiment, boolq, generate, context, ..."),
+    own("method", str, "grad-ellm", "Attribution method (see `llmattr methods`); several, comma-separated, explain "
+                                    "one generation side by side (--html: one aligned grid)."),
+    asked("max_new_tokens"), asked("answer"), asked("scope"), asked("target"),
+    own("field", list[str], [], "Extra task field NAME=VALUE (e.g. question=... for boolq)."),
+    asked("shots"), asked("shots_from"),
+    own("param", list[str], [], "Method parameter NAME=VALUE (e.g. layers=4)."),
+    asked("objective"), asked("foil"),
+    own("device", str, "auto", "cpu, cuda or auto."),
+    own("dtype", str, None, "float32, bfloat16, float16 or auto (float32 on a CPU, bfloat16 on a GPU; bfloat16 pays "
+                            "on CPUs with bf16 matrix units, docs/scale.md)."),
+    own("html", Path, None, "Write a self-contained HTML heatmap here."),
+    own("json", Path, None, "Write the Explanation JSON here."),
+    own("verbose", bool, False, "Say where the model folder is; print each step's convergence delta (path methods, "
+                                "DeepLIFT).", "--verbose"),
+    own("evaluate", bool, False, "Score the explanation: pi-Soft-NC/NS AUCs.", "--evaluate"),
+    own("routing", str, "dynamic", "--evaluate protocol: dynamic or fixed (clean attention)."),
+    own("samples", int, 15, "--evaluate: Monte-Carlo samples per pi."),
+    own("seed", int, 0, "--evaluate: seed of the Monte-Carlo masks."),
+    own("eval_json", Path, None, "--evaluate: write the evaluation result JSON here."),
+    asked("checkpointing"),
+    own("plot", Path, None, "--evaluate: draw pi-Soft-NC/NS vs pi to this image (.png/.svg/.pdf)."),
+    own("figure", Path, None, "Draw the source x target attribution matrix to this image (.png/.svg/.pdf)."),
+    own("numbers", bool, None, "Print each token's value in the heatmaps (default: on when stdout is not a "
+                               "terminal).", "--numbers/--no-numbers"),
+    own("shared_scale", bool, False, "One colour scale for all steps instead of one per step.", "--shared-scale"),
+    own("format", str, "text", "text (heatmap) or json (the Explanation JSON on stdout, messages on stderr).",
+        "--format"),
+    own("data", Path, None, "Explain every row of your own JSONL/JSON/CSV/TSV file instead of TEXT (--json: a list, "
+                            "--html: one grid per row)."),
+    own("text_field", str, None, "--data: the column holding the text (default: the task's field)."),
+    own("n", int, None, "--data: explain the first N rows only."),
+    own("document", list[str], [], "A document of the context TEXT (the question) is asked about; repeat for several. "
+                                   "Each is one source (docs/sources.md)."),
+    own("context", Path, None, "The documents from a file: its paragraphs (blank-line separated), or a .json list of "
+                               "texts."),
+    own("span", list[str], [], "A source as START:END character offsets into TEXT; repeat."),
+    asked("sources"),
+    own("documents_field", str, None, "--data with a task that takes documents: the column holding each row's list "
+                                      "of documents (default documents)."),
+]
+
+
+def explain(ctx: typer.Context, **given) -> None:
     """Explain the model's answer to TEXT (or to every row of --data FILE): answer, token heatmap, optional HTML
     and JSON. Every registered method's parameters are options (the Method parameters panel)."""
+    o = SimpleNamespace(**given)
+    one_of(o.format, FORMATS, "--format")
+    request, content, many = checked_request(ctx, o)
+    from ..api import explain as run_explain
+    from ..models.loading import load_model
+    from ..render import progress_console
+
+    if request.has_sources:  # a source that tokenises to nothing, a context too long: the tokenizer says so
+        check_prompts(request, o.model, content if o.data is not None else [content], o.data)
+    spinner = progress_console()  # stderr; drawn only where stderr is a terminal
+    with spinner.status(f"loading model {o.model} ..."):
+        lm = load_model(o.model, device=o.device, dtype=o.dtype, verbose=o.verbose)
+    bar = many and o.format == "text"  # a bar over (text, method) explanations; one method on one text: a spinner
+    with spinner.status(f"explaining with {', '.join(request.methods)} ...") if not bar else nullcontext(), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", NotExplainedWarning)  # the API's warning: this command's error line names them
+        explained = run_explain(content, model=lm, request=request, progress=bar)
+    show(explained, lm, o, many, spinner)
+
+
+explain.__signature__ = inspect.Signature([inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                             annotation=typer.Context), *OPTIONS])
+app.command(cls=plugin_command(method_options, task_help))(explain)
+
+
+def checked_request(ctx: typer.Context, o: SimpleNamespace):
+    """Every check that needs no model, the library's own :class:`~llmattr.request.Request` among them (no torch
+    yet): the request, the content (one text, a dict of its fields, or ``--data``'s rows) and whether several
+    explanations come back (several methods or ``--data``)."""
     from ..request import Request  # the library's, importing no torch (llmattr.lazy)
 
-    one_of(format, FORMATS, "--format")
-    console = Console(stderr=format == "json")
-    if (text is None) == (data is None):
+    if (o.text is None) == (o.data is None):
         raise LlmattrError("give the text to explain, or --data FILE (not both)")
-    if data is None and (text_field is not None or n is not None or documents_field is not None):
+    if o.data is None and (o.text_field is not None or o.n is not None or o.documents_field is not None):
         raise LlmattrError("--text-field, --documents-field and --n go with --data FILE")
-    names = [name.strip() for name in method.split(",") if name.strip()] or [method]
-    given = {key: value for key, value in ctx.meta.get(DERIVED, {}).items() if value is not None}
-    params = parse_params(param + [f"{key}={value}" for key, value in given.items()], "--param NAME=VALUE")
-    if document and context is not None:
+    names = [name.strip() for name in o.method.split(",") if name.strip()] or [o.method]
+    derived = {key: value for key, value in ctx.meta.get(DERIVED, {}).items() if value is not None}
+    params = parse_params(o.param + [f"{key}={value}" for key, value in derived.items()], "--param NAME=VALUE")
+    if o.document and o.context is not None:
         raise LlmattrError("give --document (repeated) or --context FILE, not both")
-    documents = context_documents(context) if context is not None else (document or None)
-    if data is not None and (documents is not None or span):
+    documents = context_documents(o.context) if o.context is not None else (o.document or None)
+    if o.data is not None and (documents is not None or o.span):
         raise LlmattrError("--document, --context and --span go with one TEXT; with --data each row holds its "
                            "documents (--documents-field)")
     # what was asked, checked once by the library's own Request (task, target, scope, checkpointing, sources, every
     # method with its parameters): the registries import no torch, so neither does this
-    request = Request.of(names, task_asked(task, documents), params, objective, foil, max_new_tokens=max_new_tokens,
-                         answer=answer, shots=shots, shots_from=shots_from, target=target, scope=scope,
-                         checkpointing=checkpointing, documents=documents, spans=parse_spans(span), sources=sources)
+    request = Request.of(names, task_asked(o.task, documents), params, documents=documents, spans=parse_spans(o.span),
+                         **{name: getattr(o, name) for name in FIELDS if hasattr(o, name) and name != "task"})
     facts = task_facts(request.task)
-    if data is not None:
-        content = file_texts(row_texts(facts, data, text_field, documents_field), n, field, target)
-    elif not field:
-        check_text(text)
-    outputs = {"--html": html, "--json": json, "--eval-json": eval_json, "--plot": plot, "--figure": figure}
-    many = len(names) > 1 or data is not None  # an Explanations collection: lists in the JSON, a grid page
-    model_free_checks(evaluate, routing, samples, shots_from, data, many, outputs)
-    if data is None:
+    if o.data is not None:
+        content = file_texts(row_texts(facts, o.data, o.text_field, o.documents_field), o.n, o.field, o.target)
+    elif not o.field:
+        check_text(o.text)
+    outputs = {"--html": o.html, "--json": o.json, "--eval-json": o.eval_json, "--plot": o.plot, "--figure": o.figure}
+    many = len(names) > 1 or o.data is not None  # an Explanations collection: lists in the JSON, a grid page
+    model_free_checks(o.evaluate, o.routing, o.samples, o.shots_from, o.data, many, outputs)
+    if o.data is None:
         gold_field = ("label",) if facts["has_gold_word"] else ()  # --target gold's word
-        content = parse_fields(text, field, (*facts["fields"], *gold_field))
-    dtype_name(dtype)
+        content = parse_fields(o.text, o.field, (*facts["fields"], *gold_field))
+    dtype_name(o.dtype)
     if isinstance(content, dict):
         content = {facts["fields"][0]: content.pop("__text__"), **content}
-    text_checks(request, content if data is not None else [content], data)
+    text_checks(request, content if o.data is not None else [content], o.data)
     try:  # what the explanation refuses of each text: one line for one method and one text
-        check_target(facts, target, max_new_tokens, answer, content.get("label") if isinstance(content, dict) else None)
-        check_shots(facts, shots, shots_from)
+        check_target(facts, o.target, o.max_new_tokens, o.answer,
+                     content.get("label") if isinstance(content, dict) else None)
+        check_shots(facts, o.shots, o.shots_from)
     except LlmattrError as err:  # else each text is named as not explained, as llmattr.explain collects them
         raise LlmattrError(str(err) if not many else not_explained(
-            dict.fromkeys(range(len(content) if data is not None else 1), str(err)), data)) from None
-    from ..api import explain as run_explain
-    from ..models.loading import load_model
-    from ..render import print_explanation, progress_console
+            dict.fromkeys(range(len(content) if o.data is not None else 1), str(err)), o.data)) from None
+    o.outputs = outputs
+    return request, content, many
 
-    if request.has_sources:  # a source that tokenises to nothing, a context too long: the tokenizer says so
-        check_prompts(request, model, content if data is not None else [content], data)
-    spinner = progress_console()  # stderr; drawn only where stderr is a terminal
-    with spinner.status(f"loading model {model} ..."):
-        lm = load_model(model, device=device, dtype=dtype, verbose=verbose)
-    bar = many and format == "text"  # a bar over (text, method) explanations; one method on one text: a spinner
-    with spinner.status(f"explaining with {', '.join(names)} ...") if not bar else nullcontext(), \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore", NotExplainedWarning)  # the API's warning: this command's error line names them
-        explained = run_explain(content, model=lm, request=request, progress=bar)
+
+def show(explained, lm, o: SimpleNamespace, many: bool, spinner) -> None:
+    """Print and write what was explained (the heatmaps, the classification line, ``--evaluate``'s AUCs, the JSON
+    and the files asked for); the texts not explained are named last, with exit status 2."""
+    from ..render import print_explanation
+
+    console = Console(stderr=o.format == "json")
     expls = list(explained) if many else [explained]
     failed = getattr(explained, "failed", {})
     if not expls:  # every method refused (the memory guard, say) or every row failed: nothing to show or write
-        raise LlmattrError(not_explained(failed, data))
+        raise LlmattrError(not_explained(failed, o.data))
     for expl in expls:
-        if format == "text":
-            print_explanation(expl, console, numbers=numbers, shared_scale=shared_scale)
-        if verbose:
+        if o.format == "text":
+            print_explanation(expl, console, numbers=o.numbers, shared_scale=o.shared_scale)
+        if o.verbose:
             print_convergence(expl, console)
-    if data is None:
+    if o.data is None:
         print_classification(expls[0].classification, console)
-    results = [run_evaluation(expl, lm, console, spinner, routing, samples, seed) if evaluate else None
+    results = [run_evaluation(expl, lm, console, spinner, o.routing, o.samples, o.seed) if o.evaluate else None
                for expl in expls]
     records = [explanation_data(expl, result) for expl, result in zip(expls, results, strict=True)]
-    if format == "json":
+    if o.format == "json":
         typer.echo(dumps(records if many else records[0], ensure_ascii=False))
     write_outputs(explained, records if many else records[0], results if many else results[0],
-                  outputs, console, numbers=bool(numbers), shared_scale=shared_scale)
+                  o.outputs, console, numbers=bool(o.numbers), shared_scale=o.shared_scale)
     if failed:  # every good row is written above; the bad ones are named, and the exit code says so
-        raise LlmattrError(not_explained(failed, data))
+        raise LlmattrError(not_explained(failed, o.data))
 
 
 def model_free_checks(evaluate: bool, routing: str, samples: int, shots_from: Path | None, data: Path | None,
