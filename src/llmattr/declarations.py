@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import LlmattrError
 
@@ -172,3 +172,13 @@ class Catalog:
 
     def label(self, name: str, params: dict | str) -> str:
         return method_label(name, params, (self.method_defaults or {}).get(name))
+
+
+def asked(default: object = None, help: str = "", option: type | None = None, *decls: str, **kwargs):
+    """A dataclass field a user asks for, written once: its default, its ``help`` (the command line's, where
+    ``option`` is its type there, with its flags ``decls`` when not the field's name; else the Python API's alone),
+    read by the CLI (:func:`llmattr.cli.app.field_option`) and the docs. ``kwargs``: ``default_factory``,
+    ``compare``."""
+    if "default_factory" not in kwargs:
+        kwargs["default"] = default
+    return field(metadata={"help": help, "option": option, "decls": decls}, **kwargs)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .checks import SCOPES, TARGET_MODES, check_checkpointing, check_text, member
+from .declarations import asked
 from .errors import LlmattrError
 from .methods import AttributionMethod
 from .methods import get as get_method
@@ -20,15 +21,6 @@ from .model_free import check_example, check_sources, request_params, task_facts
 from .prompting import build_prompt
 from .targets import check_length
 from .tasks import Task, few_shot, get_task
-
-
-def asked(default: object = None, help: str = "", option: type | None = None, **kwargs):
-    """A field a user asks for, written once: its default, its ``help`` (``llmattr explain --help``'s where
-    ``option`` is its command-line type, else the Python API's alone); ``llmattr.explain`` takes it as a keyword and
-    ``llmattr explain`` as an option (:data:`FIELDS`). ``kwargs``: ``default_factory``."""
-    if "default_factory" not in kwargs:
-        kwargs["default"] = default
-    return field(metadata={"help": help, "option": option}, **kwargs)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ has its options in the help and on the command line; no CLI module names it. The
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -51,6 +52,34 @@ def typer_options(parameters: list[inspect.Parameter]) -> list:
     sub = typer.Typer(add_completion=False)
     sub.command()(holder)
     return typer.main.get_command(sub).params
+
+
+def own(name: str, annotation: type, default: object, help: str, *decls: str, panel: str | None = None
+        ) -> inspect.Parameter:
+    """A command's own option (one that is no field of the library's request or config)."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                             default=typer.Option(default, *decls, help=help, rich_help_panel=panel))
+
+
+def field_option(declared: dataclasses.Field, default: object = dataclasses.MISSING) -> inspect.Parameter:
+    """The option of a field the library declares (:func:`llmattr.declarations.asked`: a
+    :class:`~llmattr.request.Request`'s, an :class:`~llmattr.evaluation.EvalConfig`'s): its help, type and flags
+    from the field, its default the field's unless ``default`` is given (``evaluate``'s are None: unset, so a
+    ``--config`` file's value stands)."""
+    meta = declared.metadata
+    value = declared.default if default is dataclasses.MISSING else default
+    return inspect.Parameter(declared.name, inspect.Parameter.KEYWORD_ONLY, annotation=meta["option"],
+                             default=typer.Option(value, *meta["decls"], help=meta["help"]))
+
+
+def command(parameters: list[inspect.Parameter]) -> Callable[[Callable], Callable]:
+    """Decorator: the command function ``f(ctx, **given)`` with ``parameters`` as its options (in the help's
+    order); typer reads them from its signature."""
+    def give(fn: Callable) -> Callable:
+        context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+        fn.__signature__ = inspect.Signature([context, *parameters])
+        return fn
+    return give
 
 
 class PluginCommand(TyperCommand):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+from dataclasses import fields
 from pathlib import Path
 
 import typer
@@ -14,10 +15,11 @@ from ..checks import (
     examples_wanted,
 )
 from ..errors import LlmattrError
+from ..evaluation import EvalConfig, plan, run  # the library's, importing no torch (llmattr.lazy)
 from ..model_free import (
     check_shards,
 )
-from .app import DERIVED, app, plugin_command
+from .app import DERIVED, app, command, field_option, own, plugin_command
 
 
 def registered_help() -> dict[str, str]:
@@ -45,98 +47,69 @@ def metric_options() -> list[inspect.Parameter]:
         for name, option in sorted(declared_options().items())]
 
 
+CONFIG = {f.name: f for f in fields(EvalConfig) if "help" in f.metadata}  # the library's settings, written once
+LAUNCH = ("shards", "partition", "gpus", "time", "mem", "account", "wait", "submitit_folder")
+PANEL = "Launcher"
+OPTIONS = [  # in the order of the help; every setting unset (None) so that a --config file's value stands
+    *(field_option(CONFIG[name], None) for name in ("model", "datasets", "methods", "metrics", "routing", "n",
+                                                     "seed", "layers", "max_new_tokens", "scope", "target", "out")),
+    own("config", Path, None, "TOML file with the same keys; command-line options override it."),
+    *(field_option(CONFIG[name], None) for name in ("shard", "device", "dtype", "device_map", "max_memory",
+                                                     "load_in_4bit", "data", "task", "text_field", "label_field",
+                                                     "labels")),
+    own("quiet", bool, False, "No progress bar.", "--quiet"),
+    own("launcher", str, "none", "Run --shards shards as one job array through submitit: slurm, or local (processes "
+                                 "on this machine); none runs here.", panel=PANEL),
+    own("shards", int, None, "--launcher: how many shards (jobs).", panel=PANEL),
+    own("partition", str, None, "--launcher slurm: the partition.", panel=PANEL),
+    own("gpus", int, None, "--launcher slurm: GPUs per shard (default 0).", panel=PANEL),
+    own("time", int, None, "--launcher: minutes per job before it is requeued (default 60); a preempted or timed-out "
+                           "shard resumes from its store.", panel=PANEL),
+    own("mem", int, None, "--launcher slurm: memory per shard in GB.", panel=PANEL),
+    own("account", str, None, "--launcher slurm: the account charged.", panel=PANEL),
+    own("wait", bool, None, "--launcher: wait for every shard (default for local) or return once submitted (default "
+                            "for slurm).", "--wait/--no-wait", panel=PANEL),
+    own("submitit_folder", Path, None, "--launcher: folder of the jobs' logs (default: submitit/ next to --out).",
+        panel=PANEL),
+]
+
+
 @app.command(cls=plugin_command(metric_options, registered_help))
-def evaluate(
-    ctx: typer.Context,
-    model: str = typer.Option(None, help="'default' (SmolLM2-135M-Instruct), 'gemma-3-270m', a hub id, "
-                                                 "a folder or a .gguf."),
-    datasets: str = typer.Option(None, help="Comma-separated datasets, e.g. sst2,imdb,boolq, or blimp (its five "
-                                            "paradigms); default sst2."),
-    methods: str = typer.Option(None, help="Comma-separated methods; parameters as name:key=value "
-                                           "(e.g. grad-ellm:attention=softmax). Default grad-ellm."),
-    metrics: str = typer.Option(None, help="Comma-separated metrics, e.g. pi-soft,soft,deletion-insertion "
-                                           "(default pi-soft)."),
-    routing: str = typer.Option(None, help="Soft-metric protocol: dynamic (default), fixed or both."),
-    n: str = typer.Option(None, "--n", "-n", "--examples", help="Examples per dataset, or all (every row). Default: "
-                          "50 of a shipped dataset, balanced per class; every row of --data. Under torchrun write -n "
-                          "or --examples (torchrun takes --n for its own --nnodes)."),
-    seed: int = typer.Option(None, help="Seed of example sampling, attributions and perturbations "
-                                        "(default 0)."),
-    layers: str = typer.Option(None, help="Sweep of the parameter a method names as its layer sweep (Grad-ELLM: "
-                                          "the number of aggregated layers), e.g. 1,4,8,16,all."),
-    max_new_tokens: int = typer.Option(None, help="Tokens to generate and explain (task default if unset)."),
-    scope: str = typer.Option(None, help="What is attributed, perturbed and zeroed: span (default), prompt "
-                                         "(every prompt token: paper 000's pipeline) or all (+ generated prefix)."),
-    target: str = typer.Option(None, help="Tasks with label words: explain the predicted label word (label, "
-                                          "default), the free greedy answer (generated) or the gold label (gold)."),
-    out: Path = typer.Option(None, help="Results store (default results.sqlite; shard i writes "
-                                        "results.rank{i}.sqlite)."),
-    config: Path = typer.Option(None, help="TOML file with the same keys; command-line options "
-                                             "override it."),
-    shard: str = typer.Option(None, help="Take shard i of n of every dataset, as i/n (default: "
-                                         "RANK/WORLD_SIZE of torchrun/accelerate, else the Slurm task's, else 0/1)."),
-    device: str = typer.Option(None, help="cpu, cuda, cuda:N or auto (default auto; when sharded, the GPU of "
-                                          "LOCAL_RANK, else of SLURM_LOCALID)."),
-    dtype: str = typer.Option(None, help="float32, bfloat16, float16 or auto."),
-    device_map: str = typer.Option(None, help="'auto' spreads a big model over the GPUs (accelerate)."),
-    max_memory: str = typer.Option(None, help="Memory per device for --device-map, e.g. cpu=2GB,0=20GB (the rest "
-                                              "is offloaded to disk)."),
-    load_in_4bit: bool = typer.Option(None, "--load-in-4bit/--no-load-in-4bit", help="4-bit weights "
-                                                                                       "(bitsandbytes)."),
-    data: Path = typer.Option(None, help="Your own JSONL/CSV/TSV file instead of --datasets (named by its stem)."),
-    task: str = typer.Option(None, help="--data: the task that prompts its rows (default sentiment)."),
-    text_field: str = typer.Option(None, help="--data: the column holding the text (default: the task's field)."),
-    label_field: str = typer.Option(None, help="--data: the column holding the label (default: label)."),
-    labels: str = typer.Option(None, help="--data: label words, e.g. Positive,Negative, or file value=word pairs, "
-                                          "e.g. 0=Negative,1=Positive (default: the task's)."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
-    launcher: str = typer.Option("none", rich_help_panel="Launcher", help="Run --shards shards as one job array "
-                                 "through submitit: slurm, or local (processes on this machine); none runs here."),
-    shards: int = typer.Option(None, rich_help_panel="Launcher", help="--launcher: how many shards (jobs)."),
-    partition: str = typer.Option(None, rich_help_panel="Launcher", help="--launcher slurm: the partition."),
-    gpus: int = typer.Option(None, rich_help_panel="Launcher", help="--launcher slurm: GPUs per shard (default 0)."),
-    time: int = typer.Option(None, rich_help_panel="Launcher", help="--launcher: minutes per job before it is "
-                             "requeued (default 60); a preempted or timed-out shard resumes from its store."),
-    mem: int = typer.Option(None, rich_help_panel="Launcher", help="--launcher slurm: memory per shard in GB."),
-    account: str = typer.Option(None, rich_help_panel="Launcher", help="--launcher slurm: the account charged."),
-    wait: bool = typer.Option(None, "--wait/--no-wait", rich_help_panel="Launcher", help="--launcher: wait for "
-                              "every shard (default for local) or return once submitted (default for slurm)."),
-    submitit_folder: Path = typer.Option(None, rich_help_panel="Launcher", help="--launcher: folder of the jobs' "
-                                         "logs (default: submitit/ next to --out)."),
-) -> None:
+@command(OPTIONS)
+def evaluate(ctx: typer.Context, **given) -> None:
     """Evaluate attribution methods on datasets; every finished example is stored at once, reruns resume. Exits 1
     when a unit failed (every good one is stored; the same command again retries the failed ones)."""
-    examples_wanted(n)  # a bad --n is refused before the config file is read; EvalConfig checks it again
-    cli = {"model": model, "datasets": datasets, "methods": methods, "metrics": metrics, "routing": routing,
-           "n": n, "seed": seed, "layers": layers, "max_new_tokens": max_new_tokens, "target": target,
-           "scope": scope, "out": None if out is None else str(out), "shard": shard,
-           "device": device, "dtype": dtype, "device_map": device_map, "max_memory": max_memory,
-           "load_in_4bit": load_in_4bit, "data": None if data is None else str(data), "task": task,
-           "text_field": text_field, "label_field": label_field, "labels": labels, **ctx.meta.get(DERIVED, {})}
-    launch = {"shards": shards, "partition": partition, "gpus": gpus, "time": time, "mem": mem, "account": account,
-              "wait": wait, "submitit_folder": submitit_folder}
-    launched = launcher != "none" or any(value is not None for value in launch.values())
+    examples_wanted(given["n"])  # a bad --n is refused before the config file is read; EvalConfig checks it again
+    cli = {**{name: str(given[name]) if isinstance(given[name], Path) else given[name] for name in CONFIG},
+           **ctx.meta.get(DERIVED, {})}
+    launch = {name: given[name] for name in LAUNCH}
+    launched = given["launcher"] != "none" or any(value is not None for value in launch.values())
     if launched:
-        launch_checks(launcher, **launch)
-    from ..evaluation import EvalConfig, plan, run  # the library's, importing no torch (llmattr.lazy)
-
+        launch_checks(given["launcher"], **launch)
+    config = given["config"]
     cfg = EvalConfig.from_mapping(cli, EvalConfig.from_toml(config) if config is not None else None)
     planned = plan(cfg)  # every check that needs no model, the library's own, in its order: no torch yet
     if launched:  # what launch_shards refuses before it submits
-        check_shards(shards, cfg.shard)
+        check_shards(given["shards"], cfg.shard)
     console = Console(stderr=True)
     if launched:
-        launch_shards(cfg, launcher, console, **launch)
+        launch_shards(cfg, given["launcher"], console, **launch)
         return
     try:
-        summary = run(cfg, progress=not quiet, planned=planned)
+        summary = run(cfg, progress=not given["quiet"], planned=planned)
     except KeyboardInterrupt:
         console.print(f"interrupted: every finished example is stored in {cfg.out}; rerun the same command "
                       "to resume", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
+    print_summary(summary, cfg.model, console)
+
+
+def print_summary(summary, model: str, console: Console) -> None:
+    """What the run did, on stderr: rows left out (a finetune's training rows), the counts, each failed unit; exit
+    status 1 when a unit failed."""
     for name, count in summary.excluded.items():
         if count:
-            console.print(f"{name}: left out {count} rows that {cfg.model} was trained on (its model card)",
+            console.print(f"{name}: left out {count} rows that {model} was trained on (its model card)",
                           highlight=False, soft_wrap=True)
     console.print(f"{summary.computed} computed, {summary.skipped} already in the store, "
                   f"{len(summary.failed)} failed, {summary.seconds:.1f} s -> {summary.out}")

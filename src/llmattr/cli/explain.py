@@ -32,7 +32,7 @@ from ..model_free import (
 )
 from ..readers import read_rows, row_texts
 from ..request import FIELDS
-from .app import DERIVED, app, plugin_command
+from .app import DERIVED, app, command, field_option, own, plugin_command
 
 FORMATS = ("text", "json")
 METHOD_PANEL = "Method parameters"
@@ -150,20 +150,6 @@ def parse_spans(items: list[str]) -> list[tuple[int, int]] | None:
     return spans or None
 
 
-def own(name: str, annotation: type, default: object, help: str, *decls: str) -> inspect.Parameter:
-    """An option of ``llmattr explain`` itself (not a field of the request)."""
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-                             default=typer.Option(default, *decls, help=help))
-
-
-def asked(name: str) -> inspect.Parameter:
-    """The option of the request's field ``name``: its default, type and help from :data:`llmattr.request.FIELDS`,
-    the one list ``llmattr.explain`` takes its keywords from."""
-    declared = FIELDS[name]
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=declared.metadata["option"],
-                             default=typer.Option(declared.default, help=declared.metadata["help"]))
-
-
 OPTIONS = [  # in the order of the help
     inspect.Parameter("text", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str, default=typer.Argument(
         None, help="The text to explain (the content span of the prompt); or --data FILE.")),
@@ -171,11 +157,11 @@ OPTIONS = [  # in the order of the help
     own("task", str, None, "Prompt recipe: sentiment, boolq, generate, context, ..."),
     own("method", str, "grad-ellm", "Attribution method (see `llmattr methods`); several, comma-separated, explain "
                                     "one generation side by side (--html: one aligned grid)."),
-    asked("max_new_tokens"), asked("answer"), asked("scope"), asked("target"),
+    *(field_option(FIELDS[name]) for name in ("max_new_tokens", "answer", "scope", "target")),
     own("field", list[str], [], "Extra task field NAME=VALUE (e.g. question=... for boolq)."),
-    asked("shots"), asked("shots_from"),
+    field_option(FIELDS["shots"]), field_option(FIELDS["shots_from"]),
     own("param", list[str], [], "Method parameter NAME=VALUE (e.g. layers=4)."),
-    asked("objective"), asked("foil"),
+    field_option(FIELDS["objective"]), field_option(FIELDS["foil"]),
     own("device", str, "auto", "cpu, cuda or auto."),
     own("dtype", str, None, "float32, bfloat16, float16 or auto (float32 on a CPU, bfloat16 on a GPU; bfloat16 pays "
                             "on CPUs with bf16 matrix units, docs/scale.md)."),
@@ -188,7 +174,7 @@ OPTIONS = [  # in the order of the help
     own("samples", int, 15, "--evaluate: Monte-Carlo samples per pi."),
     own("seed", int, 0, "--evaluate: seed of the Monte-Carlo masks."),
     own("eval_json", Path, None, "--evaluate: write the evaluation result JSON here."),
-    asked("checkpointing"),
+    field_option(FIELDS["checkpointing"]),
     own("plot", Path, None, "--evaluate: draw pi-Soft-NC/NS vs pi to this image (.png/.svg/.pdf)."),
     own("figure", Path, None, "Draw the source x target attribution matrix to this image (.png/.svg/.pdf)."),
     own("numbers", bool, None, "Print each token's value in the heatmaps (default: on when stdout is not a "
@@ -205,12 +191,14 @@ OPTIONS = [  # in the order of the help
     own("context", Path, None, "The documents from a file: its paragraphs (blank-line separated), or a .json list of "
                                "texts."),
     own("span", list[str], [], "A source as START:END character offsets into TEXT; repeat."),
-    asked("sources"),
+    field_option(FIELDS["sources"]),
     own("documents_field", str, None, "--data with a task that takes documents: the column holding each row's list "
                                       "of documents (default documents)."),
 ]
 
 
+@app.command(cls=plugin_command(method_options, task_help))
+@command(OPTIONS)
 def explain(ctx: typer.Context, **given) -> None:
     """Explain the model's answer to TEXT (or to every row of --data FILE): answer, token heatmap, optional HTML
     and JSON. Every registered method's parameters are options (the Method parameters panel)."""
@@ -234,9 +222,6 @@ def explain(ctx: typer.Context, **given) -> None:
     show(explained, lm, o, many, spinner)
 
 
-explain.__signature__ = inspect.Signature([inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                             annotation=typer.Context), *OPTIONS])
-app.command(cls=plugin_command(method_options, task_help))(explain)
 
 
 def checked_request(ctx: typer.Context, o: SimpleNamespace):

@@ -13,6 +13,7 @@ from ..checks import (
     one_of,
     writable_file,
 )
+from ..declarations import asked
 from ..faithfulness.registry import MetricOptions, declared_options
 from ..model_free import check_evaluation, config_values, read_toml
 from ..sizes import parse_max_memory
@@ -25,29 +26,44 @@ class EvalConfig:
     ``samples``, ``step_stride`` and ``coupling``, the ranking metrics' ``removal``, a plugin's own) is a key and a
     keyword too (``EvalConfig(samples=2)``), kept in ``options``."""
 
-    model: str = "default"
-    datasets: list[str] | None = None  # None: DEFAULT_DATASETS, or --data's file alone
-    methods: list[str] = field(default_factory=lambda: ["grad-ellm"])
-    metrics: list[str] = field(default_factory=lambda: ["pi-soft"])
-    routing: str = "dynamic"
-    n: int | str | None = None  # examples per dataset; None: DEFAULT_N of a shipped dataset, every row of --data
-    seed: int = 0
-    layers: list[str] | None = None
-    max_new_tokens: int | None = None
-    target: str = "label"
-    scope: str = "span"
-    out: str = "results.sqlite"
-    shard: str | None = None
-    device: str = "auto"
-    dtype: str | None = None
-    device_map: str | None = None
-    max_memory: str | None = None
-    load_in_4bit: bool = False
-    data: str | None = None  # the user's own JSONL/CSV file instead of --datasets (docs/evaluate.md)
-    task: str = DATA_TASK  # --data: the task that prompts its rows
-    text_field: str | None = None
-    label_field: str | None = None
-    labels: str | None = None
+    model: str = asked("default", "'default' (SmolLM2-135M-Instruct), 'gemma-3-270m', a hub id, a folder or a .gguf.",
+                       str)
+    datasets: list[str] | None = asked(None, "Comma-separated datasets, e.g. sst2,imdb,boolq, or blimp (its five "
+                                             "paradigms); default sst2.", str)  # None: DEFAULT_DATASETS, or --data's
+    methods: list[str] = asked(help="Comma-separated methods; parameters as name:key=value (e.g. "
+                                    "grad-ellm:attention=softmax). Default grad-ellm.", option=str,
+                               default_factory=lambda: ["grad-ellm"])
+    metrics: list[str] = asked(help="Comma-separated metrics, e.g. pi-soft,soft,deletion-insertion (default "
+                                    "pi-soft).", option=str, default_factory=lambda: ["pi-soft"])
+    routing: str = asked("dynamic", "Soft-metric protocol: dynamic (default), fixed or both.", str)
+    n: int | str | None = asked(None, "Examples per dataset, or all (every row). Default: 50 of a shipped dataset, "
+                                      "balanced per class; every row of --data. Under torchrun write -n or --examples "
+                                      "(torchrun takes --n for its own --nnodes).", str, "--n", "-n", "--examples")
+    seed: int = asked(0, "Seed of example sampling, attributions and perturbations (default 0).", int)
+    layers: list[str] | None = asked(None, "Sweep of the parameter a method names as its layer sweep (Grad-ELLM: the "
+                                           "number of aggregated layers), e.g. 1,4,8,16,all.", str)
+    max_new_tokens: int | None = asked(None, "Tokens to generate and explain (task default if unset).", int)
+    target: str = asked("label", "Tasks with label words: explain the predicted label word (label, default), the "
+                                 "free greedy answer (generated) or the gold label (gold).", str)
+    scope: str = asked("span", "What is attributed, perturbed and zeroed: span (default), prompt (every prompt "
+                               "token: paper 000's pipeline) or all (+ generated prefix).", str)
+    out: str = asked("results.sqlite", "Results store (default results.sqlite; shard i writes "
+                                       "results.rank{i}.sqlite).", Path)
+    shard: str | None = asked(None, "Take shard i of n of every dataset, as i/n (default: RANK/WORLD_SIZE of "
+                                    "torchrun/accelerate, else the Slurm task's, else 0/1).", str)
+    device: str = asked("auto", "cpu, cuda, cuda:N or auto (default auto; when sharded, the GPU of LOCAL_RANK, else "
+                                "of SLURM_LOCALID).", str)
+    dtype: str | None = asked(None, "float32, bfloat16, float16 or auto.", str)
+    device_map: str | None = asked(None, "'auto' spreads a big model over the GPUs (accelerate).", str)
+    max_memory: str | None = asked(None, "Memory per device for --device-map, e.g. cpu=2GB,0=20GB (the rest is "
+                                         "offloaded to disk).", str)
+    load_in_4bit: bool = asked(False, "4-bit weights (bitsandbytes).", bool, "--load-in-4bit/--no-load-in-4bit")
+    data: str | None = asked(None, "Your own JSONL/CSV/TSV file instead of --datasets (named by its stem).", Path)
+    task: str = asked(DATA_TASK, "--data: the task that prompts its rows (default sentiment).", str)
+    text_field: str | None = asked(None, "--data: the column holding the text (default: the task's field).", str)
+    label_field: str | None = asked(None, "--data: the column holding the label (default: label).", str)
+    labels: str | None = asked(None, "--data: label words, e.g. Positive,Negative, or file value=word pairs, e.g. "
+                                     "0=Negative,1=Positive (default: the task's).", str)
     options: dict = field(default_factory=dict)  # values of the options the metrics declare (registry.Option)
 
     def __init__(self, **values):
