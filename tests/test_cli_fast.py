@@ -36,13 +36,15 @@ print("\\n@@" + json.dumps({{"code": code, "heavy": [m for m in HEAVY if m in sy
 """
 
 
-def run_cli(args: list[str], src: Path = ROOT / "src") -> tuple[str, int, list[str], str]:
-    """``llmattr ARGS`` (the package in ``src``) in a fresh interpreter in the repository's root at a fixed width
-    without colour: (stdout, exit code, heavy modules imported, stderr)."""
-    env = {**os.environ, "COLUMNS": "100", "TERM": "dumb", "NO_COLOR": "1", "PYTHONPATH": str(src)}
+def run_cli(args: list[str], src: Path = ROOT / "src", site: Path | None = None, columns: int = 100,
+            timeout: int = 120) -> tuple[str, int, list[str], str]:
+    """``llmattr ARGS`` (the package in ``src``; ``site``: a folder of installed plugins) in a fresh interpreter in
+    the repository's root at a fixed width without colour: (stdout, exit code, heavy modules imported, stderr)."""
+    path = os.pathsep.join(str(folder) for folder in (src, site) if folder is not None)
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb", "NO_COLOR": "1", "PYTHONPATH": path}
     env.pop("FORCE_COLOR", None)
     done = subprocess.run([sys.executable, "-c", RUN, json.dumps(args)], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+                          timeout=timeout, cwd=ROOT)
     err, tail = done.stderr.rsplit("@@", 1)
     tail = json.loads(tail)
     return done.stdout, tail["code"], tail["heavy"], err

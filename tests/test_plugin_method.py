@@ -6,17 +6,12 @@ writing the file and using it (no regeneration, no golden to edit). docs/plugins
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import build_tiny
-
-ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "transformers", "scipy", "captum")
+from test_cli_fast import run_cli
 
 TOY = '''"""A toy attribution method: 1 on every k-th token of the span (k: its one parameter, ``every``)."""
 
@@ -43,19 +38,6 @@ class EveryKth(AttributionMethod):
         return scores.expand(target.n_steps, b - a).clone()
 '''
 
-RUN = f"""import json, sys
-from llmattr.cli import main
-sys.argv = ["llmattr", *json.loads(sys.argv[1])]
-code = 0
-try:
-    main()
-except SystemExit as exit:
-    code = exit.code
-sys.stdout.flush()
-print("\\n@@" + json.dumps({{"code": code, "heavy": [m for m in {HEAVY!r} if m in sys.modules]}}), file=sys.stderr)
-"""
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     """A folder on ``PYTHONPATH`` holding the plugin's one module and the metadata pip writes for it."""
@@ -70,13 +52,7 @@ def installed(tmp_path_factory) -> Path:
 
 def llmattr(site: Path, *args: str) -> tuple[str, int, list[str], str]:
     """``llmattr ARGS`` in a fresh interpreter with the plugin installed: (stdout, exit code, heavy modules, stderr)."""
-    env = {**os.environ, "COLUMNS": "250", "TERM": "dumb", "NO_COLOR": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(site)])}
-    done = subprocess.run([sys.executable, "-c", RUN, json.dumps(args)], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
-    err, tail = done.stderr.rsplit("@@", 1)
-    tail = json.loads(tail)
-    return done.stdout, tail["code"], tail["heavy"], err
+    return run_cli(list(args), site=site, columns=250, timeout=300)
 
 
 def test_the_plugin_is_on_the_help_without_torch(installed):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numbers
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from .errors import LlmattrError, unknown_name
@@ -205,12 +205,19 @@ def check_text(text: object) -> None:
 def parse_formats(text: str) -> list[str]:
     """``llmattr report --format``: ``md,html`` or ``all`` -> the list of formats; unknown ones list the valid
     ones."""
-    items = split_list(text)
-    items = list(REPORT_FORMATS) if items == ["all"] else items
-    unknown = [f for f in items if f not in REPORT_FORMATS]
+    if split_list(text) == ["all"]:
+        return list(REPORT_FORMATS)
+    return known_items(text, REPORT_FORMATS, lambda unknown: f"unknown report format "
+                       f"{', '.join(unknown) or repr(text)}; valid: {', '.join(REPORT_FORMATS)}, all")
+
+
+def known_items(text: object, valid: Sequence[str], refusal: Callable[[list[str]], str]) -> list[str]:
+    """The comma-separated items of ``text``, each one of ``valid``; else the line ``refusal(unknown)`` (the
+    unknown ones; none when there is no item at all)."""
+    items = split_list(str(text))
+    unknown = [item for item in items if item not in valid]
     if unknown or not items:
-        raise LlmattrError(f"unknown report format {', '.join(unknown) or repr(text)}; "
-                           f"valid: {', '.join(REPORT_FORMATS)}, all")
+        raise LlmattrError(refusal(unknown))
     return items
 
 

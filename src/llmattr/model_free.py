@@ -19,6 +19,7 @@ from .checks import (
     TARGET_MODES,
     check_model_path,
     examples_wanted,
+    known_items,
     mask_rate,
     member,
     one_of,
@@ -404,12 +405,8 @@ def check_param_values(name: str, params: Mapping, rules: Mapping) -> None:
 def metric_list(names: object, metrics: Sequence[str], flag: str) -> list[str]:
     """An option's comma-separated metric ``names`` (``--reliability-of``), each one of ``metrics``; else one line
     naming the option and listing them."""
-    wanted = split_list(str(names))
-    unknown = [name for name in wanted if name not in metrics]
-    if unknown or not wanted:
-        raise LlmattrError(f"{flag}: unknown metric {', '.join(map(repr, unknown)) or repr(names)}; "
-                           f"valid: {', '.join(sorted(metrics))}")
-    return wanted
+    return known_items(names, metrics, lambda unknown: f"{flag}: unknown metric "
+                       f"{', '.join(map(repr, unknown)) or repr(names)}; valid: {', '.join(sorted(metrics))}")
 
 
 def ffid_beta(value: float) -> float:

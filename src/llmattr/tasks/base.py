@@ -296,6 +296,14 @@ BOOLQ_SYSTEM = (
     "without any punctuation or additional text."
 )
 
+def shown(*labelled: tuple[str, str]) -> dict:
+    """The ``user_template`` and ``fields`` of a task whose prompt shows each field after its label, a blank line
+    between them: ``shown(("Question", "question"), ("Sentence", "sentence"))`` is the template
+    ``"Question: {question}\n\nSentence: {sentence}"`` over the fields ``question`` and ``sentence``."""
+    return {"user_template": "\n\n".join(f"{label}: {{{name}}}" for label, name in labelled),
+            "fields": tuple(name for _, name in labelled)}
+
+
 SENTIMENT = Task(
     name="sentiment", user_template="Text: {text}", fields=("text",), system=SENTIMENT_SYSTEM,
     kind="classification", label_words=("Positive", "Negative"), max_new_tokens=1,
@@ -303,7 +311,7 @@ SENTIMENT = Task(
     description="sentiment of a text (paper 000 appendix D prompt)",
 )
 BOOLQ = Task(
-    name="boolq", user_template="Passage: {passage}\n\nQuestion: {question}", fields=("passage", "question"),
+    name="boolq", **shown(("Passage", "passage"), ("Question", "question")),
     system=BOOLQ_SYSTEM, kind="classification", label_words=("true", "false"), max_new_tokens=1,
     data="boolq", label_field="label", display="BoolQ", report_order=2,
     hf={"path": "google/boolq", "split": "validation", "label": "answer",

@@ -11,11 +11,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..checks import one_of, register_once
-from .base import BUILTIN, GENERATE, SENTIMENT, Task
+from .base import BUILTIN, GENERATE, SENTIMENT, Task, shown
 from .blimp import BLIMP
 from .documents import DOCUMENT_TASKS
 
 GLUE = "nyu-mll/glue"
+
+
+def glue(name: str, split: str = "validation", **source) -> dict:
+    """The Hugging Face source of a GLUE task's rows (``hf``): its config ``name``, ``split`` and the rest of
+    ``source`` (``labels``: the label ids' names; ``columns``, ``label``)."""
+    return {"path": GLUE, "name": name, "split": split, **source}
 
 IMDB = replace(
     SENTIMENT, name="imdb",
@@ -25,8 +31,7 @@ IMDB = replace(
 SST2 = replace(
     SENTIMENT, name="sst2",
     display="SST2", report_order=1, data="sst2", description="SST-2 sentence sentiment (paper 000 appendix D prompt)",
-    hf={"path": GLUE, "name": "sst2", "split": "validation", "columns": {"text": "sentence"},
-        "labels": {0: "negative", 1: "positive"}},
+    hf=glue("sst2", columns={"text": "sentence"}, labels={0: "negative", 1: "positive"}),
 )
 TELLMEWHY = replace(
     GENERATE, name="tellmewhy",
@@ -41,37 +46,32 @@ WIKIBIO = replace(
 )
 
 MNLI = Task(
-    name="mnli", user_template="Premise: {premise}\n\nHypothesis: {hypothesis}",
-    fields=("premise", "hypothesis"),
+    name="mnli", **shown(("Premise", "premise"), ("Hypothesis", "hypothesis")),
     system=("You are a natural language inference system. Determine whether the premise entails the "
             "hypothesis. Respond ONLY with the single word yes (entailment), maybe (neutral) or no "
             "(contradiction), in lowercase, without any punctuation or additional text."),
     kind="classification", label_words=("yes", "maybe", "no"), max_new_tokens=1, label_field="label",
     label_map={"entailment": "yes", "neutral": "maybe", "contradiction": "no"},
-    hf={"path": GLUE, "name": "mnli", "split": "validation_matched",
-        "labels": {0: "entailment", 1: "neutral", 2: "contradiction"}},
+    hf=glue("mnli", "validation_matched", labels={0: "entailment", 1: "neutral", 2: "contradiction"}),
     description="MultiNLI premise/hypothesis entailment (paper 003), prompted with yes/maybe/no",
 )
 QNLI = Task(
-    name="qnli", display="QNLI", user_template="Question: {question}\n\nSentence: {sentence}",
-    fields=("question", "sentence"),
+    name="qnli", display="QNLI", **shown(("Question", "question"), ("Sentence", "sentence")),
     system=("You are a question answering system. Determine whether the sentence contains the answer to "
             "the question. Respond ONLY with the single word yes or no, in lowercase, without any "
             "punctuation or additional text."),
     kind="classification", label_words=("yes", "no"), max_new_tokens=1, data="qnli", label_field="label",
     label_map={"entailment": "yes", "not_entailment": "no"},
-    hf={"path": GLUE, "name": "qnli", "split": "validation",
-        "labels": {0: "entailment", 1: "not_entailment"}},
+    hf=glue("qnli", labels={0: "entailment", 1: "not_entailment"}),
     description="QNLI question/sentence answer entailment (paper 003), prompted with yes/no",
 )
 STSB = Task(
-    name="stsb", display="STS-B", user_template="Sentence 1: {sentence1}\n\nSentence 2: {sentence2}",
-    fields=("sentence1", "sentence2"),
+    name="stsb", display="STS-B", **shown(("Sentence 1", "sentence1"), ("Sentence 2", "sentence2")),
     system=("You are a semantic similarity rater. Rate how similar in meaning the two sentences are, from "
             "0 (unrelated) to 5 (same meaning). Respond ONLY with a single digit from 0 to 5, without any "
             "punctuation or additional text."),
     kind="regression", label_words=("0", "1", "2", "3", "4", "5"), max_new_tokens=1, data="stsb",
-    label_field="score", hf={"path": GLUE, "name": "stsb", "split": "validation", "label": "label"},
+    label_field="score", hf=glue("stsb", label="label"),
     description="STS-B similarity 0-5 (paper 003) as a prompted score: sum_d d * p(d) over the digits",
 )
 STSB_REGRESSION = replace(
