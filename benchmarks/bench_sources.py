@@ -35,8 +35,8 @@ import torch
 
 from _common import read_jsonl, table
 from llmattr import load_model
-from llmattr.methods.ablation import AUTO
-from llmattr.methods.sources import ContextCite, HierarchicalLeaveOneOut, LeaveOneOut
+from llmattr.methods.source_ablation import AUTO
+from llmattr.methods.source_estimators import ContextCite, HierarchicalLeaveOneOut, LeaveOneOut
 from llmattr.targets import make_target
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))

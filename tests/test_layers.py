@@ -30,7 +30,7 @@ def test_the_report_and_status_import_no_model_method_or_evaluation_code():
 
 def test_sources_is_the_torch_free_structure_alone():
     """Sources on one layer (issue 49 item 3): ``llmattr.sources`` (spans, build, split) is a leaf that loads no
-    torch and no llmattr module but errors; what runs the model over sources is ``llmattr.methods.ablation``."""
+    torch and no llmattr module but errors; what runs the model over sources is ``llmattr.methods.source_ablation``."""
     code = ("import json, sys, llmattr.sources, llmattr.sources.build, llmattr.sources.split, llmattr.sources.spans; "
             "print(json.dumps(sorted(sys.modules)))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
@@ -142,7 +142,7 @@ def layer_table() -> dict[str, int]:
 
 
 def package_of(module: str) -> str:
-    """``llmattr.methods.sources`` -> ``methods``; the package's ``__init__`` is ``llmattr``."""
+    """``llmattr.methods.source_estimators`` -> ``methods``; the package's ``__init__`` is ``llmattr``."""
     return module.split(".")[1] if "." in module else module
 
 

@@ -1,4 +1,4 @@
-"""Source-level estimators (llmattr.methods.sources): leave-one-out with the prefix cache against a full
+"""Source-level estimators (llmattr.methods.source_estimators): leave-one-out with the prefix cache against a full
 recompute and against prompts rebuilt without the source, ContextCite against the context-cite package on the same
 model and masks, AttriBoT's hierarchy against flat leave-one-out."""
 
@@ -13,9 +13,9 @@ import torch
 from conftest import ARCHS, build_tiny
 from llmattr import objectives
 from llmattr.errors import LlmattrError
-from llmattr.methods import ablation
-from llmattr.methods.ablation import Ablation, ablated_objective, contextcite_masks, rows_per_pass
-from llmattr.methods.sources import ContextCite, HierarchicalLeaveOneOut, LeaveOneOut
+from llmattr.methods import source_ablation as ablation
+from llmattr.methods.source_ablation import Ablation, ablated_objective, contextcite_masks, rows_per_pass
+from llmattr.methods.source_estimators import ContextCite, HierarchicalLeaveOneOut, LeaveOneOut
 from llmattr.models.memory import TOKEN_BUDGET
 from sources_prompts import TEMPLATE, context_prompt, forced
 

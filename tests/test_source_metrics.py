@@ -1,4 +1,4 @@
-"""Source-level faithfulness (llmattr.faithfulness.sources): each metric against a hand computation on prompts
+"""Source-level faithfulness (llmattr.faithfulness.source_metrics): each metric against a hand computation on prompts
 rebuilt without the removed documents, pi-Soft over sources against token-level pi-Soft."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from conftest import build_tiny
 from llmattr.faithfulness import engine as engine_module
 from llmattr.faithfulness import registry
 from llmattr.faithfulness.soft import evaluate_target
-from llmattr.faithfulness.sources import (
+from llmattr.faithfulness.source_metrics import (
     HELD_OUT_SEED,
     SourceInput,
     gold_alignment,
@@ -21,7 +21,7 @@ from llmattr.faithfulness.sources import (
     source_soft,
     spearman,
 )
-from llmattr.methods.ablation import contextcite_masks
+from llmattr.methods.source_ablation import contextcite_masks
 from llmattr.sources import Sources
 from sources_prompts import context_prompt, forced
 from test_source_estimators import DOCUMENTS, QUERY, answer_ids, log_probs

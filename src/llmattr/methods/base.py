@@ -54,8 +54,8 @@ class AttributionMethod:
     or row, never ranked (the random baseline, family ``control``).
 
     ``granularity``: ``"token"``, or ``"source"`` for a method whose unit is a whole source (a document, a
-    sentence: :mod:`llmattr.methods.sources`), which needs a prompt with sources and spreads each source's value
-    over its tokens.
+    sentence: :mod:`llmattr.methods.source_estimators`), which needs a prompt with sources and spreads each source's
+    value over its tokens.
 
     ``layer_sweep``: the parameter ``llmattr evaluate --layers`` sweeps (Grad-ELLM's ``layers``, the number of last
     layers aggregated: paper 000 Fig. 5) and the report's layer-sweep figure plots along; ``None``: no sweep.

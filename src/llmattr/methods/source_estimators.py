@@ -13,7 +13,7 @@ and the token heatmap shows a source's value per token.
 * ``leave-one-out`` (AttriBoT's exact LOO, ContextCite's LOO baseline): ``s_i = F_t(x) - F_t(x without source
   i)``, the objective's drop when source ``i``'s tokens are deleted (default objective ``log-prob``: the
   log-probability drop). ``prefix="cached"`` reuses the clean keys and values before each removed source
-  (:mod:`.ablation`), ``"none"`` recomputes every token (``batch_size=1``: the naive reference).
+  (:mod:`.source_ablation`), ``"none"`` recomputes every token (``batch_size=1``: the naive reference).
 * ``contextcite`` (Cohen-Wang et al. 2024): :func:`contextcite_masks` random keep masks (the package's seeds,
   ``num_ablations=64``, ``ablation_keep_prob=0.5``), the response ``logit P(answer | ablated context)``
   (:func:`logit_response`) and the package's surrogate: LASSO (alpha 0.01) on standardised masks
@@ -36,7 +36,8 @@ from ..lazy import torch
 from ..model_free import WHOLE, WHOLE_OR_AUTO, choice
 from ..models.loading import LoadedModel
 from ..targets import Target
-from .ablation import (
+from .base import AttributionMethod, register, source_features, spread
+from .source_ablation import (
     AUTO,
     Ablation,
     ablated_objective,
@@ -46,7 +47,6 @@ from .ablation import (
     prompt_sources,
     rows_per_pass,
 )
-from .base import AttributionMethod, register, source_features, spread
 
 PREFIX_MODES = ("cached", "none")
 

@@ -4,7 +4,7 @@ document, a sentence), each source's tokens together.
 A method's source scores ``S`` ``(rows, n)`` (rows = explained steps, or one row for an answer-level method such as
 ContextCite) read as one score per source ``s_i = sum_rows S[r, i]`` for the rankings below (leave-one-out of
 ``log P(y) = sum_t log p(y_t)`` is exactly the sum of its per-step drops). ``F(x) = log P(y | x)``; removing
-sources deletes their tokens (:mod:`llmattr.methods.ablation`, ContextCite's convention); ``top(k)`` are the k
+sources deletes their tokens (:mod:`llmattr.methods.source_ablation`, ContextCite's convention); ``top(k)`` are the k
 sources of largest ``s_i`` (ties in source order).
 
 * top-k source removal (ContextCite sec. 4): ``drop_k = F(x) - F(x without top(k))``, k = 1..K (``source_top_k``),
@@ -36,7 +36,7 @@ from ..declarations import RETAIN_RULE, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..lazy import lazy, torch
-from ..methods.ablation import AUTO, Ablation, ablated_objective, clean_pass, contextcite_masks, logit_response
+from ..methods.source_ablation import AUTO, Ablation, ablated_objective, clean_pass, contextcite_masks, logit_response
 from ..models.loading import LoadedModel
 from ..scores import retain_probs
 from ..sources.spans import Sources
@@ -130,7 +130,7 @@ def removal_metrics(lm: LoadedModel, given: SourceInput, k_max: int = TOP_K.defa
                     lds_ablations: int = LDS_ABLATIONS.default, seed: int = 0,
                     batch_size: int | str = AUTO) -> RemovalResult:
     """Top-k removal, comprehensiveness, sufficiency and the LDS of ``given`` (module docstring): every ablated
-    input in one :func:`~llmattr.methods.ablation.ablated_objective` call (prefix cache)."""
+    input in one :func:`~llmattr.methods.source_ablation.ablated_objective` call (prefix cache)."""
     s = given.answer_scores
     n = len(s)
     k_max = min(k_max, n)
