@@ -246,7 +246,7 @@ def checked_request(ctx: typer.Context, o: SimpleNamespace):
     # what was asked, checked once by the library's own Request (task, target, scope, checkpointing, sources, every
     # method with its parameters): the registries import no torch, so neither does this
     request = Request.of(names, task_asked(o.task, documents), params, documents=documents, spans=parse_spans(o.span),
-                         **{name: getattr(o, name) for name in FIELDS if hasattr(o, name) and name != "task"})
+                         **{name: getattr(o, name) for name, declared in FIELDS.items() if declared.metadata["option"]})
     facts = task_facts(request.task)
     if o.data is not None:
         content = file_texts(row_texts(facts, o.data, o.text_field, o.documents_field), o.n, o.field, o.target)
