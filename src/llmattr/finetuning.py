@@ -32,7 +32,7 @@ import warnings
 from dataclasses import InitVar, asdict, dataclass, replace
 from pathlib import Path
 
-from .declarations import held_out_summary
+from .declarations import asked, held_out_summary
 from .errors import LlmattrError
 from .evaluation.accuracy import label_predictions
 from .faithfulness.ffidelity import augment_mask
@@ -76,25 +76,33 @@ class FinetuneConfig:
     ``loss`` is the training loss (:data:`LOSSES`), not what a method explains (``explain --objective``);
     ``objective=`` is its name before issue 39, still read (a script or call written then keeps working)."""
 
-    task: str = "sst2"
-    data: str | None = None  # a JSONL/CSV file (default: the task's sample file in llmattr/data)
-    text_field: str | None = None
-    label_field: str | None = None
-    labels: str | None = None
-    loss: str = "label"
-    held_out: int = 80  # examples kept out of training (balanced per class) for the held-out accuracy
-    epochs: int = 3
-    learning_rate: float = 1e-5
-    batch_size: int = 8
-    max_tokens: int = 256  # each text field is cut to this many tokens (IMDb's length cap)
-    lora_r: int | None = None  # 0: full fine-tuning; > 0: LoRA rank (peft); None: 4 with --head, else 0
-    seed: int = 0
-    save_steps: int = 50
+    task: str = asked("sst2", "Classification task with label words (sst2, imdb, boolq, qnli, mnli, sentiment for "
+                              "your own file).", str)
+    data: str | None = asked(None, "Your own JSONL/CSV/TSV file (default: the task's sample data).", Path)
+    text_field: str | None = asked(None, "--data: the column holding the text (default: the task's field).", str)
+    label_field: str | None = asked(None, "--data: the column holding the label (default: label).", str)
+    labels: str | None = asked(None, "--data: label words, e.g. Positive,Negative, or file value=word pairs, e.g. "
+                                     "0=Negative,1=Positive (default: the task's).", str)
+    loss: str = asked("label", "The training loss. label: the label word after the task's prompt; lm: language "
+                               "modelling on the texts (paper 004).", str)
+    held_out: int = asked(80, "Rows kept out of training (balanced per class) for the held-out accuracy.", int)
+    epochs: int = asked(3, "Passes over the training rows.", int)
+    learning_rate: float = asked(1e-5, "AdamW learning rate (linear decay to 0).", float)
+    batch_size: int = asked(8, "Rows per optimizer step.", int)
+    max_tokens: int = asked(256, "Cut each text field to this many tokens (IMDb's length cap).", int)
+    lora_r: int | None = asked(None, "0: full fine-tuning; a rank r >= 1: LoRA adapters (peft), merged at the end "
+                                     "(default: 4 with --head, paper 003's recipe; else 0).", int)
+    seed: int = asked(0, "Seed of the split, the data order and the initialisation of adapters.", int)
+    save_steps: int = asked(50, "Checkpoint every this many steps (resume point after an interrupt).", int)
     logging_steps: int = 5
-    load_in_4bit: bool = False
-    head: str | None = None  # None: the LM head's label word (``loss``); classification/regression: a new head
-    permute_labels: bool = False  # train on the training rows' labels permuted (the sanity checks' data randomisation)
-    mask_augment: float = 0.0  # F-Fidelity's beta: delete a random subset of up to beta of each row's text tokens
+    load_in_4bit: bool = asked(False, "4-bit frozen weights + LoRA (bitsandbytes, a CUDA GPU).", bool, "--load-in-4bit")
+    head: str | None = asked(None, "classification or regression: train a sequence head on the last token's state "
+                                   "(paper 003; tasks NAME-head, stsb-regression) instead of label words.", str)
+    permute_labels: bool = asked(False, "Train on the training rows' labels permuted (the data randomisation sanity "
+                                        "check's model; held-out rows keep theirs).", bool, "--permute-labels")
+    mask_augment: float = asked(0.0, "F-Fidelity's random-mask fine-tuning: each training row loses a random subset "
+                                     "of up to this fraction of its text tokens (deleted), new each epoch (0: off; "
+                                     "e.g. 0.1; docs/trust.md).", float)
     objective: InitVar[str | None] = None
 
     def __post_init__(self, objective: str | None) -> None:

@@ -54,11 +54,11 @@ def typer_options(parameters: list[inspect.Parameter]) -> list:
     return typer.main.get_command(sub).params
 
 
-def own(name: str, annotation: type, default: object, help: str, *decls: str, panel: str | None = None
-        ) -> inspect.Parameter:
+def own(name: str, annotation: type, default: object, help: str, *decls: str, panel: str | None = None,
+        hidden: bool = False) -> inspect.Parameter:
     """A command's own option (one that is no field of the library's request or config)."""
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-                             default=typer.Option(default, *decls, help=help, rich_help_panel=panel))
+                             default=typer.Option(default, *decls, help=help, rich_help_panel=panel, hidden=hidden))
 
 
 def field_option(declared: dataclasses.Field, default: object = dataclasses.MISSING) -> inspect.Parameter:
