@@ -2,7 +2,7 @@
 sub-command's ``--help`` and of a few model-free refusals, each a fresh process, beside ``python -c pass`` (the
 interpreter's floor) and ``python -c "import torch"`` (what the fast path must not pay). Median of ``--repeats``
 runs after one warm-up. The acceptance: every row under 1 s. Run alone (the numbers are wall times):
-python benchmarks/bench_cli.py [--repeats 5]
+python benchmarks/bench_cli.py [--repeats 5]; two revisions: python benchmarks/compare.py A B benchmarks/bench_cli.py
 """
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-FILES = SRC.parent / "tests" / "data" / "cli_refusals"  # a user's bad files (tests/test_cli_fast.py refuses each)
+from _common import table
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = os.environ.get("PYTHONPATH") or str(ROOT / "src")  # another revision's src (benchmarks/compare.py), else ours
+FILES = ROOT / "tests" / "data" / "cli_refusals"  # a user's bad files (tests/test_cli_fast.py refuses each)
 CLI = "import sys; from llmattr.cli import main; sys.argv[0] = 'llmattr'; main()"
 ROWS = {
     "python -c pass": ["-c", "pass"],
@@ -62,7 +65,7 @@ ROWS = {
 
 def wall(args: list[str], repeats: int) -> float:
     """Median wall time of ``python ARGS`` in a fresh process over ``repeats`` runs, after one warm-up."""
-    env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "100"}
+    env = {**os.environ, "PYTHONPATH": SRC, "COLUMNS": "100"}
     times = []
     for i in range(repeats + 1):
         start = time.perf_counter()
@@ -76,9 +79,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     repeats = parser.parse_args().repeats
-    print(f"median wall time of {repeats} runs (load average {os.getloadavg()[0]:.2f}); acceptance: < 1 s")
-    for name, args in ROWS.items():
-        print(f"{name:42s} {wall(args, repeats):6.2f} s")
+    print(f"median wall time of {repeats} runs (load average {os.getloadavg()[0]:.2f}); acceptance: < 1 s\n")
+    print(table([(name, f"{wall(args, repeats):.3f}") for name, args in ROWS.items()], ("command", "seconds")))
 
 
 if __name__ == "__main__":
