@@ -67,12 +67,12 @@ QNLI = Task(
 )
 STSB = Task(
     name="stsb", display="STS-B", **shown(("Sentence 1", "sentence1"), ("Sentence 2", "sentence2")),
+    description="STS-B similarity 0-5 (paper 003) as a prompted score: sum_d d * p(d) over the digits",
+    kind="regression", label_words=tuple("012345"), max_new_tokens=1, data="stsb", label_field="score",
+    hf=glue("stsb", label="label"),
     system=("You are a semantic similarity rater. Rate how similar in meaning the two sentences are, from "
             "0 (unrelated) to 5 (same meaning). Respond ONLY with a single digit from 0 to 5, without any "
             "punctuation or additional text."),
-    kind="regression", label_words=("0", "1", "2", "3", "4", "5"), max_new_tokens=1, data="stsb",
-    label_field="score", hf=glue("stsb", label="label"),
-    description="STS-B similarity 0-5 (paper 003) as a prompted score: sum_d d * p(d) over the digits",
 )
 STSB_REGRESSION = replace(
     STSB, name="stsb-regression", display="", head="regression", extra={"num_labels": 1, "lm_alternative": "stsb"},
