@@ -14,15 +14,18 @@ import sys
 import pytest
 
 from llmattr.errors import LlmattrError
-from llmattr.finetuning import FinetuneConfig, check_out, head_task, plan, split
-from llmattr.model_free import (
-    gold_label,
+from llmattr.finetuning import (
+    FinetuneConfig,
+    check_out,
     head_name,
+    head_task,
     held_out_split,
+    plan,
     resumable_card,
-    task_facts,
+    split,
 )
 from llmattr.tasks import TASKS, get_task, load_examples
+from llmattr.tasks.base import gold_label, task_facts
 from llmattr.tasks.files import read_file_examples
 from test_cli_fast import FILES, HEAVY, ROOT, run_cli
 
@@ -180,7 +183,7 @@ def test_out_holding_another_run_is_refused_by_the_library_as_by_the_cli(tmp_pat
 
 
 def test_the_card_and_the_checks_import_no_torch_and_old_paths_read():
-    code = ("import json, sys, llmattr.model_card, llmattr.model_free, llmattr.readers; "
+    code = ("import json, sys, llmattr.model_card, llmattr.finetuning, llmattr.readers; "
             f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(done.stdout) == []

@@ -115,7 +115,7 @@ def test_one_request_explains_as_the_keywords_do(tiny_llama):
 
 
 def test_the_cli_and_the_api_default_to_the_same_task(tiny_llama, monkeypatch):
-    """Without a task, both take the one rule (``model_free.task_asked``): ``context`` where documents are given,
+    """Without a task, both take the one rule (``request.task_asked``): ``context`` where documents are given,
     else ``sentiment``."""
     seen = captured_request(monkeypatch)
     monkeypatch.setattr("llmattr.models.loading.load_model", lambda *args, **kwargs: tiny_llama)

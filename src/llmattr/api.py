@@ -17,12 +17,11 @@ from .errors import LlmattrError, NotExplainedWarning
 from .explanation import Explanation, Explanations
 from .faithfulness.head import head_explanation
 from .lazy import torch
-from .model_free import task_asked
 from .models import memory
 from .models.loading import LoadedModel, load_model
 from .prompting import Prompt, build_prompt, decode_pieces
 from .render import progress_console
-from .request import KEYWORDS, Request, field_docs
+from .request import KEYWORDS, Request, field_docs, task_asked
 from .targets import Target, label_target, make_target, step_probabilities, with_scope, word_target
 from .tasks import TASKS, Task, get_task
 
@@ -171,7 +170,7 @@ def explain(text: str | dict | list, model: str | LoadedModel = "default",
 def asked_request(method, task: str | Task | None, params: dict, fields_: dict) -> Request:
     """The :class:`Request` of :func:`explain`'s keywords: the method parameters ``params`` and the Request's
     ``fields_`` (``target="probability"``/``"logit"``: the objective's earlier spelling); the task by
-    :func:`llmattr.model_free.task_asked`."""
+    :func:`llmattr.request.task_asked`."""
     if fields_.get("target") in ("probability", "logit"):
         params["objective"], fields_["target"] = fields_["target"], "label"
     return Request.of(method, task_asked(task, fields_.get("documents")), params, **fields_)

@@ -23,40 +23,31 @@ accuracy on a held-out split (balanced per class, seeded) that training never se
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import random
 import shutil
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, asdict, dataclass, replace
 from pathlib import Path
 
+from .checks import mask_rate, one_of, positive_int
 from .declarations import asked, held_out_summary
-from .errors import LlmattrError
+from .errors import LlmattrError, article
 from .evaluation.accuracy import label_predictions
 from .faithfulness.ffidelity import augment_mask
 from .lazy import derived, lazy, torch
-from .model_card import CARD_NAME, card_path, content_hash
-from .model_free import (
-    FINETUNE_DATA,
-    check_schedule,
-    check_training,
-    head_name,
-    held_out_rows,
-    held_out_split,
-    lora_rank,
-    resumable_card,
-    sample_data,
-    task_facts,
-    training_loss,
-)
+from .model_card import CARD_NAME, card_path, content_hash, read_card
 from .models.loading import LoadedModel, load_model
 from .prompting import build_prompt
 from .stats import estimate, stable_seed
 from .tasks import Task, get_task, load_examples
+from .tasks.base import task_facts
 from .tasks.catalog import HEAD_TASKS, STSB_REGRESSION, head_version
-from .tasks.datasets import sample
+from .tasks.datasets import sample, sample_data
 from .tasks.files import read_file_examples
 from .version import __version__
 
@@ -135,7 +126,7 @@ class FinetuneConfig:
 
 
 def head_task(task: Task) -> Task:
-    """The task a ``--head`` trains (checked by :func:`llmattr.model_free.check_training`): a head task as is, a
+    """The task a ``--head`` trains (checked by :func:`llmattr.finetuning.check_training`): a head task as is, a
     prompted one's head version (``sst2`` -> ``sst2-head``, ``stsb`` -> ``stsb-regression``)."""
     name = head_name(task_facts(task))
     if name == task.name:
@@ -368,7 +359,7 @@ def held_out_head(lm: LoadedModel, task: Task, held: list[dict], train: list[dic
 
 
 def check_out(out: Path, settings: dict) -> dict | None:
-    """Refuse an output folder that is not this finetune's (:func:`llmattr.model_free.resumable_card`, which the CLI
+    """Refuse an output folder that is not this finetune's (:func:`llmattr.finetuning.resumable_card`, which the CLI
     runs before torch loads; then an unfinished run's other settings, which need every example's prompt); returns
     its card when it is (a run to resume)."""
     card = resumable_card(out)
@@ -569,6 +560,130 @@ def build_trainer(lm: LoadedModel, rows: list[dict] | MaskAugmentedBody, cfg: Fi
     if not progress:
         trainer.remove_callback(transformers.PrinterCallback)
     return trainer
+
+
+FINETUNE_DATA = "--data FILE"  # what a finetune without sample data is given instead
+
+
+HEAD_LORA_R = 4  # paper 003 sec. 4.1: LLaMA-2 fine-tuned with LoRA of rank 4 (PEFT)
+
+
+def training_loss(loss: str, objective: str | None, label_loss: str) -> str:
+    """A finetune's loss: ``loss``, or ``objective`` (its name before issue 39) where given, refused beside a
+    ``loss`` other than the default ``label_loss``."""
+    if objective is None:
+        return loss
+    if loss not in (label_loss, objective):
+        raise LlmattrError("finetune takes --loss (or its old name --objective), not both")
+    return objective
+
+
+def check_training(task: Mapping, loss: str, head: str | None, permute_labels: bool, mask_augment: float,
+                   losses: Sequence[str], heads: Sequence[str]) -> None:
+    """Refuse a finetune whose ``loss`` (one of ``losses``, the first the label loss), ``head`` (one of ``heads``, or
+    None: the LM head), label permutation or mask augmentation does not fit the task (``task``:
+    :func:`task_facts`)."""
+    one_of(loss, losses, "--loss")
+    if head is not None:
+        one_of(head, heads, "--head")
+        if loss != losses[0]:
+            raise LlmattrError(f"--head {head} trains the head on the labels; --loss {loss} is for the LM head")
+        wanted = "regression" if task["numeric"] else "classification" if task["classifies"] else None
+        if wanted is None:
+            raise LlmattrError(f"--head {head} needs a classification or regression task; {task['name']} is a "
+                               f"{task['kind']} task")
+        if head != wanted:
+            raise LlmattrError(f"task {task['name']} is {article(task['kind'])} task: give --head {wanted}, not --head "
+                               f"{head}")
+    elif task["head"] != "lm":
+        raise LlmattrError(f"task {task['name']} is read by a sequence-{task['head']} head: give --head "
+                           f"{task['head']}")
+    elif loss == "label" and not task["classifies"]:
+        regression = (" (paper 003's regression head: --task stsb-regression --head regression)"
+                      if task["numeric"] else "")
+        raise LlmattrError(f"finetune --loss label needs a classification task with label words; {task['name']} "
+                           f"is {article(task['kind'])} task{regression}; use --loss lm to fine-tune on its text")
+    if permute_labels and not (head or loss == "label"):
+        raise LlmattrError("--permute-labels permutes the labels a model learns: give --loss label or --head")
+    mask_rate(mask_augment, "--mask-augment")
+    if mask_augment and (head or loss != "label"):
+        raise LlmattrError("--mask-augment deletes text tokens of the task's prompt: it trains with --loss label, "
+                           "without --head")
+
+
+def lora_rank(lora_r: int | None, head: str | None) -> int:
+    """The LoRA rank a finetune trains: ``lora_r``, or by default 4 with a ``head`` (paper 003's recipe) and 0 (full
+    fine-tuning) without."""
+    if lora_r is not None:
+        return lora_r
+    return HEAD_LORA_R if head else 0
+
+
+def check_schedule(settings: Mapping) -> None:
+    """Refuse a finetune's counts (held-out rows, epochs, batch size, tokens, steps: those in ``settings``, each a
+    whole number >= 1), learning rate, LoRA rank (``lora_r``, resolved: :func:`lora_rank`) and 4-bit loading where
+    they cannot train, or need a package that is not installed."""
+    for name in ("held_out", "epochs", "batch_size", "max_tokens", "save_steps", "logging_steps"):
+        if name in settings:
+            positive_int(settings[name], f"--{name.replace('_', '-')}")
+    learning_rate, rank = settings["learning_rate"], settings["lora_r"]
+    if not (isinstance(learning_rate, float | int) and 0 < learning_rate < 1):
+        raise LlmattrError(f"--learning-rate must be in (0, 1), got {learning_rate!r}")
+    if rank < 0:
+        raise LlmattrError(f"--lora-r must be 0 (full fine-tuning) or a rank >= 1, got {rank}")
+    if rank and importlib.util.find_spec("peft") is None:
+        raise LlmattrError("--lora-r needs peft: pip install 'llmattr[finetune]'")
+    if settings.get("load_in_4bit") and importlib.util.find_spec("bitsandbytes") is None:
+        raise LlmattrError("--load-in-4bit needs bitsandbytes (a CUDA GPU): pip install 'llmattr[quant]'")
+    if settings.get("load_in_4bit") and not rank:
+        raise LlmattrError("--load-in-4bit trains LoRA adapters on the frozen 4-bit weights: give --lora-r")
+
+
+def head_name(task: Mapping) -> str:
+    """The task ``finetune --head`` trains for ``task`` (:func:`task_facts`), by name: a head task itself, a
+    regression task's ``NAME-regression`` (``stsb-regression``), a classification task's ``NAME-head``."""
+    if task["head"] != "lm":
+        return task["name"]
+    return f"{task['name']}-{'regression' if task['numeric'] else 'head'}"
+
+
+def held_out_split(task: Mapping, head: str | None) -> bool:
+    """Whether a finetune of ``task`` (:func:`task_facts`; the head task with a ``head``) keeps rows out to measure
+    the model on: a head's (its accuracy or Pearson r), or a classification task's label-word accuracy; a task
+    without classes trained on its texts (``--loss lm``: WikiBio, STS-B's prompted scores) trains on every row."""
+    return bool(head) or task["classifies"]
+
+
+def held_out_rows(held_out: int, rows: int) -> int:
+    """``--held-out``: the rows of ``rows`` kept out of training, refused when none would be left to train on."""
+    if held_out >= rows:
+        raise LlmattrError(f"--held-out {held_out} leaves no training rows of {rows}")
+    return held_out
+
+
+def out_folder(out: Path) -> None:
+    """Refuse finetune's ``--out`` where it is a file (its folder's contents are checked against the run later)."""
+    if out.exists() and not out.is_dir():
+        raise LlmattrError(f"--out {out} is a file; give a folder")
+
+
+def resumable_card(out: Path) -> dict | None:
+    """The card of finetune's ``--out`` folder where it holds an unfinished finetune (a run to resume, if its
+    settings are this run's), None for a new or empty folder; refused in one line when ``out`` is a file
+    (:func:`out_folder`), holds something else, or holds a finished finetune."""
+    out_folder(out)
+    if not out.exists():
+        return None
+    card = read_card(out)
+    if card is None:
+        if any(out.iterdir()):
+            raise LlmattrError(f"--out {out} exists and is not a llmattr finetune's folder (no {CARD_NAME}); "
+                               "give a new or empty folder")
+        return None
+    if card.get("status") == "done":
+        raise LlmattrError(f"--out {out} holds a finished finetune ({card.get('task')}, held-out accuracy "
+                           f"{card.get('held_out', {}).get('accuracy')}); give another folder")
+    return card
 
 
 __all__ = ["FinetuneConfig", "Plan", "finetune", "plan", "split", "LOSSES"]

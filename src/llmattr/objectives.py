@@ -20,13 +20,13 @@ with the target at every explained step. Add an objective with :func:`objective`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .checks import register_once
+from .checks import one_of, register_once
+from .errors import LlmattrError
 from .lazy import torch
-from .model_free import check_objective
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -103,3 +103,16 @@ def get(name: str, foil: object = None, option: str = "objective") -> Objective:
 def contrastive() -> list[str]:
     """The names of the objectives that compare the target with a foil."""
     return [name for name, found in OBJECTIVES.items() if found.contrastive]
+
+
+def check_objective(name: object, foil: object, objectives: Iterable[str], contrastive: Iterable[str],
+                    option: str = "objective") -> str:
+    """``name`` if it is one of ``objectives`` and ``foil`` fits it: a ``contrastive`` objective needs a foil, any
+    other takes none (it would be silently ignored)."""
+    contrastive = tuple(contrastive)
+    one_of(name, objectives, option)
+    if name in contrastive and foil is None:
+        raise LlmattrError(f"objective {name} compares the target with a foil token: give --foil WORD (foil=...)")
+    if foil is not None and name not in contrastive:
+        raise LlmattrError(f"--foil needs a contrastive objective ({', '.join(contrastive)}); the objective is {name}")
+    return name

@@ -174,7 +174,7 @@ def file_columns(shape: Mapping, text_field: str | None = None,
                  label_field: str | None | bool = None) -> tuple[dict, dict]:
     """The map from a task's fields (and ``"label"`` unless ``label_field`` is ``False``) to a file's columns,
     and the fix to name when a row lacks one. ``shape``: the task's ``name``, ``fields``, ``columns`` (field ->
-    column), ``label_field`` (among :func:`llmattr.model_free.task_facts`)."""
+    column), ``label_field`` (among :func:`llmattr.tasks.base.task_facts`)."""
     fields = shape["fields"]
     columns = {name: shape["columns"].get(name, name) for name in fields}
     if text_field:

@@ -17,10 +17,12 @@ from .declarations import asked
 from .errors import LlmattrError
 from .methods import AttributionMethod
 from .methods import get as get_method
-from .model_free import check_example, check_sources, request_params, task_facts
 from .prompting import build_prompt
-from .targets import check_length
+from .sources.build import check_documents, check_spans
+from .sources.spans import GRANULARITIES
+from .targets import check_gold_word, check_length
 from .tasks import Task, few_shot, get_task
+from .tasks.base import task_facts
 
 
 @dataclass(frozen=True)
@@ -156,3 +158,49 @@ def field_docs() -> str:
     """Each field of :data:`KEYWORDS` as a line of a docstring: its name, default and help."""
     return "\n".join(f"    ``{name}`` (default ``{FIELDS[name].default!r}``): {FIELDS[name].metadata['help']}"
                      for name in KEYWORDS)
+
+
+def request_params(params: Mapping | None, objective: object, foil: object) -> dict:
+    """The method parameters of a request: ``params`` with ``objective`` and ``foil`` (``llmattr.explain``'s
+    keywords, ``explain --objective/--foil``) where given."""
+    return {**(params or {}), **{key: value for key, value in (("objective", objective), ("foil", foil))
+                                 if value is not None}}
+
+
+def task_asked(task: object, documents: object) -> object:
+    """The task a request names, or the default one: ``context`` where documents are given (``documents=``,
+    ``--document``, ``--context``), else ``sentiment``."""
+    return task if task is not None else "context" if documents is not None else "sentiment"
+
+
+def check_sources(task: str, takes_documents: bool, sources: str | None, documents: object,
+                  spans: object) -> tuple[tuple[str, ...] | None, tuple[tuple[int, int], ...] | None]:
+    """The sources a request asks for (``documents``, ``spans``: None when not given) checked: ``sources`` one of
+    the granularities, documents a non-empty list of non-empty texts for a task that ``takes_documents`` and not
+    beside spans, spans disjoint ranges; returns them as tuples."""
+    if sources is not None:
+        member(sources, GRANULARITIES, "sources")
+    if documents is not None:
+        if not takes_documents:
+            raise LlmattrError(f"task {task} takes no documents; use --task context (or a task that shows documents)")
+        if spans is not None:
+            raise LlmattrError("give documents or spans, not both")
+        documents = check_documents(documents)
+    return documents, None if spans is None else check_spans(spans)
+
+
+def check_example(task: Mapping, example: Mapping, scoring: Sequence[str], sources: str | None,
+                  gold: str | None) -> None:
+    """Refuse what :meth:`llmattr.request.Request.check_text` refuses of one ``example`` of ``task``
+    (:func:`task_facts`): documents that are not a non-empty list of texts (a task that takes them), spans outside
+    its text, a prompt without sources for a method that scores them (``scoring``: their names) and, where the gold
+    word is explained (``gold`` not False: the word, or None), a next-word task without it."""
+    if task["documents"]:
+        check_documents(example.get("documents") if example.get("documents") is not None else ())
+    if example.get("spans") is not None:
+        check_spans(example["spans"], len(str(example[task["fields"][0]])))
+    if scoring and not (task["documents"] or example.get("spans") is not None or sources == "sentence"):
+        raise LlmattrError(f"method {scoring[0]} scores sources and needs sources: give documents "
+                           "(--document, --context; documents=[...]), spans (--span) or --sources sentence")
+    if gold is not False and task["next_word"]:
+        check_gold_word(task["name"], gold)

@@ -11,12 +11,12 @@ label-word probabilities (:func:`label_target`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .checks import SCOPES, TARGET_MODES, member
 from .errors import LlmattrError
 from .lazy import no_grad, torch
-from .model_free import check_gold_word, forced_answer, gold_label_word, new_tokens
 from .models.loading import LoadedModel
 from .objectives import probability
 from .prompting import Prompt
@@ -221,3 +221,46 @@ def visible(target: Target, step: int) -> int:
     """How many span tokens step ``step`` sees: those at positions up to the one predicting its token."""
     a, b = target.span
     return max(0, min(b, int(target.positions[step]) + 1) - a)
+
+
+def check_gold_word(task: str, word: str | None) -> None:
+    """One line when ``target="gold"`` on a next-word task has no gold word to explain."""
+    if not word:
+        raise LlmattrError(f"target='gold' needs the example's gold next word (task {task}'s label: "
+                           "gold=WORD, or --field label=WORD)")
+
+
+def new_tokens(max_new_tokens: int) -> int:
+    """``max_new_tokens`` of a generated target, refused below 1."""
+    if max_new_tokens < 1:
+        raise LlmattrError("max_new_tokens must be at least 1")
+    return max_new_tokens
+
+
+def forced_answer(answer: str | Sequence[int]) -> str | Sequence[int]:
+    """A forced answer (its text, or its token ids), refused when empty."""
+    if not answer:
+        raise LlmattrError("the forced answer is empty")
+    return answer
+
+
+def gold_label_word(label_words: Sequence[str], gold: object) -> None:
+    """Refuse ``target="gold"`` on a task explained at its label word when the gold label ``gold`` is none of its
+    ``label_words``."""
+    if gold not in label_words:
+        raise LlmattrError(f"target='gold' needs the gold label, one of {list(label_words)}; got {gold!r}")
+
+
+def check_target(task: Mapping, target: str, max_new_tokens: int | None, answer: str | None,
+                 gold: object = None) -> None:
+    """``explain``'s ``--answer``, ``--target gold`` and ``--max-new-tokens`` for ``task`` (:func:`task_facts`) as
+    the target's construction (:mod:`llmattr.targets`) refuses them: an empty forced answer; without one, a gold label
+    (``gold``: the text's ``label`` field) that is none of the label words where the label word is explained, and
+    fewer than one new token where the target generates (every target but a next-word task's gold word)."""
+    if answer is not None:
+        forced_answer(answer)
+        return
+    if target == "gold" and task["explains_label_word"]:
+        gold_label_word(task["label_words"], gold)
+    if max_new_tokens is not None and not (task["next_word"] and target == "gold"):
+        new_tokens(max_new_tokens)

@@ -16,9 +16,7 @@ from ..checks import (
 )
 from ..errors import LlmattrError
 from ..evaluation import EvalConfig, plan, run  # the library's, importing no torch (llmattr.lazy)
-from ..model_free import (
-    check_shards,
-)
+from ..evaluation.sharding import check_shards
 from .app import DERIVED, app, command, field_option, own, plugin_command
 
 

@@ -24,14 +24,11 @@ from ..checks import (
     writable_file,
 )
 from ..errors import LlmattrError, NotExplainedWarning
-from ..model_free import (
-    check_shots,
-    check_target,
-    task_asked,
-    task_facts,
-)
 from ..readers import read_rows, row_texts
-from ..request import FIELDS
+from ..request import FIELDS, task_asked
+from ..targets import check_target
+from ..tasks.base import task_facts
+from ..tasks.datasets import check_shots
 from .app import DERIVED, app, command, field_option, own, plugin_command
 
 FORMATS = ("text", "json")

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 from ..checks import (
     DATA_TASK,
     ROUTINGS,
+    SCOPES,
+    TARGET_MODES,
     dtype_name,
     examples_wanted,
+    member,
     one_of,
+    one_source,
+    positive_int,
+    split_list,
     writable_file,
 )
 from ..declarations import asked
+from ..errors import LlmattrError
 from ..faithfulness.registry import MetricOptions, declared_options
-from ..model_free import check_evaluation, config_values, read_toml
 from ..sizes import parse_max_memory
 
 
@@ -129,3 +137,44 @@ class EvalConfig:
 FIELDS = {f.name for f in fields(EvalConfig)}
 DEFAULT_DATASETS = ("sst2",)
 DEFAULT_N = 50  # examples per shipped dataset, balanced per class (paper 000 appendix C)
+
+
+def read_toml(path: str | Path) -> dict:
+    """The keys of ``llmattr evaluate --config``'s TOML file, refused in one line when it is missing or not TOML."""
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError as err:
+        raise LlmattrError(f"config file not found: {path}") from err
+    except tomllib.TOMLDecodeError as err:
+        raise LlmattrError(f"{path} is not valid TOML: {err}") from err
+
+
+def config_values(data: Mapping, keys: Iterable[str]) -> dict:
+    """``llmattr evaluate``'s settings from a TOML file or the command line: names with ``_`` (``max-new-tokens``
+    is ``max_new_tokens``), unset (None) values left out, lists given as ``a,b`` split; a name that is none of
+    ``keys`` refused, listing them."""
+    keys = sorted(keys)
+    data = {key.replace("-", "_"): value for key, value in data.items() if value is not None}
+    unknown = sorted(set(data) - set(keys))
+    if unknown:
+        raise LlmattrError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(keys)}")
+    for key in ("datasets", "methods", "metrics", "layers"):
+        if isinstance(data.get(key), str | int):
+            data[key] = split_list(str(data[key]))
+    return data
+
+
+def check_evaluation(values: Mapping) -> None:
+    """``llmattr evaluate``'s settings that need no registry (a key left out is unset): ``n``, ``data`` beside
+    ``datasets``, ``max_new_tokens``, ``seed``, ``target`` and ``scope``."""
+    examples_wanted(values.get("n"))
+    one_source(values.get("data"), values.get("datasets"))
+    if values.get("max_new_tokens") is not None:
+        positive_int(values["max_new_tokens"], "--max-new-tokens")
+    seed = values.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise LlmattrError(f"--seed must be a whole number, got {seed!r}")
+    for key, valid in (("target", TARGET_MODES), ("scope", SCOPES)):
+        if key in values:
+            member(values[key], valid, key)

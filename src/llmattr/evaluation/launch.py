@@ -12,7 +12,7 @@ from pathlib import Path
 import submitit
 
 from ..errors import LlmattrError
-from ..model_free import check_shards
+from ..evaluation.sharding import check_shards
 from .config import EvalConfig
 from .loop import Summary, run
 from .sharding import shard_path

@@ -13,6 +13,7 @@ results do not depend on the order of work, on resuming, or on how examples are 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,8 +26,8 @@ from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..faithfulness import Metric, MetricContext, get_metrics, metric_needs
 from ..faithfulness.head import head_explanation
+from ..faithfulness.registry import check_needs
 from ..lazy import torch
-from ..model_free import check_needs, check_sources_asked, task_facts
 from ..models.card import card_facts, read_card
 from ..models.loading import LoadedModel, load_model
 from ..render import progress_console
@@ -34,6 +35,7 @@ from ..request import Request
 from ..stats import stable_seed
 from ..store import MetricOutput, Store, Unit
 from ..tasks import TASKS
+from ..tasks.base import task_facts
 from .config import EvalConfig
 from .method_specs import MethodSpec, expand_methods
 from .run_datasets import (
@@ -249,3 +251,14 @@ def _run_unit(lm: LoadedModel, item: _Pending, store: Store, target_cache: dict,
         rows = metric.compute(ctx, routing)
         outputs.append(MetricOutput(metric.name, routing, time.perf_counter() - t0, rows))
     store.write(item.unit, text, attribution_s, outputs)
+
+
+def check_sources_asked(asked: Sequence[str], tasks: Sequence[Mapping], with_sources: Sequence[str]) -> None:
+    """Refuse source-level work (``asked``: the methods and metrics that score or read sources) on a task whose
+    prompts have none (``tasks``: :func:`task_facts` of the evaluated datasets' tasks), naming the datasets that have
+    them (``with_sources``) and the tasks a user's own ``--data`` file can take them by."""
+    lacking = [task["name"] for task in tasks if not task["documents"]]
+    if asked and lacking:
+        raise LlmattrError(f"{asked[0]} works on sources (documents) and {lacking[0]}'s prompts have none: evaluate "
+                           f"it on a dataset with sources ({', '.join(with_sources)}) or on your own file "
+                           "(--data FILE --task context, each row's documents in its 'documents' field)")

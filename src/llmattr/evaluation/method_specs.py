@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import methods as method_registry
 from ..checks import split_spec
 from ..declarations import method_label
 from ..errors import LlmattrError
-from ..model_free import swept_texts
 from ..store import canonical
 
 
@@ -54,3 +54,12 @@ def expand_methods(texts: list[str], layers: list[str] | None = None) -> list[Me
     if not specs:
         raise LlmattrError(f"no method given; valid: {', '.join(method_registry.available())}")
     return specs
+
+
+def swept_texts(text: str, layers: Sequence | None, swept: str | None) -> list[str]:
+    """``evaluate --methods``' item ``text`` as the items it runs: one per value of ``layers`` (``--layers``) with
+    the parameter ``swept`` (the method's ``layer_sweep``) set, where the method has one and the text does not set
+    it; else the item itself."""
+    if layers and swept and swept not in split_spec(text)[1]:
+        return [f"{text}:{swept}={k}" for k in layers]
+    return [text]

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from ..errors import LlmattrError
 from ..lazy import torch
-from ..model_free import check_shard, parse_shard
 from ..tasks import Task
 from .config import EvalConfig
 from .run_datasets import Dataset
@@ -115,3 +114,28 @@ def shard_examples(data: list[Dataset], rank: int, world: int, rule: str = BALAN
     owners = balanced_owners(data, world)
     return [replace(ds, examples=[ex for ex in ds.examples if owners[(ds.name, str(ex["id"]))] == rank])
             for ds in data]
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``--shard i/n`` as (rank, world size), refused in one line when it is not two whole numbers."""
+    try:
+        rank, world = (int(part) for part in text.split("/"))
+    except ValueError as err:
+        raise LlmattrError(f"--shard expects i/n (e.g. 0/2), got {text!r}") from err
+    return rank, world
+
+
+def check_shard(rank: int, world: int) -> tuple[int, int]:
+    """(rank, world size) if ``0 <= rank < world``, else one line."""
+    if world < 1 or not 0 <= rank < world:
+        raise LlmattrError(f"shard {rank}/{world} is out of range: use i/n with 0 <= i < n")
+    return rank, world
+
+
+def check_shards(shards: int, shard: str | None) -> None:
+    """Refuse ``--shards`` (a launcher's shard count) below 1, or beside ``--shard`` (one shard run by hand)."""
+    if shards < 1:
+        raise LlmattrError(f"--shards must be at least 1, got {shards}")
+    if shard:
+        raise LlmattrError(f"--shard {shard} runs one shard yourself; the launcher runs them all: give --shards "
+                           "n instead")

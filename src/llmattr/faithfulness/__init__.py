@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..errors import LlmattrError
 from ..explanation import Explanation
-from ..model_free import check_needs
+from ..faithfulness.registry import check_needs
 from ..models.loading import LoadedModel
 from ..store import Row
 from .engine import PerturbationEngine

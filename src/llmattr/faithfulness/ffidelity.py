@@ -25,7 +25,6 @@ from ..checks import mask_rate
 from ..declarations import FigureSpec, MetricRow, TableSpec
 from ..errors import LlmattrError
 from ..lazy import no_grad, torch
-from ..model_free import ffid_beta
 from ..models.forward import SharedPrefix, padded_last_probs
 from ..stats import stable_seed
 from ..store import Row
@@ -34,6 +33,12 @@ from .inputs import example_key
 from .ranking import _head, _inputs, class_probs, deleted_probs
 from .ranks import K_GRID, counts, top_masks
 from .registry import Metric, MetricContext, Option, register
+
+
+def ffid_beta(value: float) -> float:
+    """``--ffid-beta``'s check hook (f-fidelity's option): a fraction in [0, 1) (:func:`checks.mask_rate`)."""
+    return mask_rate(value, "--ffid-beta")
+
 
 FFID_BETA = Option("ffid_beta", 0.1, "f-fidelity: the most tokens removed, as a fraction of the text (F-Fidelity's "
                    "beta: the fine-tuning's --mask-augment rate)", validate=ffid_beta)

@@ -17,14 +17,13 @@ that calls :func:`register`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..checks import option_value, register_once
+from ..checks import known_items, option_value, register_once
 from ..declarations import FigureSpec, TableSpec
 from ..errors import LlmattrError, metric_refusal
-from ..model_free import metric_list
 from ..store import Row
 
 if TYPE_CHECKING:  # annotations only: the registry itself loads no model code
@@ -214,3 +213,19 @@ def figure_specs() -> tuple[FigureSpec, ...]:
 def table_specs() -> tuple[TableSpec, ...]:
     """Every registered metric's report tables, in report order."""
     return tuple(sorted((t for m in METRICS.values() for t in m.tables), key=lambda t: t.order))
+
+
+def check_needs(metrics: Sequence[str], given: Mapping, needs: Mapping[str, Mapping[str, str]]) -> None:
+    """Refuse a metric asked without an option it needs (``needs``: {metric: {option: why}}, each metric's
+    :attr:`~llmattr.faithfulness.Metric.needs`; ``given``: the options' values, empty or absent when not given)."""
+    for metric in metrics:
+        for option, why in needs.get(metric, {}).items():
+            if not given.get(option):
+                raise LlmattrError(f"{metric} {why}")
+
+
+def metric_list(names: object, metrics: Sequence[str], flag: str) -> list[str]:
+    """An option's comma-separated metric ``names`` (``--reliability-of``), each one of ``metrics``; else one line
+    naming the option and listing them."""
+    return known_items(names, metrics, lambda unknown: f"{flag}: unknown metric "
+                       f"{', '.join(map(repr, unknown)) or repr(names)}; valid: {', '.join(sorted(metrics))}")

@@ -35,8 +35,8 @@ import numpy as np
 from ..declarations import DISRUPTIVE, MINOR, PERTURBED_SEP, RETAIN_RULE, UNPERTURBED
 from ..errors import LlmattrError
 from ..explanation import Explanation
+from ..faithfulness.registry import metric_list
 from ..lazy import torch
-from ..model_free import metric_list
 from ..stats import mc_standard_error, stable_seed
 from ..store import Row
 from .inputs import example_key

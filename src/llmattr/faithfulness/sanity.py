@@ -37,10 +37,11 @@ from functools import lru_cache
 import numpy as np
 
 from .. import methods
+from ..checks import check_model_path
 from ..declarations import FAIL_RHO, MetricRow, TableSpec
+from ..errors import LlmattrError
 from ..explanation import Explanation
 from ..lazy import lazy, torch
-from ..model_free import check_permuted_model
 from ..models.anatomy import decoder_blocks
 from ..models.loading import LoadedModel, load_model
 from ..stats import stable_seed
@@ -48,6 +49,17 @@ from ..store import Row
 from .inputs import check_tokenizer, evaluated_steps, example_key, target_from_explanation
 from .registry import Metric, MetricContext, Option, register
 from .soft import STEP_STRIDE
+
+
+def check_permuted_model(path: object) -> None:
+    """``--permuted-model``'s check hook (data randomisation's option): a folder with ``config.json``, a .gguf or a
+    hub id (empty: not given; data-randomization then asks for it), refused before any model loads."""
+    if path:
+        try:
+            check_model_path(str(path))
+        except LlmattrError as err:
+            raise LlmattrError(f"--permuted-model: {err}") from None
+
 
 sps = lazy("scipy.stats")
 

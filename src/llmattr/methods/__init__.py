@@ -7,7 +7,7 @@ import pkgutil
 
 from ..checks import parse_params
 from ..errors import LlmattrError, method_refusal
-from ..model_free import COUNT, COUNT_OR_AUTO, choice  # a parameter's rules, for a plugin's method
+from ..methods.base import COUNT, COUNT_OR_AUTO, choice
 from .base import NOT_DEFINED, REGISTRY, AttributionMethod, layer_parameter, register
 from .given import GivenScores
 

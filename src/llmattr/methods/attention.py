@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..lazy import torch
-from ..model_free import choice
+from ..methods.base import choice
 from ..models.forward import logits_at
 from ..models.loading import LoadedModel
 from ..models.probe import Probe

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import ClassVar
 
 from .. import objectives
-from ..checks import register_once
-from ..declarations import RENAMED_PARAMS
+from ..checks import positive_int, register_once
+from ..declarations import RENAMED_PARAMS, current_params
 from ..errors import LlmattrError
 from ..lazy import torch
-from ..model_free import check_method_params, check_param_values
 from ..models import memory
 from ..models.loading import LoadedModel
+from ..objectives import check_objective
 from ..targets import Target, foil_id
 
 REGISTRY: dict[str, type[AttributionMethod]] = {}
@@ -68,7 +69,7 @@ class AttributionMethod:
     signed: ClassVar[bool]
     cost: ClassVar[str]  # forward/backward passes, in words
     defaults: ClassVar[dict] = {}
-    rules: ClassVar[dict] = {}  # {parameter: its values' rule}, checked torch-free (model_free.check_param_values)
+    rules: ClassVar[dict] = {}  # {parameter: its values' rule}, checked torch-free (base.check_param_values)
     memory_kind: ClassVar[str] = "forward"  # a MemoryProfile's name (llmattr.models.memory.PROFILES): forward,
     # backward, or one the method's module registers beside it (DeepLIFT's)
     objective: ClassVar[str | None] = None
@@ -157,3 +158,83 @@ def explains_head(cls: type[AttributionMethod]) -> bool:
 def register(cls: type[AttributionMethod]) -> type[AttributionMethod]:
     """Class decorator: make a method available by its kebab-case name."""
     return register_once(REGISTRY, cls.name, cls, "method")
+
+
+def check_method_params(name: str, params: Mapping, takes: Iterable[str], objective: str | None,
+                        objectives: Iterable[str], contrastive: Iterable[str]) -> dict:
+    """The parameters ``params`` of method ``name`` under their current names, refused in one line when the
+    method does not take one (``takes``: its parameters, with ``objective`` and ``foil`` where it scores a model
+    output, its default ``objective``; None: it scores none) or its objective and foil do not fit
+    (:func:`check_objective`)."""
+    params = current_params(params, f"method {name}")  # target=: the objective's earlier name
+    scoring = {"objective", "foil"} if objective else set()
+    unknown = sorted(set(params) - set(takes) - scoring)
+    if unknown and objective is None and {"objective", "foil"} & set(unknown):
+        raise LlmattrError(f"method {name} scores no model output, so it takes no objective or foil")
+    if unknown:
+        valid = ", ".join(sorted(set(takes) | scoring)) or "none"
+        raise LlmattrError(f"method {name} has no parameter {', '.join(unknown)}; valid: {valid}")
+    if objective:
+        check_objective(params.get("objective", objective), params.get("foil"), objectives, contrastive,
+                        f"{name} objective")
+    return params
+
+
+def choice(valid: Sequence, line: str = "{name} {key} must be one of {valid}; got {value!r}") -> tuple:
+    """A method parameter's rule (:func:`check_param_values`): one of ``valid``."""
+    return ("choice", tuple(valid), line.replace("{valid}", ", ".join(map(repr, valid))))
+
+
+COUNT = ("count", None, "{name} {key} must be a positive integer")  # a whole number >= 1
+
+
+COUNT_OR_AUTO = ("count", "auto", "{name} {key} must be a positive integer or 'auto'")
+
+
+WHOLE = ("whole", None, None)  # checks.positive_int's lines
+
+
+WHOLE_OR_AUTO = ("whole", "auto", None)
+
+
+def _accepts(kind: str, arg: object, value: object) -> bool:
+    """Whether ``value`` keeps a rule of ``kind`` (with ``arg``) other than ``whole``."""
+    if kind == "choice":
+        return value in arg
+    if kind == "count":
+        return (arg is not None and value == arg) or (isinstance(value, int) and not isinstance(value, bool)
+                                                      and value >= 1)
+    if kind == "last-layers":  # 'all' or a number of last layers >= 1 (given as text or a number)
+        return value == arg or (str(value).isdigit() and int(value) >= 1)
+    if kind == "layer-or":  # one of arg or a layer index
+        return value in arg or (isinstance(value, int) and not isinstance(value, bool))
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    low, high = arg
+    if kind == "at-least":
+        return number >= low
+    return low < number and (kind == "above" or number < high)  # above, between
+
+
+def check_param_values(name: str, params: Mapping, rules: Mapping) -> None:
+    """Refuse a value of method ``name``'s ``params`` outside its rule in ``rules`` ({parameter: (kind, arg,
+    line)}: ``choice`` one of arg, ``count`` a whole number >= 1 or arg, ``whole`` as :func:`checks.positive_int`
+    (or arg), ``last-layers`` arg or a number >= 1, ``layer-or`` one of arg or an int, ``above``/``at-least``/
+    ``between`` a number > arg[0], >= arg[0], in (arg[0], arg[1]), ``needed-when`` below), in one line
+    (``{name}``, ``{key}``, ``{value}`` filled in); a parameter not given is not checked, but for ``needed-when``:
+    arg (another parameter, a value of it) needs this one given (not None) when that parameter has that value."""
+    for key, (kind, arg, line) in rules.items():
+        if kind == "needed-when":
+            if params.get(arg[0]) == arg[1] and params.get(key) is None:
+                raise LlmattrError(line.format(name=name, key=key, value=None))
+            continue
+        if key not in params:
+            continue
+        value = params[key]
+        if kind == "whole":
+            if arg is None or value != arg:
+                positive_int(value, f"{name} {key}")
+        elif not _accepts(kind, arg, value):
+            raise LlmattrError(line.format(name=name, key=key, value=value))

@@ -57,7 +57,7 @@ from functools import partial
 
 from ..errors import LlmattrError
 from ..lazy import torch
-from ..model_free import choice
+from ..methods.base import choice
 from ..models.anatomy import attention_parts, decoder_blocks, final_norm, output_head
 from ..models.intercept import Patched
 from ..models.loading import LoadedModel

@@ -8,7 +8,7 @@ parameter picks another one of :mod:`llmattr.objectives` (``contrast`` with a ``
 from __future__ import annotations
 
 from ..lazy import torch
-from ..model_free import choice
+from ..methods.base import choice
 from ..models.forward import logits_at
 from ..models.loading import LoadedModel
 from ..models.probe import LayerRecord, Probe

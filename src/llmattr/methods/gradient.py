@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from .. import objectives
 from ..errors import LlmattrError
 from ..lazy import no_grad, torch
-from ..model_free import choice
+from ..methods.base import choice
 from ..models.forward import logits_at, prefix_cache, zero_input_logits
 from ..models.loading import LoadedModel
 from ..models.memory import prefix_cache_pays

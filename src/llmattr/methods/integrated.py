@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import LlmattrError
 from ..lazy import torch
-from ..model_free import COUNT, COUNT_OR_AUTO, choice
+from ..methods.base import COUNT, COUNT_OR_AUTO, choice
 from ..models.forward import PathPrefix, content_key
 from ..models.loading import LoadedModel
 from ..models.memory import PATH_BUDGET, Shapes, is_oom, path_batch, prefix_cache_pays

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from .. import objectives
 from ..lazy import lazy, torch
-from ..model_free import COUNT
+from ..methods.base import COUNT
 from ..models.forward import SharedPrefix
 from ..models.loading import LoadedModel
 from ..targets import Target

@@ -32,7 +32,7 @@ from __future__ import annotations
 from .. import objectives
 from ..errors import LlmattrError
 from ..lazy import no_grad, torch
-from ..model_free import COUNT, choice
+from ..methods.base import COUNT, choice
 from ..models.forward import SharedPrefix, logits_and_prefix
 from ..models.loading import LoadedModel
 from ..targets import Target

@@ -33,7 +33,7 @@ from typing import ClassVar
 from .. import objectives
 from ..errors import LlmattrError
 from ..lazy import torch
-from ..model_free import WHOLE, WHOLE_OR_AUTO, choice
+from ..methods.base import WHOLE, WHOLE_OR_AUTO, choice
 from ..models.loading import LoadedModel
 from ..targets import Target
 from .base import AttributionMethod, register, source_features, spread

@@ -27,7 +27,7 @@ from functools import partial
 
 from ..errors import LlmattrError
 from ..lazy import torch
-from ..model_free import COUNT
+from ..methods.base import COUNT
 from ..models.anatomy import decoder_blocks
 from ..models.forward import logits_and_prefix
 from ..models.intercept import Patched

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import LlmattrError
 from ..lazy import torch
-from ..model_free import example_fields, gold_label, task_facts
 from ..models.anatomy import output_head, part
 from ..sources.build import check_documents, context_text
 
@@ -161,7 +161,7 @@ class Task:
 
     def example_from_text(self, text: str | dict) -> dict:
         """Accept a plain string for the first field, or a dict with every field
-        (:func:`llmattr.model_free.example_fields`)."""
+        (:func:`llmattr.tasks.base.example_fields`)."""
         return example_fields(self.name, self.fields, text)
 
     @property
@@ -265,7 +265,7 @@ class Task:
 
     def gold_label(self, value):
         """A raw dataset label as the task reads it: a label word, a float (regression), or None; refused in one
-        line when it is neither (:func:`llmattr.model_free.gold_label`)."""
+        line when it is neither (:func:`llmattr.tasks.base.gold_label`)."""
         return gold_label(task_facts(self), value)
 
     def gold_answer(self, example: dict) -> str:
@@ -322,3 +322,57 @@ GENERATE = Task(name="generate", user_template="{text}", fields=("text",), kind=
                 max_new_tokens=10, answer_prefix="")
 
 BUILTIN = {task.name: task for task in (SENTIMENT, BOOLQ, GENERATE)}
+
+
+def task_facts(task) -> dict:
+    """What the checks here read of a :class:`~llmattr.tasks.Task` (and the registries' view holds): its name,
+    fields, columns (field -> file column), label field and whether it takes documents (what reading a file for it
+    needs: :func:`llmattr.readers.shaped_rows`), its kind, head, whether it classifies, is a regression, has a gold
+    word, is a next-word task or is explained at its label word, its sample data (a name, or None), label words and
+    label map (a file's label value -> its label word), the sample rows it selects, whether it composes them (code:
+    their number is known once composed) and whether its rows hold minimal pairs (code: the label is the pair's next
+    word)."""
+    return {"name": task.name, "kind": task.kind, "head": task.head, "fields": list(task.fields),
+            "columns": dict(task.columns), "label_field": task.label_field, "documents": task.documents,
+            "classifies": task.classifies, "numeric": task.numeric, "has_gold_word": task.has_gold_word,
+            "next_word": task.next_word, "explains_label_word": task.explains_label_word,
+            "sample_data": task.data, "label_words": list(task.label_words), "label_map": dict(task.label_map),
+            "select": dict(task.select), "composed": task.compose is not None, "paired": task.pairing is not None}
+
+
+def example_fields(task: str, fields: Sequence[str], text: str | Mapping) -> dict:
+    """The example of ``text``: a plain string is the first of the task's ``fields``, a dict holds every field
+    (:meth:`llmattr.tasks.Task.example_from_text`); an empty or missing field refused in one line."""
+    example = dict(text) if isinstance(text, Mapping) else {fields[0]: text}
+    missing = [name for name in fields if not str(example.get(name, "")).strip()]
+    if missing:
+        raise LlmattrError(f"task {task} needs non-empty field(s) {', '.join(missing)}"
+                           + (" (CLI: --field NAME=VALUE)" if len(fields) > 1 else ""))
+    return example
+
+
+def label_text(value) -> str | None:
+    """A label cell as text: CSV cells are text already; JSON ``1`` -> ``"1"``, ``true`` -> ``"true"``."""
+    return value if value is None or isinstance(value, str) else json.dumps(value)
+
+
+def gold_label(task: Mapping, value: object, row: str | None = None) -> object:
+    """A raw dataset label ``value`` as ``task`` (:func:`task_facts`) reads it: a classification task's label word
+    (its label map applied), a regression task's number, else the value (None stays None); refused in one line,
+    naming ``row`` (an example's id) where given, when a classification task's label is none of its words or a
+    regression task's is not a number."""
+    of_row = "" if row is None else f" of row {row}"
+    if task["numeric"]:
+        if value is None:
+            return None
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise LlmattrError(f"task {task['name']}: label {value!r}{of_row} is not a number; fix the file or map "
+                               "the label column") from None
+    label = None if value is None else task["label_map"].get(value, value)
+    if task["classifies"] and label not in task["label_words"]:
+        raise LlmattrError(f"task {task['name']}: label {value!r}{of_row} is not one of "
+                           f"{list(task['label_map']) or list(task['label_words'])}; fix the file or map the label "
+                           "column")
+    return label

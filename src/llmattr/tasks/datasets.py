@@ -11,20 +11,12 @@ examples that were not sampled.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..errors import LlmattrError
-from ..model_free import (
-    balanced_limit,  # noqa: F401 - its old home
-    check_balanced,
-    example_of_row,
-    per_class,
-    sample_data,
-    selected_rows,
-    task_facts,
-)
 from ..readers import data_dir, data_path, list_cell, read_rows  # noqa: F401 - data_dir: its old home
-from .base import SOURCE_KEYS, Task
+from .base import SOURCE_KEYS, Task, gold_label, task_facts
 from .catalog import get_task
 
 
@@ -163,3 +155,71 @@ def load_split(task: str | Task, n: int, shots: int = 0, seed: int = 0, source=N
     pool = load_examples(task, source, columns=columns)
     examples = sample(pool, n, seed, True, task.classes)
     return examples, render_demonstrations(task, draw_demonstrations(task, pool, shots, seed, examples))
+
+
+def sample_data(task: Mapping, fix: str = "a JSONL/CSV file") -> str:
+    """The name of ``task``'s sample data (:func:`task_facts`), refused in one line that says to pass ``fix``
+    (a finetune's: ``--data FILE``) where it has none."""
+    if not task["sample_data"]:
+        raise LlmattrError(f"task {task['name']} has no sample data; pass {fix}")
+    return task["sample_data"]
+
+
+def selected_rows(rows: Sequence[Mapping], select: Mapping) -> list:
+    """The ``rows`` whose columns hold every value of a task's ``select`` (BLiMP's paradigms share a file)."""
+    return [row for row in rows if all(row.get(key) == value for key, value in select.items())]
+
+
+def example_of_row(task: Mapping, row: Mapping, index: int, columns: Mapping | None = None) -> dict:
+    """One raw row (the ``index``-th) as the id, fields and gold label of an example of ``task`` (:func:`task_facts`;
+    its fields read from the columns ``columns`` maps them to, else the task's, else their own names: a name or a
+    ``{column}`` format), refused in one line naming the row where a column is missing or the label is none the task
+    reads (:func:`gold_label`)."""
+    mapping = {**task["columns"], **(columns or {})}
+    example = {"id": str(row.get("id", f"{task['name']}-{index}"))}
+    for name in task["fields"]:
+        column = mapping.get(name, name)
+        try:
+            example[name] = column.format(**row) if "{" in column else row[column]
+        except KeyError as err:
+            raise LlmattrError(f"task {task['name']}: row {example['id']} has no column {err.args[0]!r} for field "
+                               f"{name!r}; map it with columns={{{name!r}: 'COLUMN'}}") from err
+    label_column = mapping.get("label", task["label_field"])
+    example["label"] = gold_label(task, row.get(label_column) if label_column else None, example["id"])
+    return example
+
+
+def check_shots(task: Mapping, shots: int, shots_from: str | Path | None) -> None:
+    """Refuse ``shots`` demonstrations of ``task`` (:func:`task_facts`) drawn from its sample data where it has none,
+    or from a ``shots_from`` file whose rows are no examples of it (:func:`example_of_row`; a task that composes or
+    pairs its rows runs code on them first, so they are checked when drawn)."""
+    if not shots:
+        return
+    if shots_from is None:
+        sample_data(task)
+    elif not (task["composed"] or task["paired"]):
+        for i, row in enumerate(selected_rows(read_rows(shots_from, "--shots-from file"), task["select"])):
+            example_of_row(task, row, i)
+
+
+def per_class(n: int, k: int, i: int) -> int:
+    """How many of a balanced sample of ``n`` the ``i``-th of ``k`` classes gives: ``n // k``, one more for the
+    first ``n % k`` classes."""
+    return n // k + (1 if i < n % k else 0)
+
+
+def balanced_limit(sizes: list[int]) -> int:
+    """The largest ``n`` :func:`check_balanced` lets through for classes of these sizes (in ``classes`` order): the
+    remainder goes to the first classes, so 4 Positive + 1 Negative give 3 (2 + 1), not 2 x 1."""
+    return max(n for n in range(sum(sizes) + 1)
+               if all(per_class(n, len(sizes), i) <= size for i, size in enumerate(sizes)))
+
+
+def check_balanced(sizes: Mapping[str, int], n: int) -> None:
+    """Refuse a sample of ``n`` balanced over classes of these ``sizes`` (in ``classes`` order; class ``i`` gives
+    :func:`per_class`) where a class has too few examples, naming the first such class and the largest ``n``
+    (:func:`balanced_limit`)."""
+    for i, (label, size) in enumerate(sizes.items()):
+        if per_class(n, len(sizes), i) > size:
+            raise LlmattrError(f"only {size} examples of class {label!r} for a balanced sample of {n}; ask for n <= "
+                               f"{balanced_limit(list(sizes.values()))}, or for every row, unbalanced (--n all)")

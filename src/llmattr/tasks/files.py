@@ -10,13 +10,14 @@ One reader serves ``llmattr finetune --data``, ``llmattr evaluate --data`` and `
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import LlmattrError
-from ..model_free import file_labels, file_rows, label_text, task_facts  # noqa: F401 - label_text: its old home
+from ..errors import LlmattrError, article
 from ..readers import parse_labels, row_texts, shaped_rows, shaped_texts  # noqa: F401 - parse_labels: its old home
-from .base import Task
+from ..tasks.base import label_text, task_facts
+from .base import Task, gold_label
 from .catalog import get_task
 from .datasets import to_example
 
@@ -33,7 +34,7 @@ def file_task(task: str | Task, labels: str | None = None) -> Task:
 def read_file_texts(task: str | Task, path: str | Path, text_field: str | None = None,
                     documents_field: str | None = None) -> list[str | dict]:
     """The text of every row of ``path`` as :func:`llmattr.explain` takes it (:func:`llmattr.readers.row_texts`
-    with the task's facts: :func:`llmattr.model_free.task_facts`)."""
+    with the task's facts: :func:`llmattr.tasks.base.task_facts`)."""
     return row_texts(task_facts(get_task(task)), path, text_field, documents_field)
 
 
@@ -62,3 +63,30 @@ def read_file_examples(task: str | Task, path: str | Path, text_field: str | Non
         except LlmattrError as err:  # a minimal pair whose continuations do not differ: name the file and the line
             raise LlmattrError(f"{path}: {at}: {err}") from None
     return task, examples
+
+
+def file_labels(task: Mapping, labels: str) -> tuple[tuple[str, ...], dict]:
+    """``--labels`` of a file's rows for ``task`` (:func:`task_facts`; a classification task only) as
+    :func:`llmattr.readers.parse_labels` reads them."""
+    if not task["classifies"]:
+        raise LlmattrError(f"--labels applies to classification tasks; {task['name']} is {article(task['kind'])} task")
+    return parse_labels(labels)
+
+
+def file_rows(task: Mapping, path: Path, rows: Sequence[Mapping], where: Sequence[str],
+              label_column: str) -> tuple[list[dict], list]:
+    """The ``rows`` of a user's file ``path`` (:func:`llmattr.readers.shaped_rows`, each at ``where``) as ``task``
+    (:func:`task_facts`) reads them: each with its id (its own ``id`` column, else ``{file stem}-{i}``) and its
+    label cell as text (:func:`label_text`); and each row's gold label (:func:`gold_label`; None for every row of a
+    task whose rows hold minimal pairs: the label comes from the pair, read there), refused naming the file and the
+    line."""
+    rows = [{"id": f"{path.stem}-{i}", **row, label_column: label_text(row[label_column])}
+            for i, row in enumerate(rows)]
+    gold = [None] * len(rows)
+    if not task["paired"]:
+        for i, (row, at) in enumerate(zip(rows, where, strict=True)):
+            try:
+                gold[i] = gold_label(task, row[label_column], str(row["id"]))
+            except LlmattrError as err:
+                raise LlmattrError(f"{path}: {at}: {err}") from None
+    return rows, gold
