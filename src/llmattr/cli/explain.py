@@ -25,7 +25,7 @@ from ..checks import (
 )
 from ..errors import LlmattrError, NotExplainedWarning
 from ..readers import read_rows, row_texts
-from ..request import FIELDS, task_asked
+from ..request import FIELDS, Request, task_asked
 from ..targets import check_target
 from ..tasks.base import task_facts
 from ..tasks.datasets import check_shots
@@ -225,8 +225,6 @@ def checked_request(ctx: typer.Context, o: SimpleNamespace):
     """Every check that needs no model, the library's own :class:`~llmattr.request.Request` among them (no torch
     yet): the request, the content (one text, a dict of its fields, or ``--data``'s rows) and whether several
     explanations come back (several methods or ``--data``)."""
-    from ..request import Request  # the library's, importing no torch (llmattr.lazy)
-
     if (o.text is None) == (o.data is None):
         raise LlmattrError("give the text to explain, or --data FILE (not both)")
     if o.data is None and (o.text_field is not None or o.n is not None or o.documents_field is not None):
@@ -249,16 +247,15 @@ def checked_request(ctx: typer.Context, o: SimpleNamespace):
         content = file_texts(row_texts(facts, o.data, o.text_field, o.documents_field), o.n, o.field, o.target)
     elif not o.field:
         check_text(o.text)
-    outputs = {"--html": o.html, "--json": o.json, "--eval-json": o.eval_json, "--plot": o.plot, "--figure": o.figure}
     many = len(names) > 1 or o.data is not None  # an Explanations collection: lists in the JSON, a grid page
-    model_free_checks(o.evaluate, o.routing, o.samples, o.shots_from, o.data, many, outputs)
+    option_checks(o.evaluate, o.routing, o.samples, o.shots_from, o.data, many, outputs(o))
     if o.data is None:
         gold_field = ("label",) if facts["has_gold_word"] else ()  # --target gold's word
         content = parse_fields(o.text, o.field, (*facts["fields"], *gold_field))
     dtype_name(o.dtype)
     if isinstance(content, dict):
         content = {facts["fields"][0]: content.pop("__text__"), **content}
-    text_checks(request, content if o.data is not None else [content], o.data)
+    each_row(request.check_text, content if o.data is not None else [content], o.data)
     try:  # what the explanation refuses of each text: one line for one method and one text
         check_target(facts, o.target, o.max_new_tokens, o.answer,
                      content.get("label") if isinstance(content, dict) else None)
@@ -266,8 +263,12 @@ def checked_request(ctx: typer.Context, o: SimpleNamespace):
     except LlmattrError as err:  # else each text is named as not explained, as llmattr.explain collects them
         raise LlmattrError(str(err) if not many else not_explained(
             dict.fromkeys(range(len(content) if o.data is not None else 1), str(err)), o.data)) from None
-    o.outputs = outputs
     return request, content, many
+
+
+def outputs(o: SimpleNamespace) -> dict[str, Path | None]:
+    """The files asked for, by option."""
+    return {"--html": o.html, "--json": o.json, "--eval-json": o.eval_json, "--plot": o.plot, "--figure": o.figure}
 
 
 def show(explained, lm, o: SimpleNamespace, many: bool, spinner) -> None:
@@ -293,12 +294,12 @@ def show(explained, lm, o: SimpleNamespace, many: bool, spinner) -> None:
     if o.format == "json":
         typer.echo(dumps(records if many else records[0], ensure_ascii=False))
     write_outputs(explained, records if many else records[0], results if many else results[0],
-                  o.outputs, console, numbers=bool(o.numbers), shared_scale=o.shared_scale)
+                  outputs(o), console, numbers=bool(o.numbers), shared_scale=o.shared_scale)
     if failed:  # every good row is written above; the bad ones are named, and the exit code says so
         raise LlmattrError(not_explained(failed, o.data))
 
 
-def model_free_checks(evaluate: bool, routing: str, samples: int, shots_from: Path | None, data: Path | None,
+def option_checks(evaluate: bool, routing: str, samples: int, shots_from: Path | None, data: Path | None,
                       many: bool, outputs: dict[str, Path | None]) -> None:
     """The options that need no model, checked before torch is imported: ``--evaluate``'s, every output path
     (``outputs``: option -> path), the ``--shots-from`` file, and the outputs that draw one text (``many``: several
@@ -320,13 +321,12 @@ def model_free_checks(evaluate: bool, routing: str, samples: int, shots_from: Pa
         raise LlmattrError("--plot draws one text's curves; with --data, --eval-json holds every row's")
 
 
-def text_checks(request, texts: list, data: Path | None) -> None:
-    """Each text (``--data``'s rows, named by number) checked by :meth:`llmattr.request.Request.check_text`: its
-    fields, documents and spans, sources for a method that scores them, and where the gold word is explained, the
-    word."""
+def each_row(check, texts: list, data: Path | None) -> None:
+    """``check(text)`` of each text (:meth:`llmattr.request.Request.check_text`, ``check_prompt``), its refusal
+    naming the row of ``data`` by its number."""
     for row, text in enumerate(texts, 1):
         try:
-            request.check_text(text)
+            check(text)
         except LlmattrError as err:
             raise LlmattrError(f"{data}: row {row}: {err}" if data is not None else str(err)) from None
 
@@ -346,11 +346,7 @@ def check_prompts(request, model: str, texts: list, data: str | None) -> None:
     from ..models.loading import load_text_side
 
     tokenizer, max_length = load_text_side(model)
-    for row, text_item in enumerate(texts, 1):
-        try:
-            request.check_prompt(tokenizer, max_length, text_item)
-        except LlmattrError as err:
-            raise LlmattrError(f"{data}: row {row}: {err}" if data is not None else str(err)) from None
+    each_row(lambda text: request.check_prompt(tokenizer, max_length, text), texts, data)
 
 
 def file_texts(texts: list, n: int | None, field: list[str], target: str) -> list:
