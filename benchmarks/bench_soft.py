@@ -12,10 +12,12 @@ On the embedded model, for the same perturbed sequences of SST-2 examples (short
   evaluator's rows per pass), without the prefix they attend to: a plain chunked forward of the same tokens, the
   least any evaluator of these sequences can cost.
 
-Printed per dataset: sequences/s and the ratios evaluator / token floor (target <= 1.1x, issue 15) and evaluator /
-sdpa floor. Then the
-full per-example evaluation time of pi-Soft-NC/NS (19 pi x 15 samples x NC+NS + zero baseline, dynamic).
-Usage: ``python benchmarks/bench_soft.py [--examples 10] [--long 2] [--sequences 64] [--full 2]``.
+Printed as Markdown tables (``benchmarks/compare.py`` reads them): per dataset, sequences/s of each and the ratios
+evaluator / token floor (target <= 1.1x, issue 15), evaluator / sdpa floor and evaluator / plain; then the full
+per-example evaluation time of pi-Soft-NC/NS (19 pi x 15 samples x NC+NS + zero baseline, dynamic: the pi
+search, the masks and the forwards). Usage:
+``python benchmarks/bench_soft.py [--examples 10] [--long 2] [--sequences 64] [--full 2]``;
+``python benchmarks/compare.py REV_A REV_B benchmarks/bench_soft.py --examples 3 --long 1`` for two revisions.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 
 import torch
 
-from _common import read_jsonl
+from _common import read_jsonl, table
 from llmattr.api import prepare
 from llmattr.faithfulness.engine import PerturbationEngine
 from llmattr.faithfulness.soft import evaluate_target
@@ -89,23 +91,27 @@ def main() -> None:
           f"batch {args.batch_size or f'from {TOKEN_BUDGET} suffix tokens per pass'}")
     sets = {"SST-2": [prepare(lm, text, Request(task)) for text in read_jsonl("sst2", args.examples)],
             "IMDb": [prepare(lm, text, Request(task)) for text in read_jsonl("imdb", args.long)]}
+    rows = []
     for name, targets in sets.items():
         if not targets:
             continue
         suffix = sum(t.prompt_len - t.span[0] for t in targets) / len(targets)
         totals = compare(lm, targets, args.sequences, args.batch_size)
         n_seq = args.sequences * len(targets)
-        print(f"{name}: {len(targets)} examples, mean suffix {suffix:.0f} tokens")
-        for key, seconds in totals.items():
-            print(f"  {key:10s} {n_seq / seconds:8.1f} sequences/s")
-        print(f"  evaluator / token floor {totals['evaluator'] / totals['token floor']:.2f}x (time; target <= 1.1x)")
-        print(f"  evaluator / sdpa floor {totals['evaluator'] / totals['sdpa floor']:.2f}x (time)")
-        print(f"  evaluator / plain      {totals['evaluator'] / totals['plain']:.2f}x (time)")
-    for target in sets["SST-2"][: args.full]:
+        rows.append((f"{name} ({len(targets)} ex., suffix {suffix:.0f})",
+                     *(f"{n_seq / seconds:.1f}" for seconds in totals.values()),
+                     *(f"{totals['evaluator'] / totals[key]:.2f}x" for key in ("token floor", "sdpa floor", "plain"))))
+    print("\nSequences/s, and the evaluator's time over each other's (target: <= 1.1x the token floor)\n")
+    print(table(rows, ("set", "evaluator", "plain", "sdpa floor", "token floor", "/ token floor", "/ sdpa floor",
+                       "/ plain")))
+    full = []
+    for i, target in enumerate(sets["SST-2"][: args.full]):
         scores = torch.rand(1, target.span[1] - target.span[0])
-        seconds = timed(evaluate_target, lm, target, scores, [0])
-        print(f"full evaluation (19 pi x 15 samples x NC+NS + zero baseline = 601 sequences of "
-              f"{target.prompt_len - target.span[0]} suffix tokens, dynamic): {seconds:.1f} s/example")
+        full.append((f"SST-2 example {i + 1}", target.prompt_len - target.span[0],
+                     f"{timed(evaluate_target, lm, target, scores, [0]):.2f}"))
+    if full:
+        print("\nFull evaluation: pi-Soft-NC/NS, 19 pi x 15 samples x NC+NS + zero baseline = 601 sequences, dynamic\n")
+        print(table(full, ("example", "suffix tokens", "s/example")))
 
 
 if __name__ == "__main__":
