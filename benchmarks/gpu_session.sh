@@ -28,9 +28,11 @@ cd "$(dirname "$0")/.."
 GPU=.gpu
 KEPT=/tmp/llmattr-gguf
 OUT=${OUT:-out/gpu}
-TESTS_S=${TESTS_S:-420}  # seconds of the suite in the tests call (the call's 600 s limit: start, setup, summary)
-RERUN_S=${RERUN_S:-150}  # seconds of reruns in the rest call
-BUDGET=${BUDGET:-150}    # seconds of measuring in the rest call (the rest of its minutes: start, build, report)
+# The 15 device-minutes: the machine's start (~2), the tests call (setup ~0.7, gpu tests <= 1, the suite 6, its
+# summary) and the rest call (setup, the model's conversion, reruns <= 2, the bench ~2.5 with its build).
+TESTS_S=${TESTS_S:-360}  # seconds of the suite in the tests call
+RERUN_S=${RERUN_S:-120}  # seconds of reruns in the rest call
+BUDGET=${BUDGET:-100}    # seconds of measuring in the rest call (the rest of its minutes: setup, build, report)
 WORKERS=${WORKERS:-12}   # pytest processes sharing the GPU in the tests call (16 cores); 0: one, without xdist
 DEVICE=${TEST_DEVICE:-cuda}
 CACHE=/tmp/llmattr-pytest  # pytest's record of the failures, from the tests call to the rest call
@@ -118,7 +120,7 @@ case "${1:-}" in
         setup && mkdir -p "$KEPT" && cp "$GPU/gguf-a/part" "$KEPT/a" && rm -rf "$CACHE"
         # The gpu-marked tests first and alone: two of them read the free GPU memory or fill it (out-of-memory
         # halving), which would fail tests running beside them. Then the rest.
-        pytest_run tests-gpu 90 -m gpu "${@:2}"
+        pytest_run tests-gpu 60 -m gpu "${@:2}"
         pytest_run tests "$TESTS_S" -m "not gpu" --deselect tests/test_gemma.py "${@:2}" ;;
     rest)
         setup && embedded_model
