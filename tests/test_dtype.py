@@ -20,10 +20,10 @@ from llmattr.models import loading, memory
 from llmattr.models.loading import load_model
 from test_engine import make_target
 
-# docs/scale.md: bf16 vs fp32 on 20 SST-2 examples x 4 methods, samples 5 (benchmarks/bench_dtype.py) moved no
-# AUC by more than BF16_AUC_MAX_MEASURED (mean 0.0094 NC, 0.0112 NS); the test allows that with a 1.5x margin for
-# other CPUs' rounding.
-BF16_AUC_MAX_MEASURED = 0.0394
+# docs/scale.md: bf16 vs fp32 on 20 SST-2 examples x 4 methods, samples 5 (benchmarks/bench_dtype.py, the exact
+# retain rule) moved no AUC by more than BF16_AUC_MAX_MEASURED (mean 0.0097 NC, 0.0114 NS); the test allows that
+# with a 1.5x margin for other CPUs' rounding.
+BF16_AUC_MAX_MEASURED = 0.0471
 BF16_AUC_TOLERANCE = 1.5 * BF16_AUC_MAX_MEASURED
 BF16_MIN_SPEARMAN = 0.9
 
