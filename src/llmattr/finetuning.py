@@ -359,9 +359,9 @@ def held_out_head(lm: LoadedModel, task: Task, held: list[dict], train: list[dic
 
 
 def check_out(out: Path, settings: dict) -> dict | None:
-    """Refuse an output folder that is not this finetune's (:func:`llmattr.finetuning.resumable_card`, which the CLI
-    runs before torch loads; then an unfinished run's other settings, which need every example's prompt); returns
-    its card when it is (a run to resume)."""
+    """Refuse an output folder that is not this finetune's (:func:`resumable_card`; then an unfinished run's other
+    settings, ``data_sha256`` among them, taken over every example's prompt by :func:`plan`); returns its card when
+    it is (a run to resume)."""
     card = resumable_card(out)
     if card is None:
         return None

@@ -300,7 +300,7 @@ def show(explained, lm, o: SimpleNamespace, many: bool, spinner) -> None:
 
 
 def option_checks(evaluate: bool, routing: str, samples: int, shots_from: Path | None, data: Path | None,
-                      many: bool, outputs: dict[str, Path | None]) -> None:
+                  many: bool, outputs: dict[str, Path | None]) -> None:
     """The options that need no model, checked before torch is imported: ``--evaluate``'s, every output path
     (``outputs``: option -> path), the ``--shots-from`` file, and the outputs that draw one text (``many``: several
     methods or ``--data``)."""

@@ -12,10 +12,9 @@ from pathlib import Path
 import submitit
 
 from ..errors import LlmattrError
-from ..evaluation.sharding import check_shards
 from .config import EvalConfig
 from .loop import Summary, run
-from .sharding import shard_path
+from .sharding import check_shards, shard_path
 
 LAUNCHERS = ("none", "local", "slurm")
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from ..errors import LlmattrError
 from ..explanation import Explanation
-from ..faithfulness.registry import check_needs
 from ..models.loading import LoadedModel
 from ..store import Row
 from .engine import PerturbationEngine
@@ -27,6 +26,7 @@ from .registry import (
     MetricContext,
     MetricOptions,
     Option,
+    check_needs,
     declared_options,
     figure_specs,
     get_metrics,

@@ -35,13 +35,12 @@ import numpy as np
 from ..declarations import DISRUPTIVE, MINOR, PERTURBED_SEP, RETAIN_RULE, UNPERTURBED
 from ..errors import LlmattrError
 from ..explanation import Explanation
-from ..faithfulness.registry import metric_list
 from ..lazy import torch
 from ..stats import mc_standard_error, stable_seed
 from ..store import Row
 from .inputs import example_key
 from .ranking import REMOVAL
-from .registry import METRICS, NO_ROUTING, Metric, MetricContext, MetricOptions, Option, register
+from .registry import METRICS, NO_ROUTING, Metric, MetricContext, MetricOptions, Option, metric_list, register
 from .soft import SOFT_OPTIONS
 
 PERTURBATIONS = (*MINOR, *DISRUPTIVE)

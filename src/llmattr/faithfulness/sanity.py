@@ -50,6 +50,11 @@ from .inputs import check_tokenizer, evaluated_steps, example_key, target_from_e
 from .registry import Metric, MetricContext, Option, register
 from .soft import STEP_STRIDE
 
+sps = lazy("scipy.stats")
+
+SANITY_STRIDE = Option("sanity_stride", 1, "Model randomisation: randomise every k-th block (the top block and "
+                       "block 0 always)", positive=True)
+
 
 def check_permuted_model(path: object) -> None:
     """``--permuted-model``'s check hook (data randomisation's option): a folder with ``config.json``, a .gguf or a
@@ -59,12 +64,6 @@ def check_permuted_model(path: object) -> None:
             check_model_path(str(path))
         except LlmattrError as err:
             raise LlmattrError(f"--permuted-model: {err}") from None
-
-
-sps = lazy("scipy.stats")
-
-SANITY_STRIDE = Option("sanity_stride", 1, "Model randomisation: randomise every k-th block (the top block and "
-                       "block 0 always)", positive=True)
 
 
 PERMUTED_MODEL = Option("permuted_model", "", "Data randomisation: the model fine-tuned on permuted labels "

@@ -7,8 +7,7 @@ import pkgutil
 
 from ..checks import parse_params
 from ..errors import LlmattrError, method_refusal
-from ..methods.base import COUNT, COUNT_OR_AUTO, choice
-from .base import NOT_DEFINED, REGISTRY, AttributionMethod, layer_parameter, register
+from .base import COUNT, COUNT_OR_AUTO, NOT_DEFINED, REGISTRY, AttributionMethod, choice, layer_parameter, register
 from .given import GivenScores
 
 for _module in pkgutil.iter_modules(__path__):

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from ..lazy import torch
-from ..methods.base import choice
 from ..models.forward import logits_at
 from ..models.loading import LoadedModel
 from ..models.probe import Probe
 from ..targets import Target
-from .base import AttributionMethod, register
+from .base import AttributionMethod, choice, register
 
 
 def mean_attention(lm: LoadedModel, input_ids: torch.Tensor, positions: torch.Tensor,

@@ -57,14 +57,13 @@ from functools import partial
 
 from ..errors import LlmattrError
 from ..lazy import torch
-from ..methods.base import choice
 from ..models.anatomy import attention_parts, decoder_blocks, final_norm, output_head
 from ..models.intercept import Patched
 from ..models.loading import LoadedModel
 from ..models.memory import Shapes
 from ..models.probe import LayerRecord, Probe, attention_probs, repeat_heads
 from ..targets import Target
-from .base import NOT_DEFINED, AttributionMethod, register
+from .base import NOT_DEFINED, AttributionMethod, choice, register
 
 BLOCK_BYTES = 2**27  # float32 bytes one block of query rows holds at most: rows x S x block_width(kind)
 TILE_BYTES = 2**21  # float32 bytes of one tile of ALTI's transformed vectors (rows x keys x d): cache-sized

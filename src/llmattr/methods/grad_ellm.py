@@ -8,14 +8,13 @@ parameter picks another one of :mod:`llmattr.objectives` (``contrast`` with a ``
 from __future__ import annotations
 
 from ..lazy import torch
-from ..methods.base import choice
 from ..models.forward import logits_at
 from ..models.loading import LoadedModel
 from ..models.probe import LayerRecord, Probe
 from ..scores import minmax
 from ..targets import Target
 from .backprop import step_gradients
-from .base import AttributionMethod, register
+from .base import AttributionMethod, choice, register
 
 
 def token_weights(record: LayerRecord, attention: str, similarity: str) -> torch.Tensor:

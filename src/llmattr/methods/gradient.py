@@ -21,13 +21,12 @@ from typing import TYPE_CHECKING
 from .. import objectives
 from ..errors import LlmattrError
 from ..lazy import no_grad, torch
-from ..methods.base import choice
 from ..models.forward import logits_at, prefix_cache, zero_input_logits
 from ..models.loading import LoadedModel
 from ..models.memory import prefix_cache_pays
 from ..targets import Target
 from .backprop import step_gradients
-from .base import AttributionMethod, register
+from .base import AttributionMethod, choice, register
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -15,14 +15,13 @@ import numpy as np
 
 from ..errors import LlmattrError
 from ..lazy import torch
-from ..methods.base import COUNT, COUNT_OR_AUTO, choice
 from ..models.forward import PathPrefix, content_key
 from ..models.loading import LoadedModel
 from ..models.memory import PATH_BUDGET, Shapes, is_oom, path_batch, prefix_cache_pays
 from ..models.probe import Probe
 from ..scores import pos_norm
 from ..targets import Target
-from .base import register
+from .base import COUNT, COUNT_OR_AUTO, choice, register
 from .gradient import (
     EmbeddingGradientMethod,
     ScoreFn,

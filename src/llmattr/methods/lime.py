@@ -20,11 +20,10 @@ from __future__ import annotations
 
 from .. import objectives
 from ..lazy import lazy, torch
-from ..methods.base import COUNT
 from ..models.forward import SharedPrefix
 from ..models.loading import LoadedModel
 from ..targets import Target
-from .base import AttributionMethod, register, source_features, spread
+from .base import COUNT, AttributionMethod, register, source_features, spread
 
 captum_attr = lazy("captum.attr")
 

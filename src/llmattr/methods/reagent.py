@@ -32,11 +32,10 @@ from __future__ import annotations
 from .. import objectives
 from ..errors import LlmattrError
 from ..lazy import no_grad, torch
-from ..methods.base import COUNT, choice
 from ..models.forward import SharedPrefix, logits_and_prefix
 from ..models.loading import LoadedModel
 from ..targets import Target
-from .base import AttributionMethod, register
+from .base import COUNT, AttributionMethod, choice, register
 
 SAMPLERS = ("auto", "mlm", "causal", "uniform")
 SAMPLER_COPIES = 4  # (n, V) float32 copies at the sampler's peak: 0.78 / 6.2 GB measured over the forward floor at

@@ -33,10 +33,9 @@ from typing import ClassVar
 from .. import objectives
 from ..errors import LlmattrError
 from ..lazy import torch
-from ..methods.base import WHOLE, WHOLE_OR_AUTO, choice
 from ..models.loading import LoadedModel
 from ..targets import Target
-from .base import AttributionMethod, register, source_features, spread
+from .base import WHOLE, WHOLE_OR_AUTO, AttributionMethod, choice, register, source_features, spread
 from .source_ablation import (
     AUTO,
     Ablation,

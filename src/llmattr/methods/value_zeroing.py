@@ -27,7 +27,6 @@ from functools import partial
 
 from ..errors import LlmattrError
 from ..lazy import torch
-from ..methods.base import COUNT
 from ..models.anatomy import decoder_blocks
 from ..models.forward import logits_and_prefix
 from ..models.intercept import Patched
@@ -35,7 +34,7 @@ from ..models.loading import LoadedModel
 from ..models.probe import Probe
 from ..scores import pos_norm
 from ..targets import Target
-from .base import AttributionMethod, register
+from .base import COUNT, AttributionMethod, register
 
 NOISE_FLOOR = 1e-6  # float32 cosine distances of identical states reach ~6e-8: below this they are 0
 

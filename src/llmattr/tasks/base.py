@@ -325,9 +325,9 @@ BUILTIN = {task.name: task for task in (SENTIMENT, BOOLQ, GENERATE)}
 
 
 def task_facts(task) -> dict:
-    """What the checks here read of a :class:`~llmattr.tasks.Task` (and the registries' view holds): its name,
-    fields, columns (field -> file column), label field and whether it takes documents (what reading a file for it
-    needs: :func:`llmattr.readers.shaped_rows`), its kind, head, whether it classifies, is a regression, has a gold
+    """What the torch-free checks read of a :class:`~llmattr.tasks.Task`: its name, fields, columns (field -> file
+    column), label field and whether it takes documents (what reading a file for it needs:
+    :func:`llmattr.readers.shaped_rows`), its kind, head, whether it classifies, is a regression, has a gold
     word, is a next-word task or is explained at its label word, its sample data (a name, or None), label words and
     label map (a file's label value -> its label word), the sample rows it selects, whether it composes them (code:
     their number is known once composed) and whether its rows hold minimal pairs (code: the label is the pair's next

@@ -16,8 +16,7 @@ from pathlib import Path
 
 from ..errors import LlmattrError, article
 from ..readers import parse_labels, row_texts, shaped_rows, shaped_texts  # noqa: F401 - parse_labels: its old home
-from ..tasks.base import label_text, task_facts
-from .base import Task, gold_label
+from .base import Task, gold_label, label_text, task_facts
 from .catalog import get_task
 from .datasets import to_example
 
